@@ -1,0 +1,75 @@
+"""The ``loadlab`` command: one entry point, one module per subcommand.
+
+Each subcommand lives in ``loadlab/commands/<name>.py`` and defines::
+
+    HELP = "one line for --help"
+    def add_arguments(parser: argparse.ArgumentParser) -> None: ...
+    def run(args: argparse.Namespace) -> int: ...   # the process exit code
+
+Modules are imported only when their command runs (the server's torch and Locust's gevent
+never load for ``loadlab report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["COMMANDS", "main"]
+
+# name -> (module, one-line help). Order is the order of --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("loadlab.commands.run", "run a load test and write a results file"),
+    "report": ("loadlab.commands.report", "summarise a results file (text, HTML, CSV)"),
+    "slo": ("loadlab.commands.slo", "judge a results file against an SLO file (CI gate)"),
+    "compare": ("loadlab.commands.compare", "compare results files side by side"),
+    "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
+    "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
+    "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
+    "lab": ("loadlab.commands.lab", "the reference server's four modes side by side"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loadlab", description=__doc__.splitlines()[0])
+    from loadlab import __version__
+
+    parser.add_argument("--version", action="version", version=f"loadlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if not argv:
+            parser.print_help()
+            return 2
+        parser.parse_args(argv)  # prints usage / version and exits
+        return 2
+    name = argv[0]
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in {"torch", "fastapi", "uvicorn", "locust"}:
+            print(
+                f"loadlab {name}: needs the optional package {exc.name!r}; "
+                f'install it with: pip install "loadlab[all]"',
+                file=sys.stderr,
+            )
+            return 2
+        raise
+    parser = argparse.ArgumentParser(prog=f"loadlab {name}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(module.run(args))
+    except KeyboardInterrupt:
+        print(f"loadlab {name}: interrupted", file=sys.stderr)
+        return 130

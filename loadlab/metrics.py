@@ -1,0 +1,378 @@
+"""Metrics: pure functions of request records (definitions in ARCHITECTURE.md, normative).
+
+Per request (milliseconds; ``None`` when undefined for that request)::
+
+    ttft_ms      first token-carrying chunk - sent
+    e2e_ms       last token-carrying chunk - sent     (a usage chunk or [DONE] does not move it)
+    tpot_ms      (last - first token chunk) / (output_tokens - 1), output_tokens >= 2
+    itl_ms       every gap between consecutive token-carrying chunks (a list)
+    *_from_intended_ms   the same, measured from the intended send time (open loop; coordinated
+                 omission aware: a request that waited to be sent shows the wait)
+    max_gap_ms   the longest gap of one stream (a stall), stall_count: gaps over k x its median
+
+Over a run: exact percentiles (numpy, linear interpolation) of ok requests sent inside the
+measurement window; throughput over the window; goodput from per-request objectives.
+``LogHistogram`` is the mergeable, bounded-relative-error form for merging many workers.
+
+Example::
+
+    >>> percentiles([float(i) for i in range(1, 101)])["p50"]
+    50.5
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, RequestRecord, is_failed
+
+if TYPE_CHECKING:
+    from loadlab.results import Results
+
+__all__ = [
+    "DEFAULT_PERCENTILES",
+    "LogHistogram",
+    "count_outcomes",
+    "e2e_from_intended_ms",
+    "e2e_ms",
+    "good_requests",
+    "goodput_rps",
+    "itl_ms",
+    "latency_records",
+    "max_gap_ms",
+    "output_token_count",
+    "percentiles",
+    "stall_count",
+    "summarize",
+    "throughput",
+    "tpot_ms",
+    "ttft_from_intended_ms",
+    "ttft_ms",
+]
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+
+
+# ---------------------------------------------------------------- per request
+
+
+def ttft_ms(r: RequestRecord) -> float | None:
+    """Time to first token: first token-carrying chunk minus ``sent`` (ms)."""
+    if r.sent_ns is None or not r.chunk_ns:
+        return None
+    return (r.chunk_ns[0] - r.sent_ns) / NS_PER_MS
+
+
+def ttft_from_intended_ms(r: RequestRecord) -> float | None:
+    """TTFT from the intended send time (falls back to ``sent`` in closed loop)."""
+    start = r.intended_ns if r.intended_ns is not None else r.sent_ns
+    if start is None or not r.chunk_ns:
+        return None
+    return (r.chunk_ns[0] - start) / NS_PER_MS
+
+
+def e2e_ms(r: RequestRecord) -> float | None:
+    """End-to-end latency: last token-carrying chunk minus ``sent`` (ms)."""
+    if r.sent_ns is None or not r.chunk_ns:
+        return None
+    return (r.chunk_ns[-1] - r.sent_ns) / NS_PER_MS
+
+
+def e2e_from_intended_ms(r: RequestRecord) -> float | None:
+    """E2E latency from the intended send time (falls back to ``sent``)."""
+    start = r.intended_ns if r.intended_ns is not None else r.sent_ns
+    if start is None or not r.chunk_ns:
+        return None
+    return (r.chunk_ns[-1] - start) / NS_PER_MS
+
+
+def itl_ms(r: RequestRecord) -> list[float]:
+    """Every gap between consecutive token-carrying chunks of one stream (ms)."""
+    c = r.chunk_ns
+    return [(c[i] - c[i - 1]) / NS_PER_MS for i in range(1, len(c))]
+
+
+def output_token_count(r: RequestRecord) -> int:
+    """Output tokens by the precedence of the definition: usage, else chunks."""
+    if r.output_tokens is not None:
+        return r.output_tokens
+    if r.chunk_tokens:
+        return sum(r.chunk_tokens)
+    return len(r.chunk_ns)
+
+
+def tpot_ms(r: RequestRecord) -> float | None:
+    """Time per output token after the first: (t_last - t_first) / (output_tokens - 1) (ms)."""
+    n = output_token_count(r)
+    if n < 2 or len(r.chunk_ns) < 1:
+        return None
+    return (r.chunk_ns[-1] - r.chunk_ns[0]) / NS_PER_MS / (n - 1)
+
+
+def max_gap_ms(r: RequestRecord) -> float | None:
+    """The longest gap between token-carrying chunks of one stream (ms): its worst stall."""
+    gaps = itl_ms(r)
+    return max(gaps) if gaps else None
+
+
+def stall_count(r: RequestRecord, k: float = 3.0) -> int:
+    """Gaps longer than ``k`` times the stream's own median gap: visible pauses."""
+    gaps = itl_ms(r)
+    if len(gaps) < 2:
+        return 0
+    med = float(np.median(gaps))
+    return sum(1 for g in gaps if g > k * med)
+
+
+# ---------------------------------------------------------------- percentiles
+
+
+def percentiles(
+    values: Sequence[float] | np.ndarray, qs: Iterable[float] = DEFAULT_PERCENTILES
+) -> dict[str, float | int | None]:
+    """Exact percentiles (numpy, linear) plus ``count``, ``mean``, ``min`` and ``max``.
+
+    Keys are ``p50``, ``p90``, ``p99.9`` ... An empty input gives ``None`` values, count 0.
+    """
+    arr = np.asarray(values, dtype=float)
+    out: dict[str, float | int | None] = {"count": int(arr.size)}
+    qs = list(qs)
+    if arr.size == 0:
+        out.update({_pkey(q): None for q in qs})
+        out.update({"mean": None, "min": None, "max": None})
+        return out
+    for q, v in zip(qs, np.percentile(arr, qs, method="linear"), strict=True):
+        out[_pkey(q)] = float(v)
+    out.update({"mean": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max())})
+    return out
+
+
+def _pkey(q: float) -> str:
+    return f"p{q:g}"
+
+
+@dataclass
+class LogHistogram:
+    """Mergeable histogram with bounded relative error (DDSketch-style log buckets).
+
+    Every positive value ``v`` falls into bucket ``ceil(log_gamma(v))`` with
+    ``gamma = (1 + a) / (1 - a)``; a bucket is reported by its midpoint ``2 g^i / (g + 1)``,
+    which is within relative error ``a`` of every value in it (Masson et al., "DDSketch",
+    VLDB 2019, section 2). Default ``a`` = 0.5 %, inside the 1 % the architecture asks for.
+    """
+
+    relative_accuracy: float = 0.005
+    counts: dict[int, int] = field(default_factory=dict)
+    zero_count: int = 0
+    total: int = 0
+
+    @property
+    def _gamma(self) -> float:
+        a = self.relative_accuracy
+        return (1 + a) / (1 - a)
+
+    def add(self, value: float, count: int = 1) -> None:
+        if value <= 0:
+            self.zero_count += count
+        else:
+            i = math.ceil(math.log(value) / math.log(self._gamma))
+            self.counts[i] = self.counts.get(i, 0) + count
+        self.total += count
+
+    def merge(self, other: LogHistogram) -> None:
+        if other.relative_accuracy != self.relative_accuracy:
+            raise ValueError("cannot merge histograms of different relative_accuracy")
+        for i, c in other.counts.items():
+            self.counts[i] = self.counts.get(i, 0) + c
+        self.zero_count += other.zero_count
+        self.total += other.total
+
+    def quantile(self, q: float) -> float | None:
+        """Value at quantile ``q`` in [0, 1] (nearest rank)."""
+        if self.total == 0:
+            return None
+        rank = q * (self.total - 1)
+        seen = self.zero_count
+        if rank < seen:
+            return 0.0
+        g = self._gamma
+        for i in sorted(self.counts):
+            seen += self.counts[i]
+            if rank < seen:
+                return 2 * g**i / (g + 1)
+        return 2 * g ** max(self.counts) / (g + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "relative_accuracy": self.relative_accuracy,
+            "counts": {str(k): v for k, v in self.counts.items()},
+            "zero_count": self.zero_count,
+            "total": self.total,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LogHistogram:
+        return cls(
+            relative_accuracy=float(d["relative_accuracy"]),
+            counts={int(k): int(v) for k, v in d["counts"].items()},
+            zero_count=int(d["zero_count"]),
+            total=int(d["total"]),
+        )
+
+
+# ---------------------------------------------------------------- run level
+
+
+def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = None) -> dict[str, Any]:
+    """Counts with the invariants scheduled = sent + dropped and sent = ok + failed."""
+    records = list(records)
+    by = Counter(r.outcome for r in records)
+    dropped = by.get(OUTCOME_DROPPED, 0)
+    ok = by.get(OUTCOME_OK, 0)
+    failed = sum(c for o, c in by.items() if is_failed(o))
+    sent = ok + failed
+    return {
+        "scheduled": scheduled if scheduled is not None else sent + dropped,
+        "sent": sent,
+        "dropped": dropped,
+        "ok": ok,
+        "failed": failed,
+        "late": sum(1 for r in records if r.late),
+        "by_outcome": dict(sorted(by.items())),
+        "error_rate": failed / sent if sent else 0.0,
+    }
+
+
+def latency_records(records: Iterable[RequestRecord], window_ns: tuple[int, int]) -> list[RequestRecord]:
+    """The ok requests sent inside the measurement window: the latency population."""
+    lo, hi = window_ns
+    return [r for r in records if r.ok and r.sent_ns is not None and lo <= r.sent_ns <= hi]
+
+
+def _chunk_token_weights(r: RequestRecord) -> list[float]:
+    """Tokens carried by each token chunk (usage spread evenly when chunks don't say)."""
+    if r.chunk_tokens and len(r.chunk_tokens) == len(r.chunk_ns):
+        return [float(t) for t in r.chunk_tokens]
+    n = len(r.chunk_ns)
+    if n == 0:
+        return []
+    total = output_token_count(r)
+    return [total / n] * n
+
+
+def throughput(
+    records: Sequence[RequestRecord], window_ns: tuple[int, int], bin_s: float = 1.0
+) -> dict[str, Any]:
+    """Output tokens/s, total tokens/s and requests/s over the window, plus a per-second series.
+
+    Output tokens count when their chunk arrives inside the window (failed streams included:
+    the tokens were delivered); prompt tokens count for requests sent inside it; a request
+    counts for requests/s when it completed ok inside it.
+    """
+    lo, hi = window_ns
+    span_s = max((hi - lo) / NS_PER_S, 1e-9)
+    out_tokens = 0.0
+    prompt_tokens = 0
+    completed = 0
+    series: Counter[int] = Counter()
+    bin_ns = int(bin_s * NS_PER_S)
+    for r in records:
+        for t, w in zip(r.chunk_ns, _chunk_token_weights(r), strict=True):
+            series[t // bin_ns] += w  # type: ignore[assignment]
+            if lo <= t <= hi:
+                out_tokens += w
+        if r.sent_ns is not None and lo <= r.sent_ns <= hi:
+            prompt_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
+        if r.ok and r.chunk_ns and lo <= r.chunk_ns[-1] <= hi:
+            completed += 1
+    n_bins = (max(series) + 1) if series else 0
+    return {
+        "window_s": span_s,
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / span_s,
+        "total_tokens_per_s": (out_tokens + prompt_tokens) / span_s,
+        "requests_per_s": completed / span_s,
+        "output_tokens_per_s_series": [series.get(i, 0) / bin_s for i in range(n_bins)],
+        "series_bin_s": bin_s,
+    }
+
+
+# A per-request objective: metric name -> maximum (ms). Names are the per-request functions.
+PER_REQUEST_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
+    "ttft_ms": ttft_ms,
+    "ttft_from_intended_ms": ttft_from_intended_ms,
+    "e2e_ms": e2e_ms,
+    "e2e_from_intended_ms": e2e_from_intended_ms,
+    "tpot_ms": tpot_ms,
+    "max_gap_ms": max_gap_ms,
+}
+
+
+def good_requests(records: Iterable[RequestRecord], objectives: Mapping[str, float]) -> list[RequestRecord]:
+    """Requests that completed ok and met every per-request objective (``metric <= limit``).
+
+    A metric that is undefined for a request (e.g. TPOT of a one-token answer) is not held
+    against it. Failed requests are never good.
+    """
+    for name in objectives:
+        if name not in PER_REQUEST_METRICS:
+            known = ", ".join(sorted(PER_REQUEST_METRICS))
+            raise ValueError(f"unknown per-request objective {name!r}; known: {known}")
+    good = []
+    for r in records:
+        if not r.ok:
+            continue
+        values = ((PER_REQUEST_METRICS[n](r), limit) for n, limit in objectives.items())
+        if all(v is None or v <= limit for v, limit in values):
+            good.append(r)
+    return good
+
+
+def goodput_rps(
+    records: Sequence[RequestRecord], window_ns: tuple[int, int], objectives: Mapping[str, float]
+) -> float:
+    """Good requests (see ``good_requests``) completed inside the window, per second."""
+    lo, hi = window_ns
+    span_s = max((hi - lo) / NS_PER_S, 1e-9)
+    good = good_requests(records, objectives)
+    return sum(1 for r in good if r.chunk_ns and lo <= r.chunk_ns[-1] <= hi) / span_s
+
+
+def summarize(results: Results, qs: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """Everything ``loadlab report`` prints, as plain data."""
+    qs = list(qs)
+    window = results.measurement_window_ns()
+    lat = latency_records(results.records, window)
+
+    def dist(fn: Callable[[RequestRecord], float | None]) -> dict[str, Any]:
+        return percentiles([v for v in map(fn, lat) if v is not None], qs)
+
+    itl = [g for r in lat for g in itl_ms(r)]
+    return {
+        "counts": count_outcomes(results.records, results.scheduled_count),
+        "window_ns": list(window),
+        "ttft_ms": dist(ttft_ms),
+        "ttft_from_intended_ms": dist(ttft_from_intended_ms),
+        "itl_ms": percentiles(itl, qs),
+        "tpot_ms": dist(tpot_ms),
+        "e2e_ms": dist(e2e_ms),
+        "e2e_from_intended_ms": dist(e2e_from_intended_ms),
+        "max_gap_ms": dist(max_gap_ms),
+        "stalls_per_stream_mean": (sum(stall_count(r) for r in lat) / len(lat)) if lat else 0.0,
+        "output_tokens_per_request": percentiles([output_token_count(r) for r in lat], qs),
+        "token_count_disagreements": sum(1 for r in results.records if r.output_tokens_disagree),
+        "throughput": {
+            k: v
+            for k, v in throughput(results.records, window).items()
+            if k != "output_tokens_per_s_series"
+        },
+        "saturated": results.saturated,
+    }

@@ -1,0 +1,171 @@
+"""The one record type that flows through the harness.
+
+``RequestSpec`` is what a workload asks for; ``RequestRecord`` is what happened. Every metric
+is a pure function of records (``loadlab.metrics``). Timestamps are raw integers from
+``time.perf_counter_ns()`` made relative to the run's ``t0_ns`` (so the results file is
+portable); durations are differences of them. Wall-clock time is only a label
+(``RunInfo.started_at``).
+
+Outcome classes (``Outcome``)::
+
+    ok                  the stream completed ([DONE] or a finish_reason, then EOF)
+    http_<status>       a non-2xx status (http_429, http_500, ...)
+    connect_error       the connection could not be made, or was reset before a response
+    timeout             no byte for longer than the read timeout, or past the total timeout
+    protocol_error      a malformed stream or body (bad JSON in an event, bad framing)
+    stream_error        an error payload inside a 200 stream
+    incomplete          the stream ended (EOF, reset) before completion
+    cancelled           the run stopped while the request was in flight
+    dropped             never sent (in-flight cap reached, or too late for its schedule)
+
+Invariants: scheduled = sent + dropped; sent = ok + failed (every non-ok, non-dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "FAILED_OUTCOMES",
+    "OUTCOME_CANCELLED",
+    "OUTCOME_CONNECT_ERROR",
+    "OUTCOME_DROPPED",
+    "OUTCOME_INCOMPLETE",
+    "OUTCOME_OK",
+    "OUTCOME_PROTOCOL_ERROR",
+    "OUTCOME_STREAM_ERROR",
+    "OUTCOME_TIMEOUT",
+    "RequestRecord",
+    "RequestSpec",
+    "TokenSource",
+    "http_outcome",
+    "is_failed",
+]
+
+OUTCOME_OK = "ok"
+OUTCOME_CONNECT_ERROR = "connect_error"
+OUTCOME_TIMEOUT = "timeout"
+OUTCOME_PROTOCOL_ERROR = "protocol_error"
+OUTCOME_STREAM_ERROR = "stream_error"
+OUTCOME_INCOMPLETE = "incomplete"
+OUTCOME_CANCELLED = "cancelled"
+OUTCOME_DROPPED = "dropped"
+FAILED_OUTCOMES = frozenset(
+    {
+        OUTCOME_CONNECT_ERROR,
+        OUTCOME_TIMEOUT,
+        OUTCOME_PROTOCOL_ERROR,
+        OUTCOME_STREAM_ERROR,
+        OUTCOME_INCOMPLETE,
+        OUTCOME_CANCELLED,
+    }
+)
+
+# Where a record's output token count came from (ARCHITECTURE.md, "output tokens").
+TokenSource = Literal["usage", "chunks", "tokenizer", "none"]
+
+
+def http_outcome(status: int) -> str:
+    """Outcome class of a non-2xx HTTP status: ``http_outcome(429) == "http_429"``."""
+    return f"http_{status}"
+
+
+def is_failed(outcome: str) -> bool:
+    """True for every sent request that did not complete (``dropped`` was never sent)."""
+    return outcome != OUTCOME_OK and outcome != OUTCOME_DROPPED
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request a workload wants sent.
+
+    ``intended_at_s`` is the offset from the run start at which an open-loop runner must send
+    it (``None`` in closed loop, or for a later turn of a chat session, which is sent
+    ``think_time_s`` after the previous turn of the same ``session_id`` completed).
+    For the chat API the runner sends the session's history (earlier user turns and the
+    answers actually received) followed by ``prompt`` as the new user message; for the
+    completions API ``prompt`` is sent as is.
+    """
+
+    request_id: str
+    prompt: str
+    max_tokens: int
+    intended_at_s: float | None = None
+    prompt_tokens: int | None = None  # requested prompt length in tokens, when the workload knows it
+    session_id: str | None = None
+    turn: int = 0
+    think_time_s: float = 0.0
+    request_class: str = "default"  # per-class SLOs and reports ("chat", "long_prompt", ...)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens} ({self.request_id})")
+        if self.intended_at_s is not None and self.intended_at_s < 0:
+            raise ValueError(
+                f"intended_at_s must be >= 0 (an offset from the run start), "
+                f"got {self.intended_at_s} ({self.request_id})"
+            )
+        if self.think_time_s < 0:
+            raise ValueError(f"think_time_s must be >= 0, got {self.think_time_s}")
+        if self.turn < 0:
+            raise ValueError(f"turn must be >= 0, got {self.turn}")
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request. Times are ns relative to the run's ``t0_ns``.
+
+    ``chunk_ns`` holds the read time of every *token-carrying* chunk (a role-only or empty
+    chunk, a usage-only chunk and ``[DONE]`` are not in it); ``chunk_tokens`` the number of
+    tokens each carried when known (1 per chunk otherwise). ``end_ns`` is when the response
+    ended (EOF or ``[DONE]``), which is *not* the E2E end (that is ``chunk_ns[-1]``).
+    """
+
+    request_id: str
+    outcome: str = OUTCOME_OK
+    session_id: str | None = None
+    turn: int = 0
+    request_class: str = "default"
+    worker: int = 0
+    endpoint: str = ""  # a label (e.g. "vendorA"), never a URL with credentials
+    intended_ns: int | None = None
+    sent_ns: int | None = None
+    headers_ns: int | None = None  # response status line and headers received
+    chunk_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+    http_status: int | None = None
+    error: str | None = None  # short, human-readable; never contains secrets
+    prompt_tokens_requested: int | None = None
+    prompt_tokens: int | None = None  # from the server's usage when reported
+    max_tokens: int | None = None
+    output_tokens: int | None = None
+    output_tokens_source: TokenSource = "none"
+    output_tokens_chunks: int = 0  # token-carrying chunks seen (for the disagreement flag)
+    output_tokens_disagree: bool = False
+    finish_reason: str | None = None
+    late: bool = False  # open loop: sent more than the lateness tolerance after intended_ns
+    server: dict[str, Any] = field(default_factory=dict)  # e.g. kv_transfer_bytes from the server
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == OUTCOME_OK
+
+    @property
+    def failed(self) -> bool:
+        return is_failed(self.outcome)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RequestRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown record fields {sorted(unknown)}; is the file from a newer loadlab?")
+        return cls(**dict(data))

@@ -1,0 +1,272 @@
+"""The results file: one JSON document per run, read by every offline command.
+
+Layout (schema ``loadlab.results``, version ``SCHEMA_VERSION``)::
+
+    {
+      "schema": "loadlab.results", "version": 1,
+      "run":        {"started_at": ISO-8601 label, "duration_ns", "window_ns": [start, end],
+                     "scheduled": int, "workers": int, "kind": "run" | "selftest" | "locust" | ...},
+      "config":     what was asked (secrets redacted),
+      "environment":{"loadlab", "python", "platform", "host", "cpu_count", ...},
+      "generator":  {"saturated": bool, "loop_lag_ms_max", "loop_lag_ms_p99", "cpu_percent_mean",
+                     "threshold_ms", "samples": [[t_ns, lag_ms, cpu_percent], ...]},
+      "records":    [RequestRecord.to_dict(), ...],
+      "server_samples": [{"t_ns": int, "metrics": {"name{labels}": value}}, ...],
+      "extra":      free-form sections (selftest truth, lab modes, capacity, ...),
+      "summary":    loadlab.metrics.summarize() at write time (informative; recomputed on read)
+    }
+
+Example::
+
+    res = read_results("reports/run.json")
+    df = to_dataframe(res)          # one row per request
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loadlab.records import RequestRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "Results",
+    "ResultsError",
+    "environment_info",
+    "merge_results",
+    "read_results",
+    "redact",
+    "to_dataframe",
+    "write_results",
+]
+
+SCHEMA = "loadlab.results"
+SCHEMA_VERSION = 1
+
+# Config keys whose values are secrets. Values are replaced, keys kept (so a reader sees that
+# a key was set). API keys are read from the environment by *name*; the name is not secret.
+_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)$", re.IGNORECASE)
+_SECRET_ALLOWED = re.compile(r"(_env|_var|max_tokens|tokens)$", re.IGNORECASE)
+REDACTED = "***"
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read: names the file and what is wrong."""
+
+
+@dataclass
+class Results:
+    """An in-memory results file. ``records`` hold times relative to the run start."""
+
+    records: list[RequestRecord]
+    config: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    duration_ns: int = 0
+    window_ns: tuple[int, int] | None = None  # measurement window; None = whole run
+    scheduled: int | None = None  # None = len(records)
+    workers: int = 1
+    kind: str = "run"
+    generator: dict[str, Any] = field(default_factory=dict)
+    server_samples: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def saturated(self) -> bool:
+        return bool(self.generator.get("saturated", False))
+
+    @property
+    def scheduled_count(self) -> int:
+        return len(self.records) if self.scheduled is None else self.scheduled
+
+    def measurement_window_ns(self) -> tuple[int, int]:
+        """The window metrics use: the declared one, else [0, duration] (or last event)."""
+        if self.window_ns is not None:
+            return self.window_ns
+        end = self.duration_ns
+        for r in self.records:
+            for t in (r.end_ns, r.chunk_ns[-1] if r.chunk_ns else None):
+                if t is not None and t > end:
+                    end = t
+        return (0, end)
+
+    def to_dict(self) -> dict[str, Any]:
+        from loadlab.metrics import summarize  # metrics imports this module's types only
+
+        return {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "run": {
+                "started_at": self.started_at,
+                "duration_ns": self.duration_ns,
+                "window_ns": list(self.window_ns) if self.window_ns else None,
+                "scheduled": self.scheduled_count,
+                "workers": self.workers,
+                "kind": self.kind,
+            },
+            "config": redact(self.config),
+            "environment": self.environment,
+            "generator": self.generator,
+            "records": [r.to_dict() for r in self.records],
+            "server_samples": self.server_samples,
+            "extra": self.extra,
+            "summary": summarize(self),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Results:
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            raise ResultsError(f"{source}: not a loadlab results file (no \"schema\": \"{SCHEMA}\")")
+        version = data.get("version")
+        if version != SCHEMA_VERSION:
+            raise ResultsError(
+                f"{source}: results schema version {version!r}, this loadlab reads {SCHEMA_VERSION}"
+            )
+        run = data.get("run") or {}
+        try:
+            records = [RequestRecord.from_dict(r) for r in data.get("records", [])]
+        except (TypeError, ValueError) as exc:
+            raise ResultsError(f"{source}: bad record: {exc}") from exc
+        window = run.get("window_ns")
+        return cls(
+            records=records,
+            config=dict(data.get("config") or {}),
+            environment=dict(data.get("environment") or {}),
+            started_at=str(run.get("started_at", "")),
+            duration_ns=int(run.get("duration_ns", 0)),
+            window_ns=(int(window[0]), int(window[1])) if window else None,
+            scheduled=run.get("scheduled"),
+            workers=int(run.get("workers", 1)),
+            kind=str(run.get("kind", "run")),
+            generator=dict(data.get("generator") or {}),
+            server_samples=list(data.get("server_samples") or []),
+            extra=dict(data.get("extra") or {}),
+        )
+
+
+def redact(config: Any) -> Any:
+    """Copy of ``config`` with every secret-looking value replaced by ``***``.
+
+    >>> redact({"api_key": "sk-1", "api_key_env": "OPENAI_API_KEY", "max_tokens": 5})
+    {'api_key': '***', 'api_key_env': 'OPENAI_API_KEY', 'max_tokens': 5}
+    """
+    if isinstance(config, Mapping):
+        out = {}
+        for key, value in config.items():
+            k = str(key)
+            secret = _SECRET_KEY.search(k) and not _SECRET_ALLOWED.search(k)
+            out[k] = REDACTED if secret and value not in (None, "") else redact(value)
+        return out
+    if isinstance(config, list | tuple):
+        return [redact(v) for v in config]
+    return config
+
+
+def environment_info() -> dict[str, Any]:
+    """Where the run happened: versions, host, CPUs. Contains no environment variables."""
+    from loadlab import __version__
+
+    return {
+        "loadlab": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "host": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "pid": os.getpid(),
+    }
+
+
+def write_results(results: Results, path: str | os.PathLike[str]) -> Path:
+    """Write atomically (temp file + rename), creating parent folders; returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(results.to_dict(), fh, separators=(",", ":"), allow_nan=False)
+    tmp.replace(p)
+    return p
+
+
+def read_results(path: str | os.PathLike[str]) -> Results:
+    """Read a results file; raises ``ResultsError`` naming the file and the problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ResultsError(f"{p}: cannot read results file: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno})") from exc
+    return Results.from_dict(data, source=str(p))
+
+
+def merge_results(parts: Iterable[Results]) -> Results:
+    """One results file from the parts of one run (``--workers N`` processes, Locust workers).
+
+    Records are concatenated (their ``worker`` field tells them apart); counts add up; the
+    window is the union; the generator is saturated if any part was.
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("merge_results needs at least one part")
+    first = parts[0]
+    windows = [p.window_ns for p in parts if p.window_ns is not None]
+    gens = [p.generator for p in parts]
+    lag_max = max((float(g.get("loop_lag_ms_max", 0.0)) for g in gens), default=0.0)
+    return Results(
+        records=[r for p in parts for r in p.records],
+        config=first.config,
+        environment=first.environment,
+        started_at=min(p.started_at for p in parts),
+        duration_ns=max(p.duration_ns for p in parts),
+        window_ns=(min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None,
+        scheduled=sum(p.scheduled_count for p in parts),
+        workers=sum(p.workers for p in parts),
+        kind=first.kind,
+        generator={
+            "saturated": any(bool(g.get("saturated")) for g in gens),
+            "loop_lag_ms_max": lag_max,
+            "parts": gens,
+        },
+        server_samples=sorted(
+            (s for p in parts for s in p.server_samples), key=lambda s: s.get("t_ns", 0)
+        ),
+        extra=first.extra,
+    )
+
+
+def to_dataframe(results: Results) -> pd.DataFrame:
+    """One row per request with the derived metrics (ms) beside the raw fields."""
+    import pandas as pd
+
+    from loadlab import metrics
+
+    rows = []
+    for r in results.records:
+        row = r.to_dict()
+        row.pop("chunk_ns")
+        row.pop("chunk_tokens")
+        row.pop("server")
+        row["ttft_ms"] = metrics.ttft_ms(r)
+        row["ttft_from_intended_ms"] = metrics.ttft_from_intended_ms(r)
+        row["e2e_ms"] = metrics.e2e_ms(r)
+        row["tpot_ms"] = metrics.tpot_ms(r)
+        row["max_gap_ms"] = metrics.max_gap_ms(r)
+        row.update({f"server_{k}": v for k, v in r.server.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up everything the tests need on a fresh machine, then run them.
+# This is the README's test command; .ci/run runs exactly this, then the linters.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# torch==2.13.0 is named so pip takes the CPU build; the [server] extra accepts any torch>=2.3.
+python3 -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[all,dev]"
+# Headless Chromium for the HTML report test (the test is skipped only where no package exists).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "note: chromium could not be installed; the browser test will be skipped"
+fi
+set +e
+python3 -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$rc"
