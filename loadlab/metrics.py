@@ -231,7 +231,9 @@ class LogHistogram:
 # ---------------------------------------------------------------- run level
 
 
-def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = None) -> dict[str, Any]:
+def count_outcomes(
+    records: Iterable[RequestRecord], scheduled: int | None = None
+) -> dict[str, Any]:
     """Counts with the invariants scheduled = sent + dropped and sent = ok + failed."""
     records = list(records)
     by = Counter(r.outcome for r in records)
@@ -251,7 +253,9 @@ def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = Non
     }
 
 
-def latency_records(records: Iterable[RequestRecord], window_ns: tuple[int, int]) -> list[RequestRecord]:
+def latency_records(
+    records: Iterable[RequestRecord], window_ns: tuple[int, int]
+) -> list[RequestRecord]:
     """The ok requests sent inside the measurement window: the latency population."""
     lo, hi = window_ns
     return [r for r in records if r.ok and r.sent_ns is not None and lo <= r.sent_ns <= hi]
@@ -316,7 +320,9 @@ PER_REQUEST_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
 }
 
 
-def good_requests(records: Iterable[RequestRecord], objectives: Mapping[str, float]) -> list[RequestRecord]:
+def good_requests(
+    records: Iterable[RequestRecord], objectives: Mapping[str, float]
+) -> list[RequestRecord]:
     """Requests that completed ok and met every per-request objective (``metric <= limit``).
 
     A metric that is undefined for a request (e.g. TPOT of a one-token answer) is not held

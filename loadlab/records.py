@@ -94,7 +94,9 @@ class RequestSpec:
     prompt: str
     max_tokens: int
     intended_at_s: float | None = None
-    prompt_tokens: int | None = None  # requested prompt length in tokens, when the workload knows it
+    prompt_tokens: int | None = (
+        None  # requested prompt length in tokens, when the workload knows it
+    )
     session_id: str | None = None
     turn: int = 0
     think_time_s: float = 0.0
@@ -167,5 +169,7 @@ class RequestRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:
-            raise ValueError(f"unknown record fields {sorted(unknown)}; is the file from a newer loadlab?")
+            raise ValueError(
+                f"unknown record fields {sorted(unknown)}; is the file from a newer loadlab?"
+            )
         return cls(**dict(data))

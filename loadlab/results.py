@@ -129,7 +129,7 @@ class Results:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Results:
         if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
-            raise ResultsError(f"{source}: not a loadlab results file (no \"schema\": \"{SCHEMA}\")")
+            raise ResultsError(f'{source}: not a loadlab results file (no "schema": "{SCHEMA}")')
         version = data.get("version")
         if version != SCHEMA_VERSION:
             raise ResultsError(

@@ -1,0 +1,48 @@
+"""What every protocol adapter provides to the runners.
+
+A client turns a ``RequestSpec`` into a ``Completion``: a ``RequestRecord`` with raw timestamps
+(relative to the run's ``t0_ns``) and the generated text (the runner needs the text to build a
+chat session's history; the text is never written to the results file). ``send`` never raises
+for a transport or protocol failure: the failure is the record's outcome class.
+
+Example::
+
+    async with OpenAIClient("http://127.0.0.1:8000", model="m") as client:
+        done = await client.send(spec, t0_ns=t0)
+        print(done.record.outcome, loadlab.metrics.ttft_ms(done.record))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from loadlab.records import RequestRecord, RequestSpec
+
+__all__ = ["Client", "Completion", "Message"]
+
+Message = Mapping[str, str]  # {"role": "user" | "assistant" | "system", "content": "..."}
+
+
+@dataclass
+class Completion:
+    record: RequestRecord
+    text: str = ""
+
+
+class Client(Protocol):
+    async def __aenter__(self) -> Client: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def send(
+        self,
+        spec: RequestSpec,
+        *,
+        t0_ns: int,
+        history: Sequence[Message] = (),
+        intended_ns: int | None = None,
+    ) -> Completion:
+        """Send one request; ``history`` is the chat session so far (chat API only)."""
+        ...
