@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -125,7 +125,6 @@ class Runner:
         concurrency: int | None = None,
         max_in_flight: int | None = None,
         kind: str = "run",
-        on_start: Callable[[Runner], None] | None = None,
     ) -> None:
         if late_tolerance_ms < 0:
             raise ValueError(f"late_tolerance_ms must be >= 0, got {late_tolerance_ms}")
@@ -140,7 +139,6 @@ class Runner:
         self.concurrency = concurrency if concurrency is not None else cfg.concurrency
         self.max_in_flight = max_in_flight if max_in_flight is not None else cfg.max_in_flight
         self.kind = kind
-        self.on_start = on_start
         self.stats = LiveStats()
         self.records: list[RequestRecord] = []
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
@@ -196,8 +194,6 @@ class Runner:
         if self.cfg.duration_s is not None:
             due_s = (self.t0_ns - time.perf_counter_ns()) / NS_PER_S + self.cfg.duration_s
             deadline = loop.call_later(max(due_s, 0.0), self._end_sending)
-        if self.on_start is not None:
-            self.on_start(self)
         try:
             await self._sleep_until(self.t0_ns)  # worker processes share a t0 in the future
             if self.cfg.rate_rps is not None:
@@ -223,14 +219,26 @@ class Runner:
             workers=1,
             kind=self.kind,
             generator=generator,
-            extra={"interrupted": True} if self.interrupted else {},
+            # t0 as an absolute perf_counter_ns: lines records up with another process's
+            # clock on this machine (the self-test's server truth); meaningless elsewhere
+            extra={"t0_ns": self.t0_ns, **({"interrupted": True} if self.interrupted else {})},
         )
 
     def _window(self, end_ns: int) -> tuple[int, int]:
         lo = int(self.cfg.warmup_s * NS_PER_S)
-        last = end_ns
+        # the load ends at the last response (not when the runner has tidied up), or at the
+        # duration when sending stopped there
+        last = max(
+            (
+                t
+                for r in self.records
+                for t in (r.end_ns, r.chunk_ns[-1] if r.chunk_ns else None)
+                if t is not None
+            ),
+            default=end_ns,
+        )
         if self.cfg.duration_s is not None and not self.interrupted:
-            last = min(end_ns, int(self.cfg.duration_s * NS_PER_S))
+            last = min(last, int(self.cfg.duration_s * NS_PER_S))
         hi = last - int(self.cfg.cooldown_s * NS_PER_S)
         return (lo, max(lo, hi))
 

@@ -162,7 +162,7 @@ def test_stop_cancels_in_flight_and_records_them() -> None:
         return await runner.run(), runner
 
     res, runner = asyncio.run(go())
-    assert runner.interrupted and res.extra == {"interrupted": True}
+    assert runner.interrupted and res.extra["interrupted"] is True
     c = _invariants(res)
     assert 3 <= c["scheduled"] <= 20 and c["by_outcome"] == {"cancelled": c["scheduled"]}
 
