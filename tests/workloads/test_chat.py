@@ -39,12 +39,14 @@ def test_20_sessions_of_5_turns_are_contiguous_and_ordered():
         assert all(t.prompt_tokens == 40 == len(t.prompt) and t.max_tokens == 20 for t in turns)
         assert all(t.request_class == "chat" for t in turns)
     assert len({s.request_id for s in specs}) == 100
-    assert workload_extra(build_requests(cfg)) == {
+    stream = build_requests(cfg)
+    assert len(list(stream)) == 100
+    assert workload_extra(stream) == {
         "kind": "chat",
-        "sessions": 0,
-        "turns": 0,
+        "sessions": 20,
+        "turns": 100,
         "sessions_cut_by_context": 0,
-    }  # nothing consumed yet
+    }
 
 
 def test_think_times_follow_the_configured_lognormal():
