@@ -50,6 +50,9 @@ from loadlab.testing.http import HTTPConnection, Request, chunk_frame, json_byte
 __all__ = ["FixedScheduleServer", "FixedServerProcess", "main"]
 
 _SLACK_NS = 200_000  # write chunks due within 0.2 ms now: timers are not finer than that
+# Ticks are at least this far apart, so under load one wake-up writes many chunks (a wake-up
+# per chunk would cost more than the chunk); a chunk is then at most this late vs schedule.
+_MIN_TICK_NS = int(os.environ.get("LOADLAB_FIXED_TICK_NS", "1000000"))
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -217,8 +220,9 @@ class FixedScheduleServer:
 
     def _tick(self) -> None:
         self._timer = None
-        heap, pop, push, clock = self._heap, heapq.heappop, heapq.heappush, time.perf_counter_ns
+        heap, pop, clock = self._heap, heapq.heappop, time.perf_counter_ns
         horizon = clock() + _SLACK_NS
+        again: list[_Stream] = []  # at most one chunk per stream per tick, even when late
         while heap and heap[0][0] <= horizon:
             _, _, st = pop(heap)
             conn = st.conn
@@ -235,9 +239,11 @@ class FixedScheduleServer:
                 conn.write(st.tail)
                 conn.finish()
             else:
-                push(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))
+                again.append(st)
+        for st in again:
+            heapq.heappush(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))
         if heap:
-            self._arm(heap[0][0])
+            self._arm(max(heap[0][0], horizon - _SLACK_NS + _MIN_TICK_NS))
 
 
 class FixedServerProcess:
