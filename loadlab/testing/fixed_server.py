@@ -3,8 +3,11 @@
 The ground truth of ``loadlab selftest``: each request's first token is due ``ttft_ms`` after
 the request arrived and each next one ``itl_ms`` later (``due_k = recv + ttft + k * itl``, so
 lateness never accumulates). What counts as truth is not this schedule but the
-``perf_counter_ns`` taken right after each chunk was handed to the socket (``transport.write``
-returned). ``perf_counter_ns`` is ``CLOCK_MONOTONIC`` on Linux, so the server's and the load
+``perf_counter_ns`` taken immediately before each chunk is handed to the socket
+(``transport.write``, which sends at once when the socket buffer has room, as it does for a
+client that keeps up). Before, not after: so truth never postdates the bytes, even when the
+reader runs (another process on the other core, or a thread taking the GIL) before ``write``
+returns. ``perf_counter_ns`` is ``CLOCK_MONOTONIC`` on Linux, so the server's and the load
 generator's times compare directly across processes on one machine.
 
 Speed: one timer serves every stream (a heap of due times; each tick writes every chunk that is
@@ -229,11 +232,11 @@ class FixedScheduleServer:
             if conn.closed:
                 continue
             if st.body:  # non-streaming: the whole answer at once
-                conn.respond(200, st.body)
                 st.chunk_ns.append(clock())
+                conn.respond(200, st.body)
                 continue
-            conn.transport.write(st.frame)  # type: ignore[union-attr]
             st.chunk_ns.append(clock())
+            conn.transport.write(st.frame)  # type: ignore[union-attr]
             st.sent += 1
             if st.sent >= st.tokens:
                 conn.write(st.tail)
