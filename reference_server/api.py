@@ -210,7 +210,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(_render_metrics(engine), media_type="text/plain; version=0.0.4")
+        text = _render_metrics(engine, state["in_flight"])
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
@@ -356,10 +357,11 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def _render_metrics(engine: Engine) -> str:
+def _render_metrics(engine: Engine, in_flight: int) -> str:
     sched, bm = engine.scheduler, engine.scheduler.block_manager
     slots = getattr(sched, "num_batch_slots", sched.num_running)
     gauges = {
+        "requests_in_flight": in_flight,
         "queue_depth": engine.queue_depth,
         "running_requests": sched.num_running,
         "batch_slots": slots,
