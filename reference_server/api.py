@@ -91,8 +91,10 @@ class _Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = self.settings.api_key
         if key is not None:
-            given = headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), key.encode()):
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), key.encode()
+            ):
                 msg = "missing or invalid API key: send 'Authorization: Bearer <key>'"
                 return await _send_json(
                     send, 401, error_body(msg, "authentication_error", None, "invalid_api_key")
