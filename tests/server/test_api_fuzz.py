@@ -40,7 +40,7 @@ def test_fuzzed_requests_never_get_a_server_error(continuous_server: Any, mode: 
             if isinstance(case.body, dict) and "model" in case.body and len(seen) % 2:
                 case.body["model"] = "loadlab-ref"
             response = case.call(base_url=continuous_server.url, headers=AUTH, timeout=30)
-            seen.append((op.label, response.status_code))
+            seen.append((case.operation.label, response.status_code))
             assert response.status_code < 500, (case.as_curl_command(), response.text[:500])
 
         check()
