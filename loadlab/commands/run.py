@@ -40,7 +40,13 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "warmup_s": 2.0,
     "prompt_tokens": 64,
     "max_tokens": 32,
-    "workload": {"kind": "chat"},
+    "workload": {
+        "kind": "chat",
+        "turns": 3,
+        "think_time_s": 0.5,
+        "prompt_tokens": 64,
+        "output_tokens": 32,
+    },
 }
 
 
@@ -197,8 +203,18 @@ def _embedded_server() -> Iterator[str]:
             f"available ({exc}). Give --endpoint URL, or install it: pip install -e '.[server]'"
         ) from exc
     print("loadlab run: starting the embedded reference server (CPU preset) ...", file=sys.stderr)
-    with start_server(mode="continuous", preset="cpu", port=None) as server:
+    try:
+        server_cm = start_server(mode="continuous", preset="cpu", port=None)
+        server = server_cm.__enter__()
+    except RuntimeError as exc:
+        raise SystemExit(
+            f"loadlab run: the embedded reference server did not start ({exc}). "
+            "Give --endpoint URL to test another server."
+        ) from exc
+    try:
         yield str(server.url)
+    finally:
+        server_cm.__exit__(None, None, None)
 
 
 def summary_text(results: Results) -> str:
