@@ -89,7 +89,7 @@ def test_two_workers_write_one_file_with_every_request(fixed_url: str, tmp_path:
         "--concurrency",
         "8",
         "--requests",
-        "24",
+        "16",
         "--prompt-tokens",
         "8",
         "--max-tokens",
