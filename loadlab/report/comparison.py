@@ -19,7 +19,7 @@ from loadlab.report.text import fmt_num, render_table
 if TYPE_CHECKING:
     from loadlab.compare import Comparison, MetricChange
 
-__all__ = ["change_cell", "render_comparison", "render_comparison_markdown"]
+__all__ = ["change_cell", "footer_lines", "render_comparison", "render_comparison_markdown"]
 
 
 def _signed(v: float) -> str:
@@ -53,7 +53,7 @@ def _header(cmp: Comparison) -> list[str]:
     return ["metric", *head]
 
 
-def _footer(cmp: Comparison, pct: float | None) -> list[str]:
+def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
     out = [
         f"Intervals: {(1 - cmp.alpha) * 100:g} % for the whole table (Bonferroni over "
         f"{len(cmp.rows)} rows); latency by a bootstrap over requests, rates by Fisher's exact test."
@@ -78,7 +78,7 @@ def render_comparison(cmp: Comparison, fail_on_regression_pct: float | None = No
     n_runs = len(cmp.labels)
     align = "l" + "r" * n_runs + "rl" * (n_runs - 1)
     table = render_table(_header(cmp), rows, align=align)
-    return table + "\n\n" + "\n".join(_footer(cmp, fail_on_regression_pct)) + "\n"
+    return table + "\n\n" + "\n".join(footer_lines(cmp, fail_on_regression_pct)) + "\n"
 
 
 def render_comparison_markdown(cmp: Comparison, fail_on_regression_pct: float | None = None) -> str:
@@ -97,6 +97,6 @@ def render_comparison_markdown(cmp: Comparison, fail_on_regression_pct: float | 
     out = [
         f"### loadlab compare {title}",
         md_table(header, rows, align="l" + "r" * n_runs + "rl" * (n_runs - 1)),
-        "\n\n".join(md_escape(line) for line in _footer(cmp, fail_on_regression_pct)),
+        "\n\n".join(md_escape(line) for line in footer_lines(cmp, fail_on_regression_pct)),
     ]
     return "\n\n".join(out) + "\n"
