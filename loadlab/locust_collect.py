@@ -166,6 +166,9 @@ class RecordCollector:
         """One results file (kind ``locust``) holding every worker's records, sorted by send."""
         recs = sorted(self.records, key=lambda r: (r.sent_ns is None, r.sent_ns or 0))
         info = {
+            # The master's clock at t0: record time + this = perf_counter_ns on its host.
+            "t0_perf_ns": self.t0_perf_ns,
+            "host": self.host,
             "workers_reported": sorted(self.workers_by_node.values()),
             "workers_missing_final": sorted(self.missing()),
             "records_shipped": sum(self.shipped_by_node.values()),

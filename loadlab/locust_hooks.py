@@ -213,6 +213,12 @@ def _wrap_master_quit(environment: Any) -> None:
 
     def quit() -> None:
         _drain_workers(environment)
+        # Workers that reported "stopped" are no longer in runner.clients, so Locust's quit
+        # would not reach them (with --stop-timeout they only re-register after that many
+        # seconds): tell them directly.
+        known = {c.id for c in runner.clients.all}
+        for node in sorted((_S.collector.seen_nodes if _S.collector else set()) - known):
+            runner.send_message("quit", None, client_id=node)
         locust_quit()
 
     runner.quit = quit
