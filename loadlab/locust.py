@@ -3,11 +3,11 @@
 Import this only from a locustfile (Locust monkey-patches the interpreter with gevent)::
 
     # my_locustfile.py
-    from loadlab.locust import LLMUser, chat_specs
+    from loadlab.locust import LLMUser, workload_specs
 
     class Chat(LLMUser):
         def make_specs(self, seed):
-            return chat_specs(self.environment.parsed_options, seed)
+            return workload_specs({"kind": "chat", "turns": 3}, seed)
 
     $ locust -f my_locustfile.py --headless -u 50 -r 10 -t 60s --host http://127.0.0.1:8000 \\
           --loadlab-out reports/locust.json --slo slo.toml
@@ -31,8 +31,9 @@ What it adds to Locust:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import gevent
@@ -42,14 +43,17 @@ from locust import User, events, task
 
 from loadlab import locust_hooks, metrics
 from loadlab.clients.base import Message
-from loadlab.config import EndpointConfig
+from loadlab.config import EndpointConfig, RunConfig
 from loadlab.locust_options import add_options, endpoint_from_options
 from loadlab.locust_stream import StreamConnection
 from loadlab.records import RequestRecord, RequestSpec
+from loadlab.workloads import build_requests
 
-__all__ = ["LLMUser", "StreamFailure", "bucket_response_time"]
+__all__ = ["LLMUser", "StreamFailure", "bucket_response_time", "workload_specs"]
 
 log = logging.getLogger("loadlab.locust")
+
+_ENDLESS_S = 1e9  # a closed-loop "duration" for the generators: the Locust run decides the end
 
 
 def bucket_response_time(response_time_ms: float) -> float:
@@ -68,6 +72,40 @@ def bucket_response_time(response_time_ms: float) -> float:
 # Module level, as Locust documents ("customizing response time bucketing"): every process that
 # imports the locustfile (master and workers) uses it.
 locust.stats.bucket_response_time = bucket_response_time  # type: ignore[assignment]
+
+
+def workload_specs(workload: Mapping[str, Any], seed: int) -> Iterator[RequestSpec]:
+    """One Locust user's endless traffic from a ``[workload]`` table (``loadlab.workloads``).
+
+    The generators are built for a closed-loop run; a finite one (a batch of ``documents``)
+    is started again with the next seed when it ends, its ids prefixed by the round (``r1-``)
+    so request and session ids stay unique.
+
+    >>> specs = workload_specs({"kind": "chat", "turns": 2, "prompt_tokens": 8,
+    ...                         "output_tokens": 4, "think_time_s": 0.5}, seed=1)
+    >>> [(s.turn, s.think_time_s) for s in itertools.islice(specs, 3)]
+    [(0, 0.0), (1, 0.5), (0, 0.0)]
+    """
+    for round_ in itertools.count():
+        cfg = RunConfig(
+            concurrency=1,
+            duration_s=_ENDLESS_S,
+            seed=seed + round_,
+            max_tokens=int(workload.get("output_tokens", 64)),
+            workload=dict(workload),
+        )
+        produced = False
+        for spec in build_requests(cfg):
+            produced = True
+            if round_ == 0:
+                yield spec
+            else:
+                sid = f"r{round_}-{spec.session_id}" if spec.session_id else None
+                yield dataclasses.replace(
+                    spec, request_id=f"r{round_}-{spec.request_id}", session_id=sid
+                )
+        if not produced:
+            return
 
 
 class StreamFailure(Exception):

@@ -55,6 +55,7 @@ class _State:
         self.finalised = False
         self.lag = LogHistogram()
         self.lag_max_ms = 0.0
+        self.measuring_lag = False
 
 
 _S = _State()
@@ -96,6 +97,7 @@ def record_done(record: RequestRecord) -> None:
 def install(events: Any) -> None:
     events.init.add_listener(_on_init)
     events.test_start.add_listener(_on_test_start)
+    events.test_stopping.add_listener(_on_test_stopping)
     events.test_stop.add_listener(_on_test_stop)
     events.quitting.add_listener(_on_quitting)
 
@@ -106,10 +108,6 @@ def _worker_index(environment: Any) -> int:
 
 
 def _on_init(environment: Any, **_: Any) -> None:
-    # libev caches "now" per loop iteration; importing the locustfile (numpy, loadlab) can take
-    # seconds before the loop first runs, and Locust's --run-time timer, armed next, would
-    # otherwise count from that stale "now" and fire seconds early.
-    gevent.get_hub().loop.update_now()
     runner = environment.runner
     if isinstance(runner, MasterRunner):
         _S.role = "master"
@@ -120,6 +118,16 @@ def _on_init(environment: Any, **_: Any) -> None:
         gevent.spawn(_flusher, environment)
     else:
         _S.role = "local"
+    if _S.role != "master":
+        # Build the prompt corpus now: done by the first user, it would block the gevent loop
+        # (and every other user's timestamps) for a few hundred ms mid-run.
+        from loadlab.workloads.prompts import corpus
+
+        corpus()
+    # libev caches "now" per loop iteration; importing the locustfile (numpy, loadlab) and the
+    # warm-up above take seconds before the loop runs again, and Locust's --run-time timer,
+    # armed next, would otherwise count from that stale "now" and fire seconds early.
+    gevent.get_hub().loop.update_now()
 
 
 def _on_test_start(environment: Any, **_: Any) -> None:
@@ -130,10 +138,14 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         _S.finalised = False
     if _S.role in ("local", "worker"):
         _S.shipper = RecordShipper.start_now(_worker_index(environment), _S.host)
-        _S.lag, _S.lag_max_ms = LogHistogram(), 0.0
+        _S.lag, _S.lag_max_ms, _S.measuring_lag = LogHistogram(), 0.0, True
         gevent.spawn(_lag_monitor, _S.shipper)
     if _S.role == "worker":  # hello: the master now expects a final batch from this worker
         _send(environment, final=False)
+
+
+def _on_test_stopping(environment: Any, **_: Any) -> None:
+    _S.measuring_lag = False  # shutdown work (killing users, printing stats) is not load
 
 
 def _on_test_stop(environment: Any, **_: Any) -> None:
@@ -190,9 +202,11 @@ def _flusher(environment: Any) -> None:
 
 def _lag_monitor(ship: RecordShipper) -> None:
     # How late the gevent loop wakes a sleeper: the delay every chunk timestamp may carry.
-    while _S.shipper is ship and not ship.final_sent:
+    while _S.shipper is ship and _S.measuring_lag:
         t = time.perf_counter()
         gevent.sleep(LAG_PERIOD_S)
+        if not _S.measuring_lag:
+            break
         lag_ms = max(0.0, (time.perf_counter() - t - LAG_PERIOD_S) * 1000)
         _S.lag.add(lag_ms)
         _S.lag_max_ms = max(_S.lag_max_ms, lag_ms)
@@ -279,12 +293,9 @@ def _finish(environment: Any, results: Results) -> None:
         results.workers,
         path,
     )
-    try:
-        from loadlab.report.text import render_summary
+    from loadlab.report.text import render_summary
 
-        print(render_summary(results), flush=True)
-    except ImportError:  # the text report is optional for the file itself
-        pass
+    print(render_summary(results), flush=True)
     slo_path = getattr(environment.parsed_options, "slo", "")
     if info["workers_missing_final"]:
         environment.process_exit_code = 3
@@ -300,6 +311,8 @@ def _slo_exit_code(results: Results, slo_path: str) -> int:
     except (OSError, ValueError) as exc:
         log.error("--slo %s: %s", slo_path, exc)
         return 2
+    from loadlab.report.text import render_verdict
+
     verdict = evaluate(results, spec)
-    print(verdict.render() if hasattr(verdict, "render") else verdict, flush=True)
+    print(render_verdict(verdict), flush=True)
     return int(verdict.exit_code)

@@ -20,7 +20,9 @@ from loadlab.records import RequestSpec
 
 @events.init_command_line_parser.add_listener
 def _options(parser: Any, **_: Any) -> None:
-    parser.add_argument("--first-tokens", type=int, default=0, help="tokens of turn 0 (0: --max-tokens)")
+    parser.add_argument(
+        "--first-tokens", type=int, default=0, help="tokens of turn 0 (0: --max-tokens)"
+    )
 
 
 class FixedUser(LLMUser):

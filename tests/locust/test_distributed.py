@@ -27,10 +27,28 @@ def run_distributed(tmp_path: Path, host: str, *extra: str) -> tuple[int, Path]:
     common = ["--turns", "2", "--first-tokens", "5", "--max-tokens", "150", "--think-time", "0"]
     master = spawn(
         locust_cmd(
-            "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-            "--expect-workers", "2", "--headless", "-u", "6", "-r", "20", "-t", "3s",
-            "--host", host, "--loadlab-out", str(out), "--csv", str(tmp_path / "st"),
-            *common, *extra,
+            "--master",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(port),
+            "--expect-workers",
+            "2",
+            "--headless",
+            "-u",
+            "6",
+            "-r",
+            "20",
+            "-t",
+            "3s",
+            "--host",
+            host,
+            "--loadlab-out",
+            str(out),
+            "--csv",
+            str(tmp_path / "st"),
+            *common,
+            *extra,
         ),
         tmp_path / "master.log",
     )
@@ -56,7 +74,7 @@ def check_against_truth(out: Path, truth: dict) -> Counter[str]:
     by_id = {r.request_id: r for r in res.records}
     assert len(by_id) == len(res.records), "request ids repeat"
     # every request the server saw is in the file, and nothing else
-    assert set(by_id) == set(truth), (set(by_id) ^ set(truth))
+    assert set(by_id) == set(truth), set(by_id) ^ set(truth)
     assert {r.worker for r in res.records} == {0, 1}
     t0 = info["t0_perf_ns"]
     lags_ms = []
@@ -67,7 +85,9 @@ def check_against_truth(out: Path, truth: dict) -> Counter[str]:
         else:
             assert r.outcome == "cancelled", (rid, r.outcome, r.error)
             assert len(r.chunk_ns) <= len(written)
-        lags_ms += [(read + t0 - wrote) / 1e6 for read, wrote in zip(r.chunk_ns, written)]
+        lags_ms += [
+            (read + t0 - wrote) / 1e6 for read, wrote in zip(r.chunk_ns, written, strict=False)
+        ]
     # One clock (CLOCK_MONOTONIC) on both sides: a token is read after it was written. The
     # server stamps a chunk just after handing it to the socket, so a reader may beat the stamp
     # by a little; a worker whose records were not re-based onto the master's t0 would be off
@@ -89,7 +109,7 @@ def test_in_flight_streams_are_cancelled_not_lost(tmp_path: Path, fixed_server: 
     assert code == 0  # cancelled-at-stop is recorded, not a Locust failure
     # Locust's own rows: one TTFT sample per ok request, ITL rows present
     rows = (tmp_path / "st_stats.csv").read_text()
-    assert f'TTFT,default,{outcomes["ok"]},0' in rows
+    assert f"TTFT,default,{outcomes['ok']},0" in rows
 
 
 def test_in_flight_streams_complete_with_stop_timeout(
