@@ -184,7 +184,11 @@ class Runner:
         specs: Iterable[RequestSpec] = self._specs
         if self.cfg.requests is not None:
             specs = itertools.islice(specs, self.cfg.requests)
-        self._units = group_units(specs)
+        units = group_units(specs)
+        # a lazy workload may do its set-up (datasets, tokenizers) on the first item: do it
+        # before t0, not on the schedule
+        first = next(units, None)
+        self._units = itertools.chain([first], units) if first is not None else iter(())
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         if self.t0_ns is None:
