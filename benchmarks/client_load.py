@@ -64,7 +64,9 @@ def main() -> None:
             truth = json.load(resp)
         cpu1 = os.times()
         cpu_client = cpu1.user - cpu0.user + cpu1.system - cpu0.system
-        print(f"client user {cpu1.user - cpu0.user:.2f} s, system {cpu1.system - cpu0.system:.2f} s")
+        print(
+            f"client user {cpu1.user - cpu0.user:.2f} s, system {cpu1.system - cpu0.system:.2f} s"
+        )
         assert server.proc is not None
         with open(f"/proc/{server.proc.pid}/stat") as fh:
             f = fh.read().rsplit(")", 1)[1].split()
@@ -72,7 +74,9 @@ def main() -> None:
         print(f"server user {int(f[11]) / 100:.2f} s, system {int(f[12]) / 100:.2f} s")
     ok = [r for r in records if r.ok]
     chunks = sum(len(t["chunk_ns"]) for t in truth.values())
-    span = max(t["chunk_ns"][-1] for t in truth.values()) - min(t["recv_ns"] for t in truth.values())
+    span = max(t["chunk_ns"][-1] for t in truth.values()) - min(
+        t["recv_ns"] for t in truth.values()
+    )
     ttft_err, itl_err = [], []
     for r in ok:
         t = truth[r.request_id]
@@ -80,8 +84,12 @@ def main() -> None:
         ttft_err.append(((r.chunk_ns[0] - r.sent_ns) - (tc[0] - (t["recv_ns"] - t0))) / 1e6)
         itl_err += list((np.diff(r.chunk_ns) - np.diff(tc)) / 1e6)
     q = [50, 90, 99]
-    print(f"{a.streams} streams, TTFT {a.ttft_ms} ms, ITL {a.itl_ms} ms, {a.tokens} tokens, {len(records)} requests ({len(ok)} ok)")
-    print(f"CPU s: client {cpu_client:.1f}, server {cpu_server:.1f}; us/token client {cpu_client / chunks * 1e6:.1f}, server {cpu_server / chunks * 1e6:.1f}")
+    print(
+        f"{a.streams} streams, TTFT {a.ttft_ms} ms, ITL {a.itl_ms} ms, {a.tokens} tokens, {len(records)} requests ({len(ok)} ok)"
+    )
+    print(
+        f"CPU s: client {cpu_client:.1f}, server {cpu_server:.1f}; us/token client {cpu_client / chunks * 1e6:.1f}, server {cpu_server / chunks * 1e6:.1f}"
+    )
     print(f"server reached {chunks / span * 1e9:,.0f} tokens/s")
     print("TTFT error ms p50/p90/p99:", np.round(np.percentile(ttft_err, q), 2))
     print("ITL error ms p50/p90/p99:", np.round(np.percentile(itl_err, q), 3))
