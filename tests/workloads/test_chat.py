@@ -101,3 +101,10 @@ def test_session_arrivals_from_a_trace(shared_data):
     )
     firsts = [s.intended_at_s for s in build_requests(cfg) if s.turn == 0]
     assert firsts[:2] == [0.0, pytest.approx(4.314579 / 2)]
+
+
+def test_open_loop_without_sessions_stops_at_requests():
+    cfg = RunConfig(rate_rps=1, requests=12, workload={"kind": "chat", "turns": 5})
+    specs = list(build_requests(cfg))
+    assert [s.turn for s in specs] == [0, 1, 2, 3, 4] * 2 + [0, 1]
+    assert [s.intended_at_s is not None for s in specs].count(True) == 3
