@@ -35,20 +35,16 @@ from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import aiohttp
-from aiohttp.payload import BytesPayload
-
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.sse import SSEDecoder
+from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.records import (
     OUTCOME_CANCELLED,
-    OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
     OUTCOME_OK,
     OUTCOME_PROTOCOL_ERROR,
     OUTCOME_STREAM_ERROR,
-    OUTCOME_TIMEOUT,
     RequestRecord,
     RequestSpec,
     http_outcome,
@@ -189,6 +185,10 @@ class OpenAIStreamState:
     @property
     def text(self) -> str:
         return "".join(self._parts)
+
+    def on_sent(self, t_ns: int) -> None:
+        """The request bytes are about to go to the socket."""
+        self.record.sent_ns = t_ns - self._t0
 
     def on_headers(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
         rec = self.record
@@ -333,27 +333,13 @@ class OpenAIStreamState:
             rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
 
 
-class _StampedBody(BytesPayload):
-    """The request body; records ``perf_counter_ns`` as aiohttp starts writing it (with the
-    buffered headers), i.e. immediately before the request bytes go to the socket."""
-
-    sent_ns: int | None = None
-
-    async def write(self, writer: Any) -> None:
-        self.sent_ns = time.perf_counter_ns()
-        await super().write(writer)
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        self.sent_ns = time.perf_counter_ns()
-        await super().write_with_length(writer, content_length)
-
-
 class OpenAIClient:
     """Async OpenAI-compatible client (see module docstring). Use as ``async with``.
 
     ``max_connections=0`` means no limit (open loop without a cap); closed loop passes the
-    concurrency. A cancelled ``send`` records the request (outcome ``cancelled``) in
-    ``cancelled_records`` and re-raises.
+    concurrency. ``transport`` is ``"raw"`` (default, lowest overhead) or ``"aiohttp"``
+    (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
+    ``cancelled``) in ``cancelled_records`` and re-raises.
     """
 
     def __init__(
@@ -366,18 +352,22 @@ class OpenAIClient:
         timeout_s: float = 120.0,
         read_timeout_s: float = 30.0,
         max_connections: int = 0,
+        transport: str = "raw",
     ) -> None:
         if endpoint.api not in ("chat", "completions"):
             raise ValueError(f"OpenAIClient speaks api chat or completions, not {endpoint.api!r}")
         if timeout_s <= 0 or read_timeout_s <= 0:
             raise ValueError("--timeout and --read-timeout must be > 0 seconds")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         self.endpoint = endpoint
         self.url = api_url(endpoint)
         self.stream = stream
         self.include_usage = include_usage
         self.extra_body = dict(extra_body or {})
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
+        self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
         self.max_connections = max_connections
+        self.transport_kind = transport
         key = read_api_key(endpoint)
         self._secrets = (key,) if key else ()
         self._headers = {
@@ -388,18 +378,24 @@ class OpenAIClient:
         }
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
-        self._session: aiohttp.ClientSession | None = None
+        self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
 
     async def __aenter__(self) -> OpenAIClient:
-        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        self._transport = make_transport(
+            self.transport_kind,
+            self.url,
+            self._headers,
+            max_connections=self.max_connections,
+            timeout_s=self.timeout_s,
+            read_timeout_s=self.read_timeout_s,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
 
     async def send(
         self,
@@ -409,7 +405,7 @@ class OpenAIClient:
         history: Sequence[Message] = (),
         intended_ns: int | None = None,
     ) -> Completion:
-        if self._session is None:
+        if self._transport is None:
             raise RuntimeError("use OpenAIClient as `async with OpenAIClient(...) as client`")
         rec = RequestRecord(
             request_id=spec.request_id,
@@ -432,43 +428,15 @@ class OpenAIClient:
             include_usage=self.include_usage,
             extra_body=self.extra_body,
         )
-        payload = _StampedBody(json.dumps(body).encode(), content_type="application/json")
-        headers = {**self._headers, "X-Request-Id": spec.request_id}
-        clock = time.perf_counter_ns
-        attempt_ns = clock()
+        attempt_ns = time.perf_counter_ns()
         try:
-            async with self._session.post(self.url, data=payload, headers=headers) as resp:
-                state.on_headers(resp.status, resp.headers, clock())
-                async for data in resp.content.iter_any():
-                    if state.on_bytes(data, clock()):
-                        break
-                state.finish(clock())
+            await self._transport.exchange(json.dumps(body).encode(), spec.request_id, state)
         except asyncio.CancelledError:
-            state.fail(
-                OUTCOME_CANCELLED, "the run stopped while the request was in flight", clock()
-            )
-            self._stamp_sent(rec, payload, attempt_ns, t0_ns)
+            msg = "the run stopped while the request was in flight"
+            state.fail(OUTCOME_CANCELLED, msg, time.perf_counter_ns())
             self.cancelled_records.append(rec)
             raise
-        except TimeoutError:
-            state.fail(OUTCOME_TIMEOUT, self._timeout_message(rec), clock())
-        except aiohttp.ClientPayloadError as exc:
-            state.fail(OUTCOME_INCOMPLETE, f"stream cut: {exc}", clock())
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            outcome = OUTCOME_CONNECT_ERROR if rec.headers_ns is None else OUTCOME_INCOMPLETE
-            state.fail(outcome, f"{type(exc).__name__}: {exc}", clock())
-        except aiohttp.ClientError as exc:  # e.g. an unparseable HTTP response
-            state.fail(OUTCOME_PROTOCOL_ERROR, f"{type(exc).__name__}: {exc}", clock())
-        self._stamp_sent(rec, payload, attempt_ns, t0_ns)
+        finally:
+            if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
+                state.on_sent(attempt_ns)
         return Completion(rec, state.text)
-
-    @staticmethod
-    def _stamp_sent(rec: RequestRecord, payload: _StampedBody, attempt_ns: int, t0_ns: int) -> None:
-        # Never written (no connection): the attempt time, so the request still counts as sent.
-        rec.sent_ns = (payload.sent_ns or attempt_ns) - t0_ns
-
-    def _timeout_message(self, rec: RequestRecord) -> str:
-        t = self.timeout
-        if rec.chunk_ns or rec.headers_ns is not None:
-            return f"no byte for {t.sock_read} s (read timeout) or past {t.total} s (total)"
-        return f"no response within {t.total} s or no byte for {t.sock_read} s"
