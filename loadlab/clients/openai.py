@@ -5,14 +5,16 @@ Two layers, so the Locust user (gevent, no asyncio) shares every rule of interpr
 - sans-IO: ``build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
   status, then bytes with the ``perf_counter_ns`` at which they were read; it decodes SSE,
   finds token-carrying chunks, usage, finish reason and errors, and sets the outcome);
-- I/O: ``OpenAIClient``, on aiohttp (one session, a connector sized to the run's concurrency,
-  keep-alive). aiohttp because it keeps up with ~50k chunks/s on a shared core where httpx's
-  pool does not (docs/clients.md has the figures).
+- I/O: ``OpenAIClient`` over a transport (``loadlab.clients.transports``): ``"raw"``
+  (default; a lean asyncio HTTP/1.1 protocol that stamps and interprets each chunk inside
+  ``data_received``) or ``"aiohttp"`` (one session, a connector sized to the run's
+  concurrency). Both keep connections alive. docs/clients.md has the measurements behind the
+  default.
 
-Timing (ARCHITECTURE.md): ``sent_ns`` is taken in the request body's ``write`` (aiohttp holds
-the headers back and writes them together with the body), i.e. right before the request bytes
-go to the socket, after connection set-up; a chunk's time is taken as ``iter_any`` hands over
-its bytes, before any JSON parsing.
+Timing (ARCHITECTURE.md): ``sent_ns`` is taken immediately before the request bytes are
+written to the socket (after the connection is made, so connection set-up is not latency);
+a chunk's time is taken when its bytes are read (raw: first thing in ``data_received``;
+aiohttp: as ``iter_any`` hands them over), before any JSON parsing.
 
 The API key is read from the environment variable ``endpoint.api_key_env`` and sent as
 ``Authorization: Bearer``; it is never stored in a record, and any error text that could echo
