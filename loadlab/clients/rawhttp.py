@@ -121,7 +121,8 @@ class _Conn(asyncio.Protocol):
         self.last_ns = t
         self.got_bytes = True
         if self.sink is None:
-            self.reusable = False  # bytes outside an exchange
+            if data:
+                self.reusable = False  # bytes outside an exchange
             return
         if self._head:
             self._response_head(data, t)
