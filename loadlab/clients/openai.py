@@ -146,6 +146,7 @@ class OpenAIStreamState:
     __slots__ = (
         "_any_event",
         "_body",
+        "_chat",
         "_decoder",
         "_head",
         "_outcome",
@@ -171,6 +172,7 @@ class OpenAIStreamState:
     ) -> None:
         self.record = record
         self.api = api
+        self._chat = api == "chat"
         self.stream = stream
         self.secrets = tuple(s for s in secrets if s)
         self.done = False  # [DONE] seen
@@ -215,14 +217,17 @@ class OpenAIStreamState:
             return False
         if not self._any_event and len(self._head) < 256:
             self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
-        for ev_data, ev_type, _, _ in self._decoder.feed_raw(data):
-            if self._event(ev_data, ev_type, t_ns - self._t0):
-                return True
+        events = self._decoder.feed_raw(data)
+        if events:
+            self._any_event = True
+            t_rel = t_ns - self._t0
+            for ev_data, ev_type, _, _ in events:
+                if self._event(ev_data, ev_type, t_rel):
+                    return True
         return False
 
     def _event(self, data: str, event: str, t_rel: int) -> bool:
         """One SSE event; True when it decided a failure."""
-        self._any_event = True
         if data == "[DONE]":
             self.done = True
             return False
@@ -230,17 +235,18 @@ class OpenAIStreamState:
             obj = _loads(data)
         except ValueError:
             return self._set(OUTCOME_PROTOCOL_ERROR, "bad JSON in event: " + data)
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             return self._set(OUTCOME_PROTOCOL_ERROR, "event is not a JSON object: " + data)
-        if event == "error" or obj.get("error"):
-            err = obj.get("error", obj)
-            msg = err.get("message", data) if isinstance(err, dict) else str(err)
-            return self._set(OUTCOME_STREAM_ERROR, f"error in stream: {msg}")
+        if event != "message" or "error" in obj:
+            if event == "error" or obj.get("error"):
+                err = obj.get("error", obj)
+                msg = err.get("message", data) if isinstance(err, dict) else str(err)
+                return self._set(OUTCOME_STREAM_ERROR, f"error in stream: {msg}")
         choices = obj.get("choices")
-        try:
-            if choices:
+        if choices:
+            try:
                 c = choices[0]
-                if self.api == "chat":
+                if self._chat:
                     d = c.get("delta") or {}
                     text = d.get("content")
                     if text or d.get("reasoning_content") or d.get("reasoning"):
@@ -252,10 +258,10 @@ class OpenAIStreamState:
                     self._parts.append(text)
                 if fr := c.get("finish_reason"):
                     self.record.finish_reason = fr
-        except AttributeError:
-            return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected chunk shape: " + data)
-        if usage := obj.get("usage"):
-            self.usage = usage
+            except (AttributeError, KeyError, TypeError):
+                return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected chunk shape: " + data)
+        if obj.get("usage"):
+            self.usage = obj["usage"]
         return False
 
     def _set(self, outcome: str, message: str) -> bool:
