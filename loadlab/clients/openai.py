@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from loadlab import __version__
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.sse import SSEDecoder
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
@@ -382,6 +383,7 @@ class OpenAIClient:
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
             "Accept-Encoding": "identity",  # a compressed stream would be buffered
+            "User-Agent": f"loadlab/{__version__}",  # some gateways refuse requests without one
             **endpoint.headers,
         }
         if key:
