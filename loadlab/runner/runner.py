@@ -144,6 +144,7 @@ class Runner:
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
         self.interrupted = False
         self._specs = specs
+        self._prepared = False
         self._units: Iterator[list[RequestSpec]] = iter(())
         self._send_tasks: set[asyncio.Task[Completion]] = set()
         self._stop_sending: asyncio.Future[None] | None = None
@@ -178,17 +179,23 @@ class Runner:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self) -> Results:
-        loop = asyncio.get_running_loop()
-        self._stop_sending = loop.create_future()
+    def prepare(self) -> None:
+        """Build the first unit now: a lazy workload may do its set-up (datasets, tokenizers)
+        on its first item, which must happen before t0, not on the schedule. Idempotent."""
+        if self._prepared:
+            return
+        self._prepared = True
         specs: Iterable[RequestSpec] = self._specs
         if self.cfg.requests is not None:
             specs = itertools.islice(specs, self.cfg.requests)
         units = group_units(specs)
-        # a lazy workload may do its set-up (datasets, tokenizers) on the first item: do it
-        # before t0, not on the schedule
         first = next(units, None)
         self._units = itertools.chain([first], units) if first is not None else iter(())
+
+    async def run(self) -> Results:
+        loop = asyncio.get_running_loop()
+        self._stop_sending = loop.create_future()
+        self.prepare()
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         if self.t0_ns is None:
