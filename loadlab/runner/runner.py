@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -99,10 +100,14 @@ def group_units(specs: Iterable[RequestSpec]) -> Iterator[list[RequestSpec]]:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on uvloop when it is installed (faster I/O), else on asyncio's loop."""
+    """Run a coroutine on uvloop when it is installed (faster I/O), else on asyncio's loop.
+
+    ``LOADLAB_LOOP=asyncio`` in the environment forces asyncio's own loop (benchmarks)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return asyncio.run(coro)
+    if os.environ.get("LOADLAB_LOOP") == "asyncio":  # for measuring the difference
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
