@@ -213,8 +213,8 @@ class OpenAIStreamState:
             return False
         if not self._any_event and len(self._head) < 256:
             self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
-        for ev in self._decoder.feed(data):
-            if self._event(ev.data, ev.event, t_ns - self._t0):
+        for ev_data, ev_type, _, _ in self._decoder.feed_raw(data):
+            if self._event(ev_data, ev_type, t_ns - self._t0):
                 return True
         return False
 

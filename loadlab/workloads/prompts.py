@@ -13,7 +13,7 @@ every run and machine sees the same corpus). A request's text starts with a tag 
 (``request_tag``) so two requests never share a prefix by accident (a prefix cache would
 otherwise make them cheaper than production traffic). Mooncake prefix blocks: block id ``h``
 always maps to the same 512-token block text, which starts with ``<h>``; equal ids give
-identical prefixes, different ids differ from their first character.
+identical prefixes, different ids differ within their first characters.
 
 Example::
 
