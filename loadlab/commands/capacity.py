@@ -1,0 +1,189 @@
+"""``loadlab capacity``: GPUs needed, roofline tables, calibration, estimate vs measurement.
+
+Examples::
+
+    loadlab capacity --decode-tokens-per-s 2000 --completion-tokens 250 --peak-rps 400 --headroom 0.3
+    loadlab capacity --model llama-3-8b --hardware h100 --prompt-tokens 1000 \\
+        --completion-tokens 250 --peak-rps 400
+    loadlab capacity --model llama-3-8b --hardware h200          # roofline table only
+    loadlab capacity --hardware this-machine --calibrate
+    loadlab capacity --vs-measured --preset cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from loadlab.capacity import roofline
+from loadlab.capacity.hardware import (
+    DEFAULT_MEMORY_RESERVE_FRACTION,
+    HARDWARE,
+    THIS_MACHINE,
+    Hardware,
+    get_hardware,
+)
+from loadlab.capacity.models import DTYPE_BYTES, MODELS, ModelSpec, get_model
+from loadlab.capacity.sizing import (
+    DEFAULT_BATCH,
+    MemoryCheck,
+    size_first_principles,
+    size_from_figures,
+)
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "estimate GPUs needed; hold estimates against runs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the sizing sequence from given figures")
+    g.add_argument("--decode-tokens-per-s", type=float, help="batched decode tokens/s per GPU")
+    g.add_argument("--completion-tokens", type=float, help="average completion length (tokens)")
+    g.add_argument("--peak-rps", type=float, help="peak completions (requests) per second")
+    g.add_argument("--headroom", type=float, default=0.3, help="prefill + spare (0.3 = +30%%)")
+    f = p.add_argument_group("first principles (model x hardware)")
+    f.add_argument("--model", help=f"{', '.join(MODELS)}, or ref-<preset> (ref-cpu, ref-1b)")
+    f.add_argument("--hardware", help=f"{', '.join(HARDWARE)}, {THIS_MACHINE}")
+    f.add_argument("--prompt-tokens", type=int, help="average prompt length (tokens)")
+    f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="decode batch per GPU")
+    f.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="weights and KV cache dtype")
+    f.add_argument("--compute-efficiency", type=float, help="achieved / peak FLOP/s (0.6)")
+    f.add_argument("--bandwidth-efficiency", type=float, help="achieved / peak bytes/s (0.8)")
+    f.add_argument("--reserve", type=float, default=DEFAULT_MEMORY_RESERVE_FRACTION,
+                   help="memory fraction kept from the KV cache (0.1)")  # fmt: skip
+    c = p.add_argument_group("this machine and measurements")
+    c.add_argument("--calibrate", action="store_true", help="(re)measure this machine now")
+    c.add_argument("--vs-measured", action="store_true", help="estimate vs measurement table")
+    c.add_argument("--preset", default="cpu", help="reference preset measured (--vs-measured)")
+    c.add_argument("--results", help="results file whose measurements to compare")
+    c.add_argument("--url", help="reference server base URL (reads /v1/server_info)")
+    c.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes measured")
+    c.add_argument("--prompts", default="128,256,512,1024,2048", help="prompt lengths measured")
+    c.add_argument("--context-tokens", type=int, default=256, help="context of decode steps")
+    c.add_argument("--repeats", type=int, default=3, help="repeats per measurement")
+    p.add_argument("--list", action="store_true", help="list model and hardware presets")
+    p.add_argument("--json", dest="json_out", help="also write the result as JSON here")
+
+
+def _hardware(args: argparse.Namespace) -> Hardware:
+    if args.hardware is None:
+        raise ValueError("--hardware is needed with --model (e.g. --hardware h100)")
+    if args.hardware.lower() == THIS_MACHINE:
+        from loadlab.capacity.calibrate import load_or_calibrate
+
+        hw = load_or_calibrate(force=args.calibrate, log=sys.stderr)
+    else:
+        hw = get_hardware(args.hardware)
+    return hw.derated(args.compute_efficiency, args.bandwidth_efficiency)
+
+
+def _model(args: argparse.Namespace, hw: Hardware | None = None) -> ModelSpec:
+    dtype = DTYPE_BYTES[args.dtype] if args.dtype else None
+    if (
+        dtype is None
+        and hw is not None
+        and hw.kind == "gpu"
+        and args.model.lower().startswith("ref-")
+    ):
+        dtype = 2  # the reference server runs bf16 on CUDA
+    return get_model(args.model, dtype)
+
+
+def _print_list() -> None:
+    print("models:")
+    for m in MODELS.values():
+        print(f"  {m.name:<14} {m.num_params / 1e9:6.2f} B params, {m.n_layers} layers, "
+              f"{m.n_heads}/{m.n_kv_heads} heads x {m.head_dim}, KV {m.kv_bytes_per_token:,} B/token")  # fmt: skip
+    print("  ref-tiny, ref-cpu, ref-1b  (the reference server's presets; need torch)")
+    print("hardware:")
+    for h in HARDWARE.values():
+        print(f"  {h.name:<6} {h.peak_flops_per_s / 1e12:7.1f} TFLOP/s  "
+              f"{h.peak_bytes_per_s / 1e12:5.2f} TB/s  {h.memory_bytes / 1e9:5.0f} GB  ({h.source})")  # fmt: skip
+    print(f"  {THIS_MACHINE}  measured by --calibrate (cached per host)")
+
+
+def roofline_table(m: ModelSpec, hw: Hardware, context_tokens: int = 1024) -> str:
+    """Decode step time by batch and prefill time by prompt length, as text."""
+    lines = [
+        f"{m.name} on {hw.name}: {m.num_params / 1e9:.3g} B params, weights "
+        f"{m.weight_bytes / 1e9:.3g} GB, KV cache {m.kv_bytes_per_token:,} bytes/token",
+        f"achieved {hw.achieved_flops_per_s / 1e12:.4g} TFLOP/s ({hw.compute_efficiency:.0%} of "
+        f"peak), {hw.achieved_bytes_per_s / 1e9:.4g} GB/s ({hw.bandwidth_efficiency:.0%} of peak)",
+        f"decode step, context {context_tokens:,} tokens per sequence:",
+        "  batch   step ms   tokens/s   bound",
+    ]
+    for b in (1, 8, 16, 32, 64, 128, 256):
+        e = roofline.decode_step(m, hw, b, context_tokens)
+        lines.append(f"  {b:>5} {e.time_s * 1e3:>9.3f} {b / e.time_s:>10,.0f}   {e.bound}")
+    lines += ["prefill of one prompt:", "  tokens   prefill ms   bound"]
+    for p in (128, 512, 2048, 8192):
+        e = roofline.prefill(m, hw, p)
+        lines.append(f"  {p:>6} {e.time_s * 1e3:>12.3f}   {e.bound}")
+    conc = roofline.max_concurrency(m, hw, context_tokens)
+    lines.append(f"max sequences of {context_tokens:,} tokens in memory: {conc:,}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ValueError as exc:
+        print(f"loadlab capacity: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.list:
+        _print_list()
+        return 0
+    if args.vs_measured:
+        from loadlab.capacity.measured import run_vs_measured
+
+        return run_vs_measured(args)
+    out: dict[str, object] = {}
+    if args.decode_tokens_per_s is not None:
+        if args.completion_tokens is None or args.peak_rps is None:
+            raise ValueError("the sequence needs --completion-tokens and --peak-rps too")
+        check = None
+        if args.model and args.prompt_tokens:
+            hw = _hardware(args)
+            check = MemoryCheck(_model(args, hw), hw, args.prompt_tokens, args.batch, args.reserve)
+        elif args.model or args.prompt_tokens:
+            print("note: the memory cross-check needs --model, --hardware and --prompt-tokens",
+                  file=sys.stderr)  # fmt: skip
+        plan = size_from_figures(
+            args.decode_tokens_per_s, args.completion_tokens, args.peak_rps, args.headroom, check
+        )
+        print(plan.to_text())
+        out = plan.to_dict()
+    elif args.model:
+        hw = _hardware(args)
+        m = _model(args, hw)
+        if args.peak_rps is not None:
+            if args.prompt_tokens is None or args.completion_tokens is None:
+                raise ValueError("sizing needs --prompt-tokens and --completion-tokens too")
+            check = MemoryCheck(m, hw, args.prompt_tokens, args.batch, args.reserve)
+            plan = size_first_principles(
+                check, int(args.completion_tokens), args.peak_rps, args.headroom
+            )
+            print(roofline_table(m, hw, args.prompt_tokens), end="\n\n")
+            print(plan.to_text())
+            out = plan.to_dict()
+        else:
+            print(roofline_table(m, hw, args.prompt_tokens or 1024))
+        out.update(model=m.to_dict(), hardware=hw.to_dict())
+    elif args.hardware:
+        hw = _hardware(args)
+        print(json.dumps(hw.to_dict(), indent=2))
+        out = hw.to_dict()
+    else:
+        raise ValueError(
+            "give --decode-tokens-per-s/--completion-tokens/--peak-rps (the sequence), "
+            "--model with --hardware (first principles), --vs-measured, or --list"
+        )
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=2, default=str), encoding="utf-8")
+    return 0
