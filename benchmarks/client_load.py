@@ -24,7 +24,9 @@ from loadlab.records import RequestSpec
 from loadlab.testing.fixed_server import FixedServerProcess
 
 
-async def drive(url: str, streams: int, requests: int, tokens: int, api: str) -> tuple[list, int]:
+async def drive(
+    url: str, streams: int, requests: int, tokens: int, api: str, transport: str
+) -> tuple[list, int]:
     ep = EndpointConfig(url, api=api)
     t0 = time.perf_counter_ns()
     ids = iter(range(requests))
@@ -35,7 +37,7 @@ async def drive(url: str, streams: int, requests: int, tokens: int, api: str) ->
             done = await client.send(RequestSpec(f"q{i}", "hello world", tokens), t0_ns=t0)
             records.append(done.record)
 
-    async with OpenAIClient(ep, max_connections=streams) as client:
+    async with OpenAIClient(ep, max_connections=streams, transport=transport) as client:
         await asyncio.gather(*(worker(client) for _ in range(streams)))
     return records, t0
 
@@ -49,11 +51,12 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--api", default="chat")
     p.add_argument("--no-uvloop", action="store_true")
+    p.add_argument("--transport", default="raw", choices=["raw", "aiohttp"])
     a = p.parse_args()
     server = FixedServerProcess(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens=a.tokens)
     with server as url:
         cpu0 = os.times()
-        coro = drive(url, a.streams, a.requests, a.tokens, a.api)
+        coro = drive(url, a.streams, a.requests, a.tokens, a.api, a.transport)
         if a.no_uvloop:
             records, t0 = asyncio.run(coro)
         else:
