@@ -48,6 +48,9 @@ COMMON_KEYS = frozenset(
     }
 )
 
+PREFETCH_SPECS = 2048  # specs built before the run starts
+PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
+
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7}
 
@@ -55,14 +58,29 @@ PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin":
 class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
-    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
+    def __init__(
+        self,
+        specs: Iterable[RequestSpec],
+        extra: Callable[[], dict[str, Any]],
+        *,
+        prefetch: int = PREFETCH_SPECS,
+        prefetch_chars: int = PREFETCH_CHARS,
+    ):
         self._extra = extra
-        # Prime: build the first spec now, so one-time costs (the prompt corpus, opening and
-        # detecting a trace file) are paid before the runner takes t0, not in the first
-        # request's send lag. Errors in the first line also surface here, before any load.
+        # Read ahead now, before the runner takes t0: one-time costs (the prompt corpus,
+        # opening a trace) and the first requests' prompt building stay off the runner's hot
+        # path, so they never show up as send lag. Errors in the first lines surface here,
+        # before any load. Bounded in count and text so endless streams stay cheap.
         it = iter(specs)
-        self._first = next(it, None)
-        self._it = itertools.chain([self._first], it) if self._first is not None else it
+        ahead: list[RequestSpec] = []
+        chars = 0
+        while len(ahead) < prefetch and chars < prefetch_chars:
+            spec = next(it, None)
+            if spec is None:
+                break
+            ahead.append(spec)
+            chars += len(spec.prompt)
+        self._it = itertools.chain(ahead, it)
 
     def __next__(self) -> RequestSpec:
         return next(self._it)
