@@ -8,6 +8,7 @@ lines, failed rows, thinning...), which the run command stores as
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -155,3 +156,8 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         if "chars_per_token" in params:
             raise WorkloadError("workload: give chars_per_token or tokenizer, not both")
         resolve_path(str(params["tokenizer"]), "workload.tokenizer", tuple(bases))
+        if importlib.util.find_spec("tokenizers") is None:
+            raise WorkloadError(
+                "workload.tokenizer needs the 'tokenizers' package: pip install tokenizers "
+                "(or set chars_per_token, or calibrate against the endpoint)"
+            )
