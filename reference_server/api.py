@@ -287,18 +287,18 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
                     first = False
                 if ev.finish_reason is not None:
                     done = True
-                    yield _sse(
-                        stream_chunk(
-                            kind,
-                            rid,
-                            model,
-                            created,
-                            text="" if kind == "completion" else None,
-                            finish_reason=ev.finish_reason,
-                        )
+                    last = stream_chunk(
+                        kind,
+                        rid,
+                        model,
+                        created,
+                        text="" if kind == "completion" else None,
+                        finish_reason=ev.finish_reason,
                     )
+                    yield _sse(_with_transfer(last, ev))
                     if include_usage:
-                        yield _sse(stream_chunk(kind, rid, model, created, usage=_usage(seq, ev)))
+                        usage = stream_chunk(kind, rid, model, created, usage=_usage(seq, ev))
+                        yield _sse(_with_transfer(usage, ev))
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -333,7 +333,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
                         ev.finish_reason,
                         _usage(seq, ev),
                     )
-                    return JSONResponse(body)
+                    return JSONResponse(_with_transfer(body, ev))
         finally:
             watcher.cancel()
             state["in_flight"] -= 1
@@ -355,6 +355,13 @@ def _usage(seq: Sequence, ev: TokenEvent) -> dict[str, int]:
             "total_tokens": n_prompt + ev.completion_tokens}  # fmt: skip
 
 
+def _with_transfer(body: dict[str, Any], ev: TokenEvent) -> dict[str, Any]:
+    """Disaggregated mode: the request's KV transfer beside ``usage`` (SSE has no trailers)."""
+    if ev.kv_transfer is not None:
+        body["kv_transfer"] = ev.kv_transfer
+    return body
+
+
 def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -370,4 +377,6 @@ def _render_metrics(engine: Engine, in_flight: int) -> str:
         "kv_blocks_used": bm.num_used_blocks,
         "kv_blocks_total": bm.num_blocks,
     }
-    return engine.stats.render(gauges=gauges, counters={"preemptions_total": sched.num_preemptions})
+    text = engine.stats.render(gauges=gauges, counters={"preemptions_total": sched.num_preemptions})
+    extra = getattr(engine, "extra_metrics", None)  # disaggregated mode: per pool, transfers
+    return text + "".join(line + "\n" for line in extra()) if extra is not None else text

@@ -29,7 +29,7 @@ __all__ = ["build_app", "main", "parse_args"]
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="loadlab-server", description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=sorted(MODES), default="continuous")
+    p.add_argument("--mode", choices=sorted([*MODES, "disaggregated"]), default="continuous")
     p.add_argument(
         "--preset",
         default="cpu",
@@ -53,6 +53,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="weight seed")
     p.add_argument("--log-level", default="warning")
+    d = p.add_argument_group("disaggregated mode")
+    d.add_argument("--prefill-workers", type=int, default=1, help="prefill worker processes")
+    d.add_argument("--decode-workers", type=int, default=1, help="decode worker processes")
+    d.add_argument(
+        "--prefill-cpus", help="CPUs of the prefill pool, e.g. 0 or 0-3 (default: first half)"
+    )
+    d.add_argument("--decode-cpus", help="CPUs of the decode pool, e.g. 1 (default: the rest)")
+    d.add_argument(
+        "--max-held",
+        type=int,
+        help="requests a prefill worker holds for pulling (default max-num-seqs)",
+    )
+    d.add_argument(
+        "--dist-init", help="torch.distributed init_method (default tcp://127.0.0.1:<free port>)"
+    )
     args = p.parse_args(argv)
     if args.api_key_env and not os.environ.get(args.api_key_env):
         p.error(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
@@ -73,6 +88,10 @@ def _runner(args: argparse.Namespace) -> Any:
 
 def build_app(args: argparse.Namespace) -> tuple[Any, Engine, dict[str, Any]]:
     """Runner, block manager, scheduler, engine and ASGI app from parsed flags."""
+    if args.mode == "disaggregated":  # worker processes behind the same engine interface
+        from reference_server.disaggregated import build_app as build_disaggregated
+
+        return build_disaggregated(args)  # type: ignore[return-value]
     runner = _runner(args)
     info = dict(runner.info())
     capacity = runner.num_kv_blocks * runner.block_size

@@ -54,6 +54,7 @@ class TokenEvent:
     completion_tokens: int  # total generated so far
     finish_reason: str | None = None
     error: str | None = None
+    kv_transfer: dict[str, Any] | None = None  # disaggregated mode: {"bytes", "seconds"}
 
 
 class TextStream:

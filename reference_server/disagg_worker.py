@@ -1,0 +1,355 @@
+"""Prefill and decode worker processes of the ``disaggregated`` mode.
+
+Each worker is its own process with its own model replica (same seed, so same weights), its own
+KV cache and ``BlockManager``, pinned to its own CPUs. Ranks of the ``torch.distributed`` group:
+prefill workers are ranks ``0 .. P-1``, decode workers ``P .. P+D-1`` (the API process is not
+in the group; it talks to workers through multiprocessing queues). Only the KV bytes go through
+``torch.distributed`` (gloo on CPU; NCCL when every rank has its own GPU).
+
+The pull protocol (backpressure: the decode side asks only when its block manager can admit)::
+
+    prefill: prompt -> one forward pass -> first token -> "ready" (KV held, bounded)
+    API:     "offer" the request to the least-loaded decode worker
+    decode:  when blocks are free: allocate, send "pull" to the prefill worker
+    prefill: export KV, free its blocks, isend(KV), tell the decode worker "coming" (or "gone"
+             when the request was aborted meanwhile)
+    decode:  irecv(KV) into its own blocks, then continuous batching takes it from there
+
+Every pull is answered with "coming" or "gone", so an abort anywhere never leaves a receive
+waiting and every block is freed on both sides. Usage (from ``disaggregated.py``)::
+
+    ctx.Process(target=worker_main, args=(WorkerConfig(...), inbox, outbox, prefill_inboxes))
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from reference_server.kv_cache import BlockManager
+from reference_server.model_runner import ModelRunner
+from reference_server.scheduler.base import Scheduler
+from reference_server.scheduler.continuous import ContinuousScheduler
+from reference_server.sequence import ScheduledBatch, ScheduledSeq, SeqStatus, Sequence
+
+__all__ = ["PrefillScheduler", "WorkerConfig", "worker_main"]
+
+_TRANSFER_TIMEOUT = datetime.timedelta(seconds=60)
+_MAX_PULLS_IN_FLIGHT = 2  # pulls a decode worker has asked for and not yet received
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    role: str  # "prefill" | "decode"
+    rank: int
+    world_size: int
+    num_prefill: int
+    init_method: str  # e.g. tcp://127.0.0.1:29500
+    preset: str
+    seed: int
+    num_kv_blocks: int | None
+    kv_cache_bytes: int | None
+    block_size: int
+    max_num_seqs: int
+    max_model_len: int
+    max_batched_tokens: int | None
+    cpus: tuple[int, ...]  # () = leave the affinity alone
+    threads: int | None
+    device: str | None
+    backend: str  # "gloo" | "nccl"
+    max_held: int  # prefill: requests whose KV waits for a pull before prefill pauses
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode"):
+            raise ValueError(f"role must be prefill or decode, got {self.role!r}")
+
+
+class PrefillScheduler(Scheduler):
+    """Whole prompts batched into one pass (as continuous mode's prefill step); after the first
+    token a sequence leaves ``running`` for ``held`` and waits there, KV intact, to be pulled."""
+
+    mode = "prefill"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: dict[str, Sequence] = {}
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget, bm = self.max_num_batched_tokens, self.block_manager
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.num_tokens
+            if (batch and n > budget) or not bm.can_allocate(seq, n):
+                break
+            bm.allocate(seq, n)
+            self._admit(seq)
+            batch.items.append(ScheduledSeq(seq, n))
+            budget -= n
+        return batch
+
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[Sequence]:
+        updated = super().postprocess(batch, tokens)
+        for seq in updated:
+            if not seq.is_finished:
+                self.running.remove(seq)
+                self.held[seq.seq_id] = seq
+        return updated
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        seq = self.held.pop(seq_id, None)
+        if seq is None:
+            return super().abort(seq_id)
+        self.num_aborted += 1
+        self._release(seq, "abort")
+        return seq
+
+    def take(self, seq_id: str) -> Sequence | None:
+        """Hand a held sequence over (its blocks stay allocated until the caller frees them)."""
+        return self.held.pop(seq_id, None)
+
+
+def _pin(cfg: WorkerConfig) -> None:
+    if cfg.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cfg.cpus)
+    threads = cfg.threads or max(1, len(cfg.cpus) or 1)
+    torch.set_num_threads(threads)
+
+
+def _watchdog(parent_pid: int) -> None:
+    """Exit when the API process dies (the worker was re-parented), so no worker outlives it."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+    """A worker's whole life. ``peers``: prefill workers' inboxes (decode side) or decode
+    workers' inboxes (prefill side), indexed by rank within the other pool."""
+    parent = os.getppid()
+    threading.Thread(target=_watchdog, args=(parent,), daemon=True, name="watchdog").start()
+    try:
+        _pin(cfg)
+        if cfg.device and cfg.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(cfg.device))
+        dist.init_process_group(cfg.backend, init_method=cfg.init_method, rank=cfg.rank,
+                                world_size=cfg.world_size, timeout=datetime.timedelta(seconds=120))  # fmt: skip
+        runner = ModelRunner(cfg.preset, num_kv_blocks=cfg.num_kv_blocks,
+                             kv_cache_bytes=cfg.kv_cache_bytes, block_size=cfg.block_size,
+                             seed=cfg.seed, threads=cfg.threads or torch.get_num_threads(),
+                             device=cfg.device)  # fmt: skip
+    except Exception as exc:
+        outbox.put(("failed", cfg.rank, f"{type(exc).__name__}: {exc}"))
+        return
+    info = {**runner.info(), "cpus": list(cfg.cpus), "threads": torch.get_num_threads()}
+    outbox.put(("up", cfg.rank, info))
+    worker = (_Prefill if cfg.role == "prefill" else _Decode)(cfg, runner, inbox, outbox, peers)
+    worker.loop()
+    # Exit without tearing the process group down: a peer may already be gone, and gloo's
+    # teardown can wait on it. Flush the outbox first so the last block counts arrive.
+    outbox.close()
+    outbox.join_thread()
+    os._exit(0)
+
+
+class _Worker:
+    def __init__(self, cfg: WorkerConfig, runner: ModelRunner, inbox: Any, outbox: Any,
+                 peers: list[Any]) -> None:  # fmt: skip
+        self.cfg, self.runner, self.inbox, self.outbox, self.peers = (
+            cfg,
+            runner,
+            inbox,
+            outbox,
+            peers,
+        )
+        self.bm = BlockManager(runner.num_kv_blocks, runner.block_size)
+        kw = {"max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
+              "max_num_batched_tokens": cfg.max_batched_tokens}  # fmt: skip
+        cls = PrefillScheduler if cfg.role == "prefill" else ContinuousScheduler
+        self.sched: Scheduler = cls(self.bm, **kw)
+        self.stopping = False
+        self._reported = (-1, -1)
+        # On a GPU with gloo (one device shared by every rank) the KV is staged through host memory.
+        self.stage_cpu = cfg.backend == "gloo" and runner.device.type != "cpu"
+
+    def loop(self) -> None:
+        while not self.stopping:
+            idle = not self.busy()
+            try:
+                msg = self.inbox.get(timeout=0.05) if idle else self.inbox.get_nowait()
+                self.handle(msg)
+                while not self.stopping:
+                    self.handle(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if not self.stopping:
+                self.work()
+            state = (self.bm.num_used_blocks, self.sched.num_preemptions)
+            if state != self._reported:
+                self._reported = state
+                self.outbox.put(("state", self.cfg.rank, *state))
+
+    def step(self) -> list[Sequence]:
+        """One forward pass of this worker's scheduler; reports tokens and step time."""
+        batch = self.sched.schedule()
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        tokens = self.runner.run(batch)
+        updated = self.sched.postprocess(batch, tokens)
+        seconds = time.perf_counter() - t0
+        out = [(s.seq_id, s.output_token_ids[-1], s.finish_reason) for s in updated]
+        self.outbox.put(("step", self.cfg.rank, self.cfg.role, seconds, batch.num_prefill_tokens,
+                         batch.num_decode_tokens, out))  # fmt: skip
+        return updated
+
+    def busy(self) -> bool:
+        return self.sched.has_work
+
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+class _Prefill(_Worker):
+    sched: PrefillScheduler
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.sends: queue.Queue[Any] = queue.Queue()
+        # gloo's send Work only completes inside wait(): a thread waits so prefill never does.
+        threading.Thread(target=self._reap, daemon=True, name="kv-send").start()
+
+    def _reap(self) -> None:
+        while True:
+            work, _kv = self.sends.get()  # _kv: keep the tensor alive until the send is done
+            work.wait(_TRANSFER_TIMEOUT)
+
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "add":
+            self.sched.add(msg[1])
+        elif kind == "abort":
+            self.sched.abort(msg[1])
+        elif kind == "pull":
+            self._send(msg[1], msg[2], msg[3])
+        elif kind == "stop":
+            self.stopping = True
+
+    def _send(self, seq_id: str, dst: int, tag: int) -> None:
+        peer = self.peers[dst - self.cfg.num_prefill]
+        seq = self.sched.take(seq_id)
+        if seq is None:  # aborted since it was offered
+            peer.put(("gone", seq_id))
+            return
+        kv = self.runner.export_kv(seq)  # [L, 2, n, KVH, hd], a copy: the blocks can go now
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+        if self.stage_cpu:
+            kv = kv.cpu()
+        work = dist.isend(kv, dst, tag=tag)
+        self.sends.put((work, kv))
+        peer.put(("coming", seq_id, tag, int(kv.shape[2])))
+
+    def busy(self) -> bool:
+        return bool(self.sched.waiting or self.sched.running)
+
+    def work(self) -> None:
+        if len(self.sched.held) >= self.cfg.max_held:
+            return  # bounded: wait for the decode side to pull
+        for seq in self.step():
+            if seq.seq_id in self.sched.held:
+                self.outbox.put(("ready", self.cfg.rank, seq.seq_id, seq.num_computed_tokens))
+
+
+class _Decode(_Worker):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.offers: deque[tuple[Sequence, int]] = deque()  # (sequence, prefill rank)
+        self.pulling: dict[str, Sequence] = {}  # blocks reserved, KV not yet received
+        self.aborted: set[str] = set()  # aborted while pulling: free on arrival
+        self.srcs: dict[str, int] = {}  # prefill rank each pulled request comes from
+        self.next_tag = 1
+
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "offer":
+            self.offers.append((msg[1], msg[2]))
+        elif kind == "coming":
+            self._receive(msg[1], msg[2], msg[3])
+        elif kind == "gone":
+            seq = self.pulling.pop(msg[1], None)
+            self.aborted.discard(msg[1])
+            if seq is not None:
+                self.bm.free(seq)
+        elif kind == "abort":
+            self._abort(msg[1])
+        elif kind == "stop":
+            self.stopping = True
+
+    def _abort(self, seq_id: str) -> None:
+        for item in self.offers:
+            if item[0].seq_id == seq_id:
+                self.offers.remove(item)
+                return
+        if seq_id in self.pulling:
+            self.aborted.add(seq_id)  # the pull is answered either way; free then
+            return
+        self.sched.abort(seq_id)
+
+    def _receive(self, seq_id: str, tag: int, n: int) -> None:
+        seq = self.pulling.pop(seq_id)
+        a, r = self.runner.args, self.runner
+        dev = "cpu" if self.stage_cpu else r.device
+        buf = torch.empty((a.n_layers, 2, n, a.n_kv_heads, a.head_dim), dtype=r.dtype, device=dev)
+        src = self.srcs[seq_id]
+        t0 = time.perf_counter()
+        dist.irecv(buf, src, tag=tag).wait(_TRANSFER_TIMEOUT)
+        r.import_kv(seq, buf)
+        seconds = time.perf_counter() - t0
+        del self.srcs[seq_id]
+        nbytes = buf.numel() * buf.element_size()
+        if seq_id in self.aborted:
+            self.aborted.discard(seq_id)
+            self.bm.free(seq)
+            return
+        seq.num_computed_tokens = n
+        seq.status = SeqStatus.RUNNING
+        self.sched.running.append(seq)
+        self.outbox.put(("transfer", self.cfg.rank, seq_id, nbytes, seconds))
+
+    def busy(self) -> bool:
+        return self.sched.has_work or bool(self.pulling)
+
+    def work(self) -> None:
+        self._pull()
+        self.step()
+
+    def _pull(self) -> None:
+        """Backpressure: ask for the next ready request only when its KV fits here now."""
+        sched = self.sched
+        while self.offers and len(self.pulling) < _MAX_PULLS_IN_FLIGHT:
+            seq, src = self.offers[0]
+            if len(sched.running) + len(sched.waiting) + len(self.pulling) >= sched.max_num_seqs:
+                return
+            # Room for the prompt's KV plus the first decode token.
+            if not self.bm.can_allocate(seq, seq.num_prompt_tokens + 1):
+                return
+            self.offers.popleft()
+            self.bm.allocate(seq, seq.num_prompt_tokens + 1)
+            self.pulling[seq.seq_id] = seq
+            self.srcs[seq.seq_id] = src
+            tag, self.next_tag = self.next_tag, self.next_tag + 1
+            self.peers[src].put(("pull", seq.seq_id, self.cfg.rank, tag))

@@ -1,0 +1,400 @@
+"""The ``disaggregated`` mode: prefill and decode worker pools behind the engine's interface.
+
+``DisaggregatedEngine`` offers what the API uses of ``Engine`` (``submit``, ``abort``,
+``stats``, ``queue_depth``, ``start``/``stop``, ``TokenEvent``s back to the asyncio loop), so
+the API never asks which mode runs. Requests go to a prefill worker (least loaded), their first
+token comes back, the KV is pulled by a decode worker over ``torch.distributed`` (see
+``disagg_worker.py`` for the protocol and rank layout), and the decode worker's tokens come
+back here. Each transfer's bytes and seconds go to ``/metrics`` and to the request's final
+event (``TokenEvent.kv_transfer``), which the API puts in the response body.
+
+Compute split: each pool is pinned to its own CPUs (``--prefill-cpus``/``--decode-cpus``;
+default: the first half of this process's CPUs for prefill, the rest for decode, e.g. core 0
+and core 1 on a 2-core machine; the API process stays unpinned). On GPUs every rank gets its
+own device when there are enough (NCCL), else all share ``cuda:0`` through gloo.
+
+Usage::
+
+    loadlab-server --mode disaggregated --preset cpu --prefill-workers 1 --decode-workers 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import bisect
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference_server.engine import TextStream, TokenEvent
+from reference_server.launch import free_port
+from reference_server.metrics import PREFIX, ServerStats
+from reference_server.sequence import Sequence
+
+__all__ = ["DisaggregatedEngine", "TransferStats", "build_app", "parse_cpus", "split_cpus"]
+
+TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """``"0"``, ``"0,2"`` or ``"0-3"`` -> CPU ids."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"bad CPU list {text!r}: write e.g. 0 or 0,2 or 0-3")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return tuple(sorted(set(cpus)))
+
+
+def split_cpus(available: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Default split: the first half (rounded up) for prefill, the rest for decode; with one
+    CPU both pools share it. ``(0, 1)`` -> ``((0,), (1,))``."""
+    if len(available) < 2:
+        return available, available
+    half = (len(available) + 1) // 2
+    return available[:half], available[half:]
+
+
+class TransferStats:
+    """KV transfer counters and a per-transfer seconds histogram (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes_total = 0
+        self.seconds_total = 0.0
+        self.count = 0
+        self._buckets = [0] * (len(TRANSFER_BUCKETS_S) + 1)
+
+    def record(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.bytes_total += nbytes
+            self.seconds_total += seconds
+            self.count += 1
+            self._buckets[bisect.bisect_left(TRANSFER_BUCKETS_S, seconds)] += 1
+
+    def render(self) -> list[str]:
+        with self._lock:
+            lines = [
+                f"# TYPE {PREFIX}kv_transfer_bytes_total counter",
+                f"{PREFIX}kv_transfer_bytes_total {self.bytes_total}",
+                f"# TYPE {PREFIX}kv_transfer_seconds_total counter",
+                f"{PREFIX}kv_transfer_seconds_total {self.seconds_total!r}",
+                f"# TYPE {PREFIX}kv_transfers_total counter",
+                f"{PREFIX}kv_transfers_total {self.count}",
+                f"# TYPE {PREFIX}kv_transfer_seconds histogram",
+            ]
+            cumulative = 0
+            for bound, n in zip((*TRANSFER_BUCKETS_S, float("inf")), self._buckets, strict=True):
+                cumulative += n
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                lines.append(f'{PREFIX}kv_transfer_seconds_bucket{{le="{le}"}} {cumulative}')
+            lines.append(f"{PREFIX}kv_transfer_seconds_sum {self.seconds_total!r}")
+            lines.append(f"{PREFIX}kv_transfer_seconds_count {self.count}")
+        return lines
+
+
+@dataclass
+class _Req:
+    seq: Sequence
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenEvent]
+    text: TextStream
+    prefill_rank: int
+    decode_rank: int | None = None
+    phase: str = "prefill"  # prefill -> offered -> decode
+    tokens: list[int] = field(default_factory=list)
+    kv_transfer: dict[str, Any] = field(default_factory=lambda: {"bytes": 0, "seconds": 0.0})
+
+
+class _BlocksView:
+    def __init__(self, engine: DisaggregatedEngine) -> None:
+        self._e = engine
+
+    @property
+    def num_used_blocks(self) -> int:
+        return sum(self._e.blocks_used.values())
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(self._e.blocks_total.values())
+
+
+class _SchedulerView:
+    """What the API reads of ``engine.scheduler``: batch size, running count, preemptions and
+    KV blocks (both pools summed; ``/metrics`` also has them per pool)."""
+
+    def __init__(self, engine: DisaggregatedEngine, max_num_seqs: int) -> None:
+        self._e = engine
+        self.max_num_seqs = max_num_seqs
+        self.block_manager = _BlocksView(engine)
+
+    @property
+    def num_running(self) -> int:
+        return self._e.count_phase("decode")
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self._e.preemptions.values())
+
+
+class DisaggregatedEngine:
+    """Starts the worker processes, routes requests and tokens; see the module docstring."""
+
+    def __init__(self, configs: list[Any], *, max_num_seqs: int, stats: ServerStats | None = None) -> None:  # fmt: skip
+        from reference_server.disagg_worker import worker_main
+
+        self.stats = stats or ServerStats()
+        self.transfers = TransferStats()
+        self.num_prefill = sum(1 for c in configs if c.role == "prefill")
+        self.configs = configs
+        ctx = mp.get_context("forkserver")  # workers fork from a clean process with torch loaded
+        ctx.set_forkserver_preload(["reference_server.disagg_worker"])
+        self.outbox: Any = ctx.Queue()
+        self.inboxes: list[Any] = [ctx.Queue() for _ in configs]
+        pre, dec = self.inboxes[: self.num_prefill], self.inboxes[self.num_prefill :]
+        self.procs = [
+            ctx.Process(
+                target=worker_main,
+                name=f"{c.role}-{c.rank}",
+                daemon=True,
+                args=(c, self.inboxes[c.rank], self.outbox, dec if c.role == "prefill" else pre),
+            )
+            for c in configs
+        ]
+        self.scheduler = _SchedulerView(self, max_num_seqs)
+        self.blocks_used: dict[int, int] = {c.rank: 0 for c in configs}
+        self.blocks_total: dict[int, int] = {}
+        self.preemptions: dict[int, int] = {c.rank: 0 for c in configs}
+        self.worker_info: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._requests: dict[str, _Req] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        atexit.register(self.stop)
+
+    # -- start-up and shutdown ----------------------------------------------------------------
+
+    def launch(self, timeout_s: float = 300.0) -> dict[int, dict[str, Any]]:
+        """Start every worker and wait until each has its model and process group."""
+        for p in self.procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        while len(self.worker_info) < len(self.procs):
+            try:
+                msg = self.outbox.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p.name for p in self.procs if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"disaggregated workers did not start (dead: {dead})"
+                    ) from None
+                continue
+            if msg[0] == "failed":
+                self.stop()
+                raise RuntimeError(f"worker rank {msg[1]} failed to start: {msg[2]}")
+            if msg[0] == "up":
+                self.worker_info[msg[1]] = msg[2]
+                self.blocks_total[msg[1]] = int(msg[2]["num_kv_blocks"])
+        return self.worker_info
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="disagg-router", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the router and every worker (asked first, then terminated, then killed)."""
+        self._stopping.set()
+        for inbox, p in zip(self.inboxes, self.procs, strict=True):
+            if p.is_alive():
+                inbox.put(("stop",))
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            if p.pid is None:
+                continue
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(2)
+            if p.is_alive():
+                p.kill()
+                p.join(2)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        for q in (*self.inboxes, self.outbox):
+            q.cancel_join_thread()
+            q.close()
+
+    # -- called from the API thread -----------------------------------------------------------
+
+    def submit(self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[TokenEvent]) -> None:  # fmt: skip
+        with self._lock:
+            load = dict.fromkeys(range(self.num_prefill), 0)
+            for r in self._requests.values():
+                if r.phase != "decode":
+                    load[r.prefill_rank] += 1
+            rank = min(load, key=lambda k: load[k])
+            self._requests[seq.seq_id] = _Req(seq, loop, queue, TextStream(seq.params.stop), rank)
+            self.inboxes[rank].put(("add", seq))
+
+    def abort(self, seq_id: str) -> None:
+        """Both sides drop the request; each frees its blocks whatever stage it is at."""
+        with self._lock:
+            req = self._requests.pop(seq_id, None)
+            if req is None:
+                return
+            self.inboxes[req.prefill_rank].put(("abort", seq_id))
+            if req.decode_rank is not None:
+                self.inboxes[req.decode_rank].put(("abort", seq_id))
+        self.stats.record_finished("abort")
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests without their first token yet, or waiting to be pulled."""
+        return self.count_phase("prefill") + self.count_phase("offered")
+
+    def count_phase(self, phase: str) -> int:
+        with self._lock:
+            return sum(1 for r in self._requests.values() if r.phase == phase)
+
+    def extra_metrics(self) -> list[str]:
+        """Per-pool KV blocks and the transfer counters, for ``/metrics``."""
+        lines = []
+        for name, values in (("kv_pool_blocks_used", self.blocks_used),
+                             ("kv_pool_blocks_total", self.blocks_total)):  # fmt: skip
+            lines.append(f"# TYPE {PREFIX}{name} gauge")
+            for pool in ("prefill", "decode"):
+                n = sum(
+                    v for r, v in values.items() if (r < self.num_prefill) == (pool == "prefill")
+                )
+                lines.append(f'{PREFIX}{name}{{pool="{pool}"}} {n}')
+        return lines + self.transfers.render()
+
+    # -- the router thread --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                msg = self.outbox.get(timeout=0.1)
+            except (queue.Empty, OSError, ValueError):
+                continue
+            kind = msg[0]
+            if kind == "step":
+                self._on_step(*msg[1:])
+            elif kind == "ready":
+                self._on_ready(msg[2])
+            elif kind == "transfer":
+                _, _, seq_id, nbytes, seconds = msg
+                self.transfers.record(nbytes, seconds)
+                with self._lock:
+                    if (req := self._requests.get(seq_id)) is not None:
+                        req.phase = "decode"
+                        req.kv_transfer = {"bytes": nbytes, "seconds": seconds}
+            elif kind == "state":
+                self.blocks_used[msg[1]], self.preemptions[msg[1]] = msg[2], msg[3]
+
+    def _on_step(self, rank: int, role: str, seconds: float, prefill: int, decode: int,
+                 out: list[tuple[str, int, str | None]]) -> None:  # fmt: skip
+        phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
+        for seq_id, token, reason in out:
+            with self._lock:
+                req = self._requests.get(seq_id)
+                if req is None:
+                    continue
+                req.tokens.append(token)
+                if reason is not None:
+                    del self._requests[seq_id]
+            text = req.text.push(token, reason is not None)
+            kv = req.kv_transfer if reason is not None else None
+            event = TokenEvent(text, len(req.tokens), reason, kv_transfer=kv)
+            if reason is not None:
+                self.stats.record_finished(reason)
+            try:
+                req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+            except RuntimeError:  # the API loop has closed
+                pass
+
+    def _on_ready(self, seq_id: str) -> None:
+        with self._lock:
+            req = self._requests.get(seq_id)
+            if req is None:
+                return  # aborted: the prefill worker got the abort and frees the KV
+            load = {c.rank: 0 for c in self.configs if c.role == "decode"}
+            for r in self._requests.values():
+                if r.decode_rank is not None:
+                    load[r.decode_rank] += 1
+            rank = min(load, key=lambda k: load[k])
+            req.decode_rank, req.phase = rank, "offered"
+            s = req.seq
+            offer = Sequence(s.seq_id, s.prompt_token_ids, s.params, s.arrival_ns, list(req.tokens))
+            self.inboxes[rank].put(("offer", offer, req.prefill_rank))
+
+
+def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[str, Any]]:
+    """``cli.build_app`` for ``--mode disaggregated``: workers, engine, settings and app."""
+    import torch
+
+    from reference_server.api import ServerSettings, create_app
+    from reference_server.disagg_worker import WorkerConfig
+    from reference_server.model_runner import resolve_args
+
+    if args.preset == "fake":
+        raise ValueError("--mode disaggregated needs a real model preset (tiny, cpu, 1b)")
+    model = resolve_args(args.preset)
+    n_pre, n_dec = args.prefill_workers, args.decode_workers
+    if n_pre < 1 or n_dec < 1:
+        raise ValueError("--prefill-workers and --decode-workers must be >= 1")
+    world = n_pre + n_dec
+    avail = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+    pre_cpus, dec_cpus = split_cpus(avail)
+    if args.prefill_cpus:
+        pre_cpus = parse_cpus(args.prefill_cpus)
+    if args.decode_cpus:
+        dec_cpus = parse_cpus(args.decode_cpus)
+    ndev = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = "nccl" if ndev >= world else "gloo"
+    small = model.num_params < 5_000_000  # one thread: a tiny model's ops are too small to split
+    max_len = min(model.max_seq_len, args.max_model_len or model.max_seq_len)
+    kv_bytes = int(args.kv_cache_mb * 2**20) if args.kv_cache_mb else None
+    init = args.dist_init or f"tcp://127.0.0.1:{free_port()}"
+    configs = []
+    for rank in range(world):
+        role = "prefill" if rank < n_pre else "decode"
+        cpus = pre_cpus if role == "prefill" else dec_cpus
+        per = n_pre if role == "prefill" else n_dec
+        threads = args.threads or (1 if small else max(1, len(cpus) // per))
+        configs.append(WorkerConfig(role=role, rank=rank, world_size=world, num_prefill=n_pre,
+            init_method=init, preset=args.preset, seed=args.seed, num_kv_blocks=args.num_kv_blocks,
+            kv_cache_bytes=kv_bytes, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+            max_model_len=max_len, max_batched_tokens=args.max_batched_tokens, cpus=cpus,
+            threads=threads, device=f"cuda:{rank % ndev}" if ndev else None, backend=backend,
+            max_held=args.max_held or args.max_num_seqs))  # fmt: skip
+    engine = DisaggregatedEngine(configs, max_num_seqs=args.max_num_seqs)
+    workers = engine.launch()
+    max_len = min(max_len, *(int(w["num_kv_blocks"]) * args.block_size for w in workers.values()))
+    first = workers[0]
+    info = {k: first[k] for k in ("preset", "num_params", "dtype", "kv_bytes_per_token",
+                                  "block_size", "max_seq_len") if k in first}  # fmt: skip
+    info.update(mode="disaggregated", device=first.get("device"), max_num_seqs=args.max_num_seqs,
+                max_model_len=max_len, num_kv_blocks=sum(engine.blocks_total.values()),
+                prefill_workers=n_pre, decode_workers=n_dec, kv_transfer_backend=backend,
+                dist_init=init.split("://")[0],
+                compute_split={"prefill_cpus": list(pre_cpus), "decode_cpus": list(dec_cpus),
+                               "api_cpus": "unpinned"},
+                workers=[{"rank": r, "role": c.role, "device": workers[r].get("device"),
+                          "cpus": workers[r].get("cpus"), "threads": workers[r].get("threads"),
+                          "num_kv_blocks": workers[r].get("num_kv_blocks")}
+                         for r, c in enumerate(configs)])  # fmt: skip
+    settings = ServerSettings(model_name=args.model_name, max_model_len=max_len,
+                              max_queue=args.max_queue, info=info,
+                              api_key=os.environ[args.api_key_env] if args.api_key_env else None)  # fmt: skip
+    return create_app(engine, settings), engine, info  # type: ignore[arg-type]
