@@ -259,11 +259,24 @@ class OpenAIStreamState:
                     self._parts.append(text)
                 if fr := c.get("finish_reason"):
                     self.record.finish_reason = fr
+                    if "kv_transfer" in obj:
+                        self._kv_transfer(obj["kv_transfer"])
             except (AttributeError, KeyError, TypeError):
                 return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected chunk shape: " + data)
         if obj.get("usage"):
             self.usage = obj["usage"]
+            if "kv_transfer" in obj:
+                self._kv_transfer(obj["kv_transfer"])
         return False
+
+    def _kv_transfer(self, kv: Any) -> None:
+        """The reference server's disaggregated mode: this request's KV transfer."""
+        if isinstance(kv, dict):
+            nbytes, seconds = kv.get("bytes"), kv.get("seconds")
+            if isinstance(nbytes, int):
+                self.record.server["kv_transfer_bytes"] = nbytes
+            if isinstance(seconds, (int, float)):
+                self.record.server["kv_transfer_s"] = float(seconds)
 
     def _set(self, outcome: str, message: str) -> bool:
         if self._outcome is None:
@@ -322,6 +335,8 @@ class OpenAIStreamState:
             self._set(OUTCOME_PROTOCOL_ERROR, "no choices[0] in body: " + raw.decode())
             return
         self.usage = obj.get("usage") or None
+        if "kv_transfer" in obj:
+            self._kv_transfer(obj["kv_transfer"])
         if text:
             self._parts.append(text)
             self.record.chunk_ns.append(t_ns - self._t0)  # the whole answer is one chunk

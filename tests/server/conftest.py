@@ -20,7 +20,7 @@ from reference_server.launch import RunningServer, free_port
 
 API_KEY = "test-key-not-a-secret"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-MODES = ("static", "continuous", "chunked")
+MODES = ("static", "continuous", "chunked", "disaggregated")
 # A short context keeps every request (and every fuzzed one) to a few hundred milliseconds;
 # 40 blocks of 16 tokens is less than 8 sequences x 128 tokens, so busy runs preempt.
 MODE_ARGS = ("--max-num-seqs", "8", "--max-queue", "64", "--max-model-len", "128",
@@ -35,11 +35,12 @@ class InProcessServer:
 
     def __init__(self, mode: str, args: tuple[str, ...]) -> None:
         os.environ["LOADLAB_TEST_KEY"] = API_KEY
+        self.mode = mode
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = ["--mode", mode, "--preset", "tiny", "--port", str(self.port), *args,
                 "--api-key-env", "LOADLAB_TEST_KEY", "--threads", "1"]  # fmt: skip
-        app, _engine, _info = build_app(parse_args(argv))
+        app, self.engine, _info = build_app(parse_args(argv))
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                 timeout_graceful_shutdown=2, access_log=False)  # fmt: skip
         self._server = uvicorn.Server(config)
@@ -57,6 +58,8 @@ class InProcessServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(15)
+        if self.mode == "disaggregated":  # the lifespan stops the workers; make sure of it
+            self.engine.stop()
 
 
 class _Servers:
@@ -101,6 +104,11 @@ def server(request: pytest.FixtureRequest, servers: _Servers) -> Any:
 @pytest.fixture(scope="session")
 def continuous_server(servers: _Servers) -> Any:
     return servers.get("continuous")
+
+
+@pytest.fixture(scope="session")
+def disaggregated_server(servers: _Servers) -> Any:
+    return servers.get("disaggregated")
 
 
 @pytest.fixture(scope="session")

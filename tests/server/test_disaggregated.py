@@ -1,0 +1,158 @@
+"""Disaggregated mode beyond the shared end-to-end tests: the KV really moves (greedy output
+equals continuous mode's), bytes per token match the model's shapes, transfer stats reach
+/metrics, the response and loadlab's client, disconnects at any stage free both pools, and the
+workers stop with the server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from loadlab.clients.openai import OpenAIClient
+from loadlab.config import EndpointConfig
+from loadlab.records import RequestSpec
+from reference_server.cli import build_app, parse_args
+from reference_server.disaggregated import parse_cpus, split_cpus
+from tests.server._http import label, metrics, post, session, stream
+
+COMPLETIONS = "/v1/completions"
+MODEL = "loadlab-ref"
+# tiny preset: 2 layers, 2 KV heads, head_dim 64 / 4 heads = 16, fp32 (4 bytes):
+# 2 (K and V) * 2 * 2 * 16 * 4 = 512 bytes per token.
+TINY_KV_BYTES_PER_TOKEN = 512
+
+
+def test_cpu_lists_and_the_default_split() -> None:
+    assert parse_cpus("0-2,5") == (0, 1, 2, 5)
+    assert split_cpus((0, 1)) == ((0,), (1,))
+    assert split_cpus((0, 1, 2)) == ((0, 1), (2,))
+    assert split_cpus((3,)) == ((3,), (3,))
+
+
+def test_greedy_output_equals_continuous_mode(disaggregated_server: Any, continuous_server: Any) -> None:  # fmt: skip
+    """The first token comes from the prefill worker and the rest from the decode worker,
+    which attends over the transferred KV: any corrupted K/V changes the greedy text."""
+    body = {"model": MODEL, "prompt": "The quick brown fox jumps over the lazy dog. " * 2,
+            "max_tokens": 24, "temperature": 0}  # fmt: skip
+
+    async def go() -> tuple[Any, Any]:
+        async with session() as s:
+            _, a, _ = await post(s, continuous_server.url + COMPLETIONS, body)
+            _, b, _ = await post(s, disaggregated_server.url + COMPLETIONS, body)
+            return a, b
+
+    cont, dis = asyncio.run(go())
+    assert dis["choices"][0]["text"] == cont["choices"][0]["text"]
+    assert dis["usage"] == cont["usage"] == {"prompt_tokens": 90, "completion_tokens": 24,
+                                             "total_tokens": 114}  # fmt: skip
+    assert dis["kv_transfer"]["bytes"] == 90 * TINY_KV_BYTES_PER_TOKEN
+    assert "kv_transfer" not in cont
+
+
+def test_transfer_stats_in_metrics_stream_and_client_record(disaggregated_server: Any) -> None:
+    url = disaggregated_server.url
+
+    async def go() -> tuple[dict[str, float], list[Any], Any, dict[str, float], Any]:
+        async with session() as s:
+            info = await (await s.get(url + "/v1/server_info")).json()
+            before = await metrics(s, url)
+            events = await stream(s, url + COMPLETIONS, {"model": MODEL, "prompt": "a" * 33,
+                                  "max_tokens": 4, "stream": True,
+                                  "stream_options": {"include_usage": True}})  # fmt: skip
+            ep = EndpointConfig(url, api="completions", api_key_env="LOADLAB_TEST_KEY")
+            async with OpenAIClient(ep) as client:
+                spec = RequestSpec("kv-1", "b" * 50, 3, prompt_tokens=50)
+                done = await client.send(spec, t0_ns=time.perf_counter_ns())
+            return before, events, done.record, await metrics(s, url), info
+
+    before, events, record, after, info = asyncio.run(go())
+    assert info["kv_bytes_per_token"] == TINY_KV_BYTES_PER_TOKEN
+    assert info["prefill_workers"] == info["decode_workers"] == 1
+    assert {w["role"] for w in info["workers"]} == {"prefill", "decode"}
+    assert set(info["compute_split"]) == {"prefill_cpus", "decode_cpus", "api_cpus"}
+    finish, usage = events[-3], events[-2]
+    assert finish["choices"][0]["finish_reason"] == "length"
+    assert usage["kv_transfer"]["bytes"] == finish["kv_transfer"]["bytes"] == 33 * 512
+    assert 0 < usage["kv_transfer"]["seconds"] < 30
+    assert record.outcome == "ok" and record.output_tokens == 3
+    assert record.server["kv_transfer_bytes"] == 50 * 512
+    assert 0 < record.server["kv_transfer_s"] < 30
+    assert after["kv_transfers_total"] - before["kv_transfers_total"] == 2
+    assert after["kv_transfer_bytes_total"] - before["kv_transfer_bytes_total"] == 83 * 512
+    assert after["kv_transfer_seconds_count"] == after["kv_transfers_total"]
+    assert after["kv_transfer_seconds_total"] > before["kv_transfer_seconds_total"]
+
+
+def test_one_token_requests_finish_on_the_prefill_side(disaggregated_server: Any) -> None:
+    async def go() -> Any:
+        async with session() as s:
+            body = {"model": MODEL, "prompt": "one", "max_tokens": 1}
+            return await post(s, disaggregated_server.url + COMPLETIONS, body)
+
+    status, body, _ = asyncio.run(go())
+    assert status == 200 and body["usage"]["completion_tokens"] == 1
+    assert body["kv_transfer"] == {"bytes": 0, "seconds": 0.0}  # nothing to move
+
+
+def test_disconnects_at_every_stage_free_both_pools(disaggregated_server: Any) -> None:
+    """Clients hang up while queued, prefilling, with the KV held or in transfer (right after
+    the first token, which the prefill side sends), and while decoding."""
+    url = disaggregated_server.url
+
+    async def one(s: aiohttp.ClientSession, i: int) -> None:
+        body = {"model": MODEL, "prompt": f"{i:03d}" * 35, "max_tokens": 20, "stream": True}
+        if i % 3 == 0:  # before or during prefill
+            task = asyncio.create_task(_read_all(s, url + COMPLETIONS, body))
+            await asyncio.sleep(0.002 * (i % 7))
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return
+        async with s.post(url + COMPLETIONS, json=body) as r:
+            seen = 0
+            async for line in r.content:
+                seen += line.startswith(b"data: {")
+                if seen == 1 + (i % 3 == 2) * 3:  # after the first token, or while decoding
+                    r.close()
+                    return
+
+    async def go() -> dict[str, float]:
+        async with session() as s:
+            await asyncio.gather(*(one(s, i) for i in range(30)))
+            deadline = time.monotonic() + 20
+            while True:
+                m = await metrics(s, url)
+                used = [m[label("kv_pool_blocks_used", pool=p)] for p in ("prefill", "decode")]
+                idle = m["requests_in_flight"] == 0 and used == [0, 0]
+                if idle or time.monotonic() > deadline:
+                    return m
+                await asyncio.sleep(0.05)
+
+    m = asyncio.run(go())
+    assert m["requests_in_flight"] == 0 and m["queue_depth"] == 0 and m["running_requests"] == 0
+    assert m[label("kv_pool_blocks_used", pool="prefill")] == 0
+    assert m[label("kv_pool_blocks_used", pool="decode")] == 0
+    assert m[label("kv_pool_blocks_total", pool="decode")] == 40
+
+
+async def _read_all(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with s.post(url, json=body) as r:
+        await r.read()
+
+
+def test_stopping_the_engine_ends_every_worker() -> None:
+    """A second engine (forked from the warm fork server: cheap) that is started and stopped."""
+    argv = ["--mode", "disaggregated", "--preset", "tiny", "--num-kv-blocks", "8",
+            "--max-model-len", "64", "--threads", "1", "--decode-workers", "2"]  # fmt: skip
+    _app, engine, info = build_app(parse_args(argv))
+    try:
+        assert info["decode_workers"] == 2 and len(engine.procs) == 3
+        assert all(p.is_alive() for p in engine.procs)
+    finally:
+        engine.stop()
+    assert all(not p.is_alive() and p.exitcode is not None for p in engine.procs)
