@@ -21,7 +21,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,9 +45,9 @@ from reference_server.sequence import Sequence
 
 __all__ = ["ServerSettings", "create_app"]
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class _Guard:
                 return await _send_json(send, 413, _too_large(limit))
         replayed = False
 
-        async def replay() -> dict[str, Any]:
+        async def replay() -> MutableMapping[str, Any]:
             nonlocal replayed
             if not replayed:
                 replayed = True

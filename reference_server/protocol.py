@@ -4,6 +4,9 @@ Only what the reference server serves: one choice (``n`` = 1), text in and text 
 fields are accepted and ignored, as OpenAI-compatible servers do, so real clients work.
 ``ignore_eos`` defaults to true: a request generates exactly ``max_tokens`` tokens unless a
 stop string (or ``ignore_eos: false`` and the model's end-of-sequence token) ends it sooner.
+``temperature`` defaults to 0 (greedy), unlike OpenAI's 1: greedy picks a whole batch's tokens
+in one vectorized argmax, while seeded temperature sampling costs a few small ops per request,
+which on a CPU would blur the batching effects the server exists to show.
 
 Usage::
 
@@ -53,7 +56,7 @@ class ChatMessage(_Loose):
 class _Request(_Loose):
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)  # greedy unless asked: see module doc
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = Field(default=None)
