@@ -139,7 +139,8 @@ def main() -> int:
             after = scrape(
                 server.url, ('tokens_total{phase="decode"}', 'steps_total{phase="decode"}')
             )
-        steps = after['steps_total{phase="decode"}'] - before['steps_total{phase="decode"}']
+        # Steps that decoded: decode-only ones and mixed ones (decodes plus admitted prompts).
+        steps = sum(after[k] - before[k] for k in names[1:])
         decoded = after['tokens_total{phase="decode"}'] - before['tokens_total{phase="decode"}']
         rps[mode] = ok / makespan_s
         print(f"{mode:>10}: {ok}/{args.requests} ok in {makespan_s:6.1f} s  {rps[mode]:6.2f} req/s  "
