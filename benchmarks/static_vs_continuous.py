@@ -35,6 +35,11 @@ from loadlab.config import EndpointConfig  # noqa: E402
 from loadlab.records import RequestSpec  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 
+NAMES = (
+    'tokens_total{phase="decode"}',
+    'steps_total{phase="decode"}',
+    'steps_total{phase="mixed"}',
+)
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
@@ -132,15 +137,11 @@ def main() -> int:
     rps: dict[str, float] = {}
     for mode in ("static", "continuous"):
         with start_server(mode, args.preset, extra_args=extra, timeout_s=300) as server:
-            before = scrape(
-                server.url, ('tokens_total{phase="decode"}', 'steps_total{phase="decode"}')
-            )
+            before = scrape(server.url, NAMES)
             makespan_s, ok, tokens = asyncio.run(drive(server.url, specs, not args.no_stream))
-            after = scrape(
-                server.url, ('tokens_total{phase="decode"}', 'steps_total{phase="decode"}')
-            )
+            after = scrape(server.url, NAMES)
         # Steps that decoded: decode-only ones and mixed ones (decodes plus admitted prompts).
-        steps = sum(after[k] - before[k] for k in names[1:])
+        steps = sum(after[k] - before[k] for k in NAMES[1:])
         decoded = after['tokens_total{phase="decode"}'] - before['tokens_total{phase="decode"}']
         rps[mode] = ok / makespan_s
         print(f"{mode:>10}: {ok}/{args.requests} ok in {makespan_s:6.1f} s  {rps[mode]:6.2f} req/s  "
