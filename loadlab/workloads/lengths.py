@@ -79,7 +79,8 @@ class Dist:
 
     kind: str
     params: Mapping[str, float] = field(default_factory=dict)
-    values: tuple[float, ...] = ()  # empirical sample (already scaled)
+    # empirical sample (already scaled; read-only float64 array, not compared)
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0), compare=False)
     min: float | None = None
     max: float | None = None
     floor: float = 1.0  # lengths: 1 token; times: 0 s
@@ -108,7 +109,7 @@ class Dist:
         elif self.kind == "exponential":
             x = rng.exponential(p["mean"], n)
         else:
-            x = np.asarray(self.values, dtype=float)[rng.integers(0, len(self.values), n)]
+            x = self.values[rng.integers(0, len(self.values), n)]
         return np.clip(x, self.lower, self.max if self.max is not None else np.inf)
 
     def sample_int(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -146,7 +147,7 @@ def _truncated_normal(
 
 
 @lru_cache(maxsize=16)
-def _read_column(path: Path, column: str) -> tuple[float, ...]:
+def _read_column(path: Path, column: str) -> np.ndarray:
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None) or []
@@ -165,7 +166,9 @@ def _read_column(path: Path, column: str) -> tuple[float, ...]:
                 ) from None
     if not out:
         raise WorkloadError(f"{path}: column {column!r} has no values")
-    return tuple(out)
+    arr = np.asarray(out, dtype=float)
+    arr.setflags(write=False)  # cached and shared: nobody may change it
+    return arr
 
 
 def dataset_path(file: str, key: str, bases: Sequence[Path] = ()) -> Path:
@@ -173,7 +176,7 @@ def dataset_path(file: str, key: str, bases: Sequence[Path] = ()) -> Path:
     return DATASETS[file] if file in DATASETS else resolve_path(file, key, bases)
 
 
-def load_column(file: str, column: str, bases: Sequence[Path] = ()) -> tuple[float, ...]:
+def load_column(file: str, column: str, bases: Sequence[Path] = ()) -> np.ndarray:
     """Every value of one CSV column (cached), e.g. ``load_column("sharegpt", "num_decode_tokens")``."""
     return _read_column(dataset_path(file, "file", bases), column)
 
@@ -202,7 +205,7 @@ def parse_dist(spec: Any, key: str, *, integer: bool = True, bases: Sequence[Pat
     if lo is not None and hi is not None and lo > hi:
         raise WorkloadError(f"workload.{key}: min ({lo:g}) must be <= max ({hi:g})")
     params = _dist_params(kind, spec, key, prefix)
-    values: tuple[float, ...] = ()
+    values = np.zeros(0)
     if kind == "empirical":
         file = spec.get("file", "sharegpt")
         column = spec.get("column", PROMPT_COLUMN)
@@ -210,7 +213,11 @@ def parse_dist(spec: Any, key: str, *, integer: bool = True, bases: Sequence[Pat
             raise WorkloadError(f"{prefix}file and {prefix}column must be strings")
         path = dataset_path(file, f"{prefix}file", bases)
         scale = params.get("scale", 1.0)
-        values = tuple(v * scale for v in _read_column(path, column))
+        try:
+            raw = _read_column(path, column)
+        except WorkloadError as exc:
+            raise WorkloadError(f"workload.{key}.column = {column!r}: {exc}") from None
+        values = raw * scale if scale != 1.0 else raw
     return Dist(kind, params, values, lo, hi, floor)
 
 
@@ -265,5 +272,5 @@ def sample_pairs(
     a = load_column(file, columns[0], bases)
     b = load_column(file, columns[1], bases)
     idx = rng.integers(0, len(a), n)
-    out = np.stack([np.asarray(a)[idx], np.asarray(b)[idx]], axis=1)
+    out = np.stack([a[idx], b[idx]], axis=1)
     return np.maximum(np.rint(out), 1).astype(np.int64)
