@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+SAMPLING_EPS = 1e-5
 
 
 class _Loose(BaseModel):
@@ -69,7 +70,8 @@ class _Request(_Loose):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=self.temperature,
+            # As vLLM does: below 1e-5 is greedy (logits / 1e-300 overflow to inf, then NaN).
+            temperature=0.0 if self.temperature < SAMPLING_EPS else self.temperature,
             top_p=self.top_p,
             seed=self.seed,
             stop=tuple(s for s in stop if s),
