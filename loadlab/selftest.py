@@ -175,9 +175,22 @@ def compare_level(
         "tps_err_rel": (measured - truth_tps) / truth_tps if truth_tps else None,
         "server_tps": written / server_span_s,
         "saturated": results.saturated,
-        "loop_lag_ms_p99": results.generator.get("loop_lag_ms_p99"),
-        "cpu_percent_mean": results.generator.get("cpu_percent_mean"),
+        "loop_lag_ms_p99": max(
+            (float(p.get("loop_lag_ms_p99") or 0.0) for p in _parts(results)), default=None
+        ),
+        "cpu_percent_mean": sum(float(p.get("cpu_percent_mean") or 0.0) for p in _parts(results)),
+        # loadlab's own CPU time (all worker processes) per output token read
+        "cpu_us_per_token": 1e6 * _cpu_s(results) / max(sum(len(r.chunk_ns) for r in ok), 1),
     }
+
+
+def _parts(results: Results) -> list[Mapping[str, Any]]:
+    """The generator section of each process (a --workers run merges them under "parts")."""
+    return list(results.generator.get("parts") or [results.generator])
+
+
+def _cpu_s(results: Results) -> float:
+    return float(sum(float(p.get("cpu_s") or 0.0) for p in _parts(results)))
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -302,7 +315,8 @@ def render_levels(levels: list[Mapping[str, Any]]) -> str:
     """The self-test table, one line per load level."""
     head = (
         f"{'streams':>7} {'reqs':>5}  {'TTFT err ms p50/p90/p99':>24}  {'ITL p99 err':>11}  "
-        f"{'out tok/s meas / truth (err)':>31}  {'server tok/s':>12}  {'lag p99':>7}  ok?"
+        f"{'out tok/s meas / truth (err)':>31}  {'server tok/s':>12}  {'lag p99':>7}  "
+        f"{'cpu us/tok':>10}  ok?"
     )
     lines = [head]
     for lv in levels:
@@ -316,6 +330,7 @@ def render_levels(levels: list[Mapping[str, Any]]) -> str:
         lines.append(
             f"{lv['streams']:>7} {lv['requests']:>5}  {ttft:>24}  {_f(lv['itl_p99_err_ms'], '{:+.3f}'):>11}  "
             f"{tps:>31}  {lv['server_tps']:>12,.0f}  {_f(lv['loop_lag_ms_p99'], '{:.1f}'):>7}  "
+            f"{_f(lv.get('cpu_us_per_token'), '{:.1f}'):>10}  "
             f"{'yes' if lv['within_tolerance'] else 'NO'}{sat}"
         )
     return "\n".join(lines)

@@ -235,6 +235,11 @@ def _check(cfg: RunConfig) -> None:
     from loadlab.workloads import validate_workload
 
     validate_workload(cfg)
+    if cfg.scrape:
+        import importlib.util
+
+        if importlib.util.find_spec("loadlab.scrape") is None:
+            raise ValueError("--scrape needs loadlab.scrape, which this build does not have")
     if cfg.slo:
         from loadlab.slo import load_slo
 
@@ -281,10 +286,24 @@ def _run(cfg: RunConfig) -> int:
             warn(line)
         print(f"results: {path}")
         code = max(code, _slo_exit(cfg, results))
+    if len(all_results) > 1:
+        print(_comparison(all_results, names))
     if any(r.extra.get("interrupted") for r in all_results):
         warn("loadlab run: interrupted; the results so far were written")
         return 130
     return code
+
+
+def _comparison(all_results: list[Results], names: list[str]) -> str:
+    """Side by side against the first endpoint (``loadlab.compare``), when it is installed."""
+    try:
+        from loadlab.compare import compare  # type: ignore[import-not-found,unused-ignore]
+        from loadlab.report.comparison import (  # type: ignore[import-not-found,unused-ignore]
+            render_comparison,
+        )
+    except ImportError:
+        return "compare the files with: loadlab compare " + " ".join(names)
+    return str(render_comparison(compare(all_results, names[: len(all_results)])))
 
 
 def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:
