@@ -286,7 +286,8 @@ def main() -> int:
         )
         print(
             f"{'users':>5s} {'reqs':>5s} {'tok/s':>6s} {'TTFT p99':>8s} {'truth':>6s} "
-            f"{'err':>6s} {'paired':>7s} {'lag p50/p99':>13s} {'CPU %':>6s} {'loop p99':>8s}"
+            f"{'err':>6s} {'paired':>7s} {'lag p50/p99':>13s} {'CPU %':>6s} {'µs/tok':>6s} "
+            f"{'loop p99':>8s}"
         )
         for users in [int(u) for u in args.users.split(",")]:
             m = locust_level(url, users, args.duration, args.tokens)

@@ -148,6 +148,10 @@ def _on_test_start(environment: Any, **_: Any) -> None:
 
 
 def _on_test_stopping(environment: Any, **_: Any) -> None:
+    if _S.role in ("local", "master") and _S.stop_ns is None:
+        # The load ends when stopping starts; the window still reaches the last token of a
+        # stream that finishes during --stop-timeout (Results.measurement_window_ns).
+        _S.stop_ns = time.perf_counter_ns()
     _S.measuring_lag = False  # shutdown work (killing users, printing stats) is not load
     cpu0, t0 = _S.cpu
     _S.cpu_percent = 100 * (time.process_time() - cpu0) / max(time.monotonic() - t0, 1e-9)
