@@ -91,8 +91,10 @@ class _Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = self.settings.api_key
         if key is not None:
-            given = headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), key.encode()):
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), key.encode()
+            ):
                 msg = "missing or invalid API key: send 'Authorization: Bearer <key>'"
                 return await _send_json(
                     send, 401, error_body(msg, "authentication_error", None, "invalid_api_key")
@@ -210,7 +212,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(_render_metrics(engine), media_type="text/plain; version=0.0.4")
+        text = _render_metrics(engine, state["in_flight"])
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
@@ -356,10 +359,11 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def _render_metrics(engine: Engine) -> str:
+def _render_metrics(engine: Engine, in_flight: int) -> str:
     sched, bm = engine.scheduler, engine.scheduler.block_manager
     slots = getattr(sched, "num_batch_slots", sched.num_running)
     gauges = {
+        "requests_in_flight": in_flight,
         "queue_depth": engine.queue_depth,
         "running_requests": sched.num_running,
         "batch_slots": slots,

@@ -18,7 +18,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunningServer", "free_port", "start_server"]
@@ -26,19 +25,61 @@ __all__ = ["RunningServer", "free_port", "start_server"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@dataclass
-class RunningServer:
-    url: str
-    port: int
-    process: subprocess.Popen[bytes]
-    log_path: Path | None
-
-
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class RunningServer:
+    """A reference server subprocess: ``RunningServer(...)`` starts it, ``wait_ready`` waits
+    for ``/health``, ``stop`` ends it (SIGTERM, then SIGKILL after ``grace_s``).
+
+    Start several first and then wait for each, so their start-up (importing torch) overlaps.
+    """
+
+    def __init__(
+        self,
+        mode: str = "continuous",
+        preset: str = "cpu",
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        log_path: str | Path | None = None,
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else None
+        self.api_key = api_key
+        cmd = [sys.executable, "-m", "reference_server.cli", "--mode", mode, "--preset", preset,
+               "--port", str(self.port), "--host", "127.0.0.1", *extra_args]  # fmt: skip
+        child_env = {**os.environ, **(env or {})}
+        paths = [str(ROOT), child_env.get("PYTHONPATH", "")]
+        child_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        self._log = open(self.log_path, "wb") if self.log_path else None
+        out = self._log if self._log else subprocess.DEVNULL
+        self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=ROOT
+        )
+
+    def wait_ready(self, timeout_s: float = 120.0) -> RunningServer:
+        _wait_healthy(self.process, self.url, timeout_s, self.api_key, self.log_path)
+        return self
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc = self.process
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 @contextmanager
@@ -54,31 +95,14 @@ def start_server(
 ) -> Iterator[RunningServer]:
     """Run ``python3 -m reference_server.cli`` until the block exits; waits for ``/health``.
 
-    The process is sent SIGTERM on exit and killed if it has not stopped within 10 s.
+    ``api_key`` is only sent to ``/health`` (pass the key to the server through ``env`` and
+    ``--api-key-env``). The process gets SIGTERM on exit and SIGKILL if still alive after 10 s.
     """
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "reference_server.cli", "--mode", mode, "--preset", preset,
-           "--port", str(port), "--host", "127.0.0.1", *extra_args]  # fmt: skip
-    child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), child_env.get("PYTHONPATH")])
-    )
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=ROOT)  # noqa: S603
-    url = f"http://127.0.0.1:{port}"
+    server = RunningServer(mode, preset, port, extra_args, log_path, api_key, env)
     try:
-        _wait_healthy(proc, url, timeout_s, api_key, log_path)
-        yield RunningServer(url, port, proc, Path(log_path) if log_path else None)
+        yield server.wait_ready(timeout_s)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if log is not subprocess.DEVNULL:
-            log.close()
+        server.stop()
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float,

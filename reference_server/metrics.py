@@ -3,6 +3,7 @@
 The engine thread records steps; the API thread records rejections and renders. A lock keeps
 a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
 
+    requests_in_flight                gauge    admitted by the API, not yet answered
     queue_depth                       gauge    requests waiting (queued or preempted)
     running_requests                  gauge    requests in the running batch
     batch_slots                       gauge    slots the batch holds (static: idle ones included)

@@ -40,7 +40,13 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "warmup_s": 2.0,
     "prompt_tokens": 64,
     "max_tokens": 32,
-    "workload": {"kind": "chat"},
+    "workload": {
+        "kind": "chat",
+        "turns": 3,
+        "think_time_s": 0.5,
+        "prompt_tokens": 64,
+        "output_tokens": 32,
+    },
 }
 
 
@@ -137,17 +143,17 @@ def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> li
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The scenario file (if any), then every flag that was given; demo defaults without both."""
+    given = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
+    if "rate_rps" in given and "concurrency" in given:
+        raise ValueError("give either --rate (open loop) or --concurrency (closed loop), not both")
     fields: dict[str, Any] = {}
     base_endpoints: tuple[EndpointConfig, ...] = ()
     if args.scenario:
         from loadlab.workloads.scenario import load_scenario
 
-        base = load_scenario(args.scenario)
+        base = load_scenario(args.scenario, overrides=given)  # flags win, checked together
         fields = {k: getattr(base, k) for k in base.to_dict()}
         base_endpoints = base.endpoints
-    given = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
-    if "rate_rps" in given and "concurrency" in given:
-        raise ValueError("give either --rate (open loop) or --concurrency (closed loop), not both")
     if "rate_rps" in given:
         fields["concurrency"] = None
     if "concurrency" in given:
@@ -178,14 +184,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig(**fields)
 
 
-def _builder() -> BuildRequests:
-    try:
-        from loadlab.workloads import build_requests  # type: ignore[attr-defined]
-    except ImportError:  # the workloads package has not landed: a plain synthetic load
-        from loadlab.runner.synthetic import build_requests
-    return build_requests  # type: ignore[no-any-return]
-
-
 def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
     """One results file per endpoint: the --out name, or reports/run-<UTC time>.json."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -205,36 +203,24 @@ def _embedded_server() -> Iterator[str]:
             f"available ({exc}). Give --endpoint URL, or install it: pip install -e '.[server]'"
         ) from exc
     print("loadlab run: starting the embedded reference server (CPU preset) ...", file=sys.stderr)
-    with start_server(mode="continuous", preset="cpu", port=None) as server:
+    try:
+        server_cm = start_server(mode="continuous", preset="cpu", port=None)
+        server = server_cm.__enter__()
+    except RuntimeError as exc:
+        raise SystemExit(
+            f"loadlab run: the embedded reference server did not start ({exc}). "
+            "Give --endpoint URL to test another server."
+        ) from exc
+    try:
         yield str(server.url)
+    finally:
+        server_cm.__exit__(None, None, None)
 
 
 def summary_text(results: Results) -> str:
-    try:
-        from loadlab.report.text import render_summary
-    except ImportError:
-        return _fallback_summary(results)
-    return str(render_summary(results))
+    from loadlab.report.text import render_summary
 
-
-def _fallback_summary(results: Results) -> str:
-    from loadlab.metrics import summarize
-
-    s = summarize(results)
-    lines = ["metric            p50       p90       p99"]
-    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        d = s[key]
-        vals = [d.get(p) for p in ("p50", "p90", "p99")]
-        cells = "".join(f"{v:10.1f}" if isinstance(v, float) else f"{'-':>10}" for v in vals)
-        lines.append(f"{key:<14}{cells}")
-    c, t = s["counts"], s["throughput"]
-    lines.append(
-        f"output {t['output_tokens_per_s']:.1f} tok/s, {t['requests_per_s']:.2f} req/s; "
-        f"scheduled {c['scheduled']} sent {c['sent']} ok {c['ok']} failed {c['failed']} "
-        f"dropped {c['dropped']} late {c['late']}; outcomes {c['by_outcome']}"
-    )
-    lines.append(f"generator saturated: {'YES' if results.saturated else 'no'}")
-    return "\n".join(lines)
+    return render_summary(results)
 
 
 def warn(text: str) -> None:
@@ -244,9 +230,26 @@ def warn(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+def _check(cfg: RunConfig) -> None:
+    """Bad workload, SLO or scenario input fails here, before any server is started."""
+    from loadlab.workloads import validate_workload
+
+    validate_workload(cfg)
+    if cfg.scrape:
+        import importlib.util
+
+        if importlib.util.find_spec("loadlab.scrape") is None:
+            raise ValueError("--scrape needs loadlab.scrape, which this build does not have")
+    if cfg.slo:
+        from loadlab.slo import load_slo
+
+        load_slo(cfg.slo)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
+        _check(cfg)
     except ValueError as exc:
         print(f"loadlab run: {exc}", file=sys.stderr)
         return 2
@@ -260,7 +263,8 @@ def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         print("loadlab run: --interleave runs in one process; drop --workers", file=sys.stderr)
         return 2
-    build = _builder()
+    from loadlab.workloads import build_requests as build
+
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
     if cfg.interleave and len(cfg.endpoints) > 1:
@@ -282,10 +286,24 @@ def _run(cfg: RunConfig) -> int:
             warn(line)
         print(f"results: {path}")
         code = max(code, _slo_exit(cfg, results))
+    if len(all_results) > 1:
+        print(_comparison(all_results, names))
     if any(r.extra.get("interrupted") for r in all_results):
         warn("loadlab run: interrupted; the results so far were written")
         return 130
     return code
+
+
+def _comparison(all_results: list[Results], names: list[str]) -> str:
+    """Side by side against the first endpoint (``loadlab.compare``), when it is installed."""
+    try:
+        from loadlab.compare import compare  # type: ignore[import-not-found,unused-ignore]
+        from loadlab.report.comparison import (  # type: ignore[import-not-found,unused-ignore]
+            render_comparison,
+        )
+    except ImportError:
+        return "compare the files with: loadlab compare " + " ".join(names)
+    return str(render_comparison(compare(all_results, names[: len(all_results)])))
 
 
 def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:
@@ -308,11 +326,9 @@ def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:
 def _slo_exit(cfg: RunConfig, results: Results) -> int:
     if not cfg.slo:
         return 0
-    try:
-        from loadlab import slo  # type: ignore[attr-defined]
-    except ImportError:
-        warn("loadlab run: --slo needs loadlab.slo, which is not installed in this build")
-        return 2
-    verdict = slo.evaluate(slo.load_slo(cfg.slo), results)  # type: ignore[attr-defined]
-    print(slo.render_verdict(verdict))  # type: ignore[attr-defined]
-    return 0 if verdict.passed else 1
+    from loadlab.report.text import render_verdict
+    from loadlab.slo import evaluate, load_slo
+
+    verdict = evaluate(results, load_slo(cfg.slo))
+    print(render_verdict(verdict))
+    return int(verdict.exit_code)

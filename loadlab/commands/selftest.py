@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     levels = results.extra["levels"]
     print(render_levels(levels))
     best = results.extra["highest_within_tolerance"]
-    tol = f"TTFT err p99 <= {sc.ttft_tol_ms:g} ms, ITL p99 err <= {sc.itl_tol_ms:g} ms, tok/s within {100 * sc.tps_tol:g}%"
+    tol = f"TTFT err p99 <= {sc.ttft_tol_ms:g} ms, tok/s within {100 * sc.tps_tol:g}%"
+    if sc.itl_tol_ms is not None:
+        tol += f", ITL p99 err <= {sc.itl_tol_ms:g} ms"
     if sc.min_server_tps is not None:
         tol += f", server >= {sc.min_server_tps:,.0f} tok/s"
     print(f"tolerance: {tol}")

@@ -47,11 +47,13 @@ class LoopMonitor:
         self._task: asyncio.Task[None] | None = None
         self._t0_ns = 0
         self._proc = _process()  # imported and primed here, not in the first tick of the run
+        self._cpu_start_s = 0.0
         if self._proc is not None:
             self._proc.cpu_percent(None)  # the first call only sets the reference point
 
     def start(self, t0_ns: int) -> None:
         self._t0_ns = t0_ns
+        self._cpu_start_s = self._cpu_s()
         self._task = asyncio.get_running_loop().create_task(self._tick())
 
     async def _tick(self) -> None:
@@ -75,6 +77,12 @@ class LoopMonitor:
                 interval_max = 0.0
                 next_sample = now + self.sample_ns
 
+    def _cpu_s(self) -> float:
+        if self._proc is None:
+            return 0.0
+        t = self._proc.cpu_times()
+        return float(t.user + t.system)
+
     async def stop(self) -> dict[str, Any]:
         """Stop sampling; the ``generator`` section of the results file."""
         if self._task is not None:
@@ -82,6 +90,7 @@ class LoopMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self.cpu_s = self._cpu_s() - self._cpu_start_s
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -93,6 +102,7 @@ class LoopMonitor:
             "loop_lag_ms_p99": p99,
             "loop_lag_ms_p50": float(np.percentile(lags, 50)) if lags.size else 0.0,
             "cpu_percent_mean": float(np.mean(self.cpu)) if self.cpu else None,
+            "cpu_s": round(getattr(self, "cpu_s", 0.0), 3),  # user + system over the run
             "threshold_ms": self.threshold_ms,
             "rule": "saturated when the p99 of a 10 ms ticker's oversleep exceeds threshold_ms",
             "samples": [[int(s[0]), s[1], s[2] if s[2] == s[2] else None] for s in self.samples],

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -99,10 +100,14 @@ def group_units(specs: Iterable[RequestSpec]) -> Iterator[list[RequestSpec]]:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on uvloop when it is installed (faster I/O), else on asyncio's loop."""
+    """Run a coroutine on uvloop when it is installed (faster I/O), else on asyncio's loop.
+
+    ``LOADLAB_LOOP=asyncio`` in the environment forces asyncio's own loop (benchmarks)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return asyncio.run(coro)
+    if os.environ.get("LOADLAB_LOOP") == "asyncio":  # for measuring the difference
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
@@ -144,6 +149,7 @@ class Runner:
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
         self.interrupted = False
         self._specs = specs
+        self._prepared = False
         self._units: Iterator[list[RequestSpec]] = iter(())
         self._send_tasks: set[asyncio.Task[Completion]] = set()
         self._stop_sending: asyncio.Future[None] | None = None
@@ -178,13 +184,23 @@ class Runner:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self) -> Results:
-        loop = asyncio.get_running_loop()
-        self._stop_sending = loop.create_future()
+    def prepare(self) -> None:
+        """Build the first unit now: a lazy workload may do its set-up (datasets, tokenizers)
+        on its first item, which must happen before t0, not on the schedule. Idempotent."""
+        if self._prepared:
+            return
+        self._prepared = True
         specs: Iterable[RequestSpec] = self._specs
         if self.cfg.requests is not None:
             specs = itertools.islice(specs, self.cfg.requests)
-        self._units = group_units(specs)
+        units = group_units(specs)
+        first = next(units, None)
+        self._units = itertools.chain([first], units) if first is not None else iter(())
+
+    async def run(self) -> Results:
+        loop = asyncio.get_running_loop()
+        self._stop_sending = loop.create_future()
+        self.prepare()
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         if self.t0_ns is None:

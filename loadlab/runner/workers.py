@@ -38,6 +38,7 @@ from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results
 from loadlab.runner.progress import Progress
 from loadlab.runner.runner import Runner, group_units, run_async
+from loadlab.workloads import workload_extra
 
 __all__ = ["partition", "run_endpoint", "run_load", "share"]
 
@@ -88,6 +89,7 @@ async def run_endpoint(
     progress: bool = False,
     scrape: bool = True,
     kind: str = "run",
+    source: Iterable[RequestSpec] | None = None,
 ) -> Results:
     """One process's run: client, runner, Ctrl-C handler, progress line and scraper."""
     factory = client_factory or _default_client
@@ -104,13 +106,14 @@ async def run_endpoint(
             max_in_flight=max_in_flight,
             kind=kind,
         )
+        runner.prepare()
+        if runner.t0_ns is None:
+            runner.t0_ns = time.perf_counter_ns()
         scraper = None
         if scrape and cfg.scrape:
-            from loadlab.scrape import PrometheusScraper  # slo helper's module
+            from loadlab.scrape import PrometheusScraper
 
-            scraper = PrometheusScraper(
-                cfg.scrape, cfg.scrape_interval_s, t0_ns or time.perf_counter_ns()
-            )
+            scraper = PrometheusScraper(cfg.scrape, cfg.scrape_interval_s, runner.t0_ns)
             await scraper.start()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGINT, runner.stop)
@@ -127,6 +130,14 @@ async def run_endpoint(
                 loop.remove_signal_handler(signal.SIGINT)
             samples = await scraper.stop() if scraper is not None else []
         results.server_samples = list(samples)
+        if scraper is not None and scraper.failures:
+            results.extra["scrape"] = {
+                "failures": scraper.failures,
+                "last_error": scraper.last_error,
+            }
+        extra = workload_extra(source if source is not None else specs)  # type: ignore[arg-type]
+        if extra:
+            results.extra["workload"] = extra
         return results
 
 
@@ -246,7 +257,8 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     n = cfg.workers
     try:
-        specs = partition(build_requests(cfg), n, index, cfg.requests)
+        stream = build_requests(cfg)
+        specs = partition(stream, n, index, cfg.requests)
     except Exception as exc:
         conn.send(("error", f"worker {index}: {exc!r}"))
         conn.close()
@@ -271,6 +283,7 @@ def _worker_main(
                 progress=False,
                 scrape=index == 0,
                 kind=kind,
+                source=stream,
             )
         )
         conn.send(("done", results))

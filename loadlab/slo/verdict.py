@@ -32,7 +32,7 @@ from loadlab.slo.spec import DIST_METRICS, Objective, Policy, SLOSpec, Status
 if TYPE_CHECKING:
     from loadlab.results import Results
 
-__all__ = ["ObjectiveResult", "Verdict", "evaluate"]
+__all__ = ["ObjectiveResult", "Verdict", "evaluate", "good_in_window"]
 
 
 def _decides(obj: Objective, lo: float | None, hi: float | None) -> Status:
@@ -272,3 +272,10 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
         name=spec.name,
         counts=counts,
     )
+
+
+def good_in_window(results: Results, spec: SLOSpec) -> int:
+    """Good requests (by the SLO's per-request limits) completed inside the window."""
+    lo, hi = results.measurement_window_ns()
+    good = _good_records(results.records, spec)
+    return sum(1 for r in good if r.chunk_ns and lo <= r.chunk_ns[-1] <= hi)

@@ -3,8 +3,11 @@
 The ground truth of ``loadlab selftest``: each request's first token is due ``ttft_ms`` after
 the request arrived and each next one ``itl_ms`` later (``due_k = recv + ttft + k * itl``, so
 lateness never accumulates). What counts as truth is not this schedule but the
-``perf_counter_ns`` taken right after each chunk was handed to the socket (``transport.write``
-returned). ``perf_counter_ns`` is ``CLOCK_MONOTONIC`` on Linux, so the server's and the load
+``perf_counter_ns`` taken immediately before each chunk is handed to the socket
+(``transport.write``, which sends at once when the socket buffer has room, as it does for a
+client that keeps up). Before, not after: so truth never postdates the bytes, even when the
+reader runs (another process on the other core, or a thread taking the GIL) before ``write``
+returns. ``perf_counter_ns`` is ``CLOCK_MONOTONIC`` on Linux, so the server's and the load
 generator's times compare directly across processes on one machine.
 
 Speed: one timer serves every stream (a heap of due times; each tick writes every chunk that is
@@ -50,6 +53,9 @@ from loadlab.testing.http import HTTPConnection, Request, chunk_frame, json_byte
 __all__ = ["FixedScheduleServer", "FixedServerProcess", "main"]
 
 _SLACK_NS = 200_000  # write chunks due within 0.2 ms now: timers are not finer than that
+# Ticks are at least this far apart, so under load one wake-up writes many chunks (a wake-up
+# per chunk would cost more than the chunk); a chunk is then at most this late vs schedule.
+_MIN_TICK_NS = int(os.environ.get("LOADLAB_FIXED_TICK_NS", "1000000"))
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -95,13 +101,14 @@ class FixedScheduleServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0
         self._server: asyncio.Server | None = None
+        self._conns: set[HTTPConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
 
     async def __aenter__(self) -> FixedScheduleServer:
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
-            lambda: HTTPConnection(self), "127.0.0.1", self.port, backlog=1024
+            self._connection, "127.0.0.1", self.port, backlog=1024
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -112,8 +119,8 @@ class FixedScheduleServer:
             self._timer.cancel()
         if self._server is not None:
             self._server.close()
-            if hasattr(self._server, "close_clients"):
-                self._server.close_clients()
+            for conn in list(self._conns):  # kept-alive clients would hold wait_closed (3.12+)
+                conn.close()
             await self._server.wait_closed()
 
     # ------------------------------------------------------------------ HTTP
@@ -131,8 +138,13 @@ class FixedScheduleServer:
         else:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
 
+    def _connection(self) -> HTTPConnection:
+        conn = HTTPConnection(self)
+        self._conns.add(conn)
+        return conn
+
     def connection_lost(self, conn: HTTPConnection) -> None:
-        pass  # a stream on a closed connection is skipped when it comes due
+        self._conns.discard(conn)  # its stream, if any, is skipped when it comes due
 
     def _completion(self, conn: HTTPConnection, req: Request, *, chat: bool) -> None:
         body = parse_json_body(req)
@@ -217,27 +229,30 @@ class FixedScheduleServer:
 
     def _tick(self) -> None:
         self._timer = None
-        heap, pop, push, clock = self._heap, heapq.heappop, heapq.heappush, time.perf_counter_ns
+        heap, pop, clock = self._heap, heapq.heappop, time.perf_counter_ns
         horizon = clock() + _SLACK_NS
+        again: list[_Stream] = []  # at most one chunk per stream per tick, even when late
         while heap and heap[0][0] <= horizon:
             _, _, st = pop(heap)
             conn = st.conn
             if conn.closed:
                 continue
             if st.body:  # non-streaming: the whole answer at once
-                conn.respond(200, st.body)
                 st.chunk_ns.append(clock())
+                conn.respond(200, st.body)
                 continue
-            conn.transport.write(st.frame)  # type: ignore[union-attr]
             st.chunk_ns.append(clock())
+            conn.transport.write(st.frame)  # type: ignore[union-attr]
             st.sent += 1
             if st.sent >= st.tokens:
                 conn.write(st.tail)
                 conn.finish()
             else:
-                push(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))
+                again.append(st)
+        for st in again:
+            heapq.heappush(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))
         if heap:
-            self._arm(heap[0][0])
+            self._arm(max(heap[0][0], horizon - _SLACK_NS + _MIN_TICK_NS))
 
 
 class FixedServerProcess:

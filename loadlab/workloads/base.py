@@ -56,8 +56,13 @@ class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
     def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
-        self._it = iter(specs)
         self._extra = extra
+        # Prime: build the first spec now, so one-time costs (the prompt corpus, opening and
+        # detecting a trace file) are paid before the runner takes t0, not in the first
+        # request's send lag. Errors in the first line also surface here, before any load.
+        it = iter(specs)
+        self._first = next(it, None)
+        self._it = itertools.chain([self._first], it) if self._first is not None else it
 
     def __next__(self) -> RequestSpec:
         return next(self._it)

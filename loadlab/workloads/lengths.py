@@ -108,7 +108,7 @@ class Dist:
         elif self.kind == "exponential":
             x = rng.exponential(p["mean"], n)
         else:
-            x = np.asarray(self.values, dtype=float)[rng.integers(0, len(self.values), n)]
+            x = _as_array(self.values)[rng.integers(0, len(self.values), n)]
         return np.clip(x, self.lower, self.max if self.max is not None else np.inf)
 
     def sample_int(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -131,6 +131,11 @@ class Dist:
         return float(np.mean(self.values))
 
 
+@lru_cache(maxsize=16)
+def _as_array(values: tuple[float, ...]) -> np.ndarray:
+    return np.asarray(values, dtype=float)
+
+
 def _truncated_normal(
     rng: np.random.Generator, mean: float, std: float, lower: float, n: int
 ) -> np.ndarray:
@@ -146,7 +151,7 @@ def _truncated_normal(
 
 
 @lru_cache(maxsize=16)
-def _read_column(path: Path, column: str) -> tuple[float, ...]:
+def _read_column(path: Path, column: str) -> np.ndarray:
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None) or []
@@ -165,7 +170,9 @@ def _read_column(path: Path, column: str) -> tuple[float, ...]:
                 ) from None
     if not out:
         raise WorkloadError(f"{path}: column {column!r} has no values")
-    return tuple(out)
+    arr = np.asarray(out, dtype=float)
+    arr.setflags(write=False)  # cached and shared: nobody may change it
+    return arr
 
 
 def dataset_path(file: str, key: str, bases: Sequence[Path] = ()) -> Path:
@@ -173,7 +180,7 @@ def dataset_path(file: str, key: str, bases: Sequence[Path] = ()) -> Path:
     return DATASETS[file] if file in DATASETS else resolve_path(file, key, bases)
 
 
-def load_column(file: str, column: str, bases: Sequence[Path] = ()) -> tuple[float, ...]:
+def load_column(file: str, column: str, bases: Sequence[Path] = ()) -> np.ndarray:
     """Every value of one CSV column (cached), e.g. ``load_column("sharegpt", "num_decode_tokens")``."""
     return _read_column(dataset_path(file, "file", bases), column)
 
@@ -210,7 +217,11 @@ def parse_dist(spec: Any, key: str, *, integer: bool = True, bases: Sequence[Pat
             raise WorkloadError(f"{prefix}file and {prefix}column must be strings")
         path = dataset_path(file, f"{prefix}file", bases)
         scale = params.get("scale", 1.0)
-        values = tuple(v * scale for v in _read_column(path, column))
+        try:
+            raw = _read_column(path, column)
+        except WorkloadError as exc:
+            raise WorkloadError(f"workload.{key}.column = {column!r}: {exc}") from None
+        values = tuple((raw * scale).tolist())
     return Dist(kind, params, values, lo, hi, floor)
 
 
@@ -265,5 +276,5 @@ def sample_pairs(
     a = load_column(file, columns[0], bases)
     b = load_column(file, columns[1], bases)
     idx = rng.integers(0, len(a), n)
-    out = np.stack([np.asarray(a)[idx], np.asarray(b)[idx]], axis=1)
+    out = np.stack([a[idx], b[idx]], axis=1)
     return np.maximum(np.rint(out), 1).astype(np.int64)

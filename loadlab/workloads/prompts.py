@@ -13,7 +13,7 @@ every run and machine sees the same corpus). A request's text starts with a tag 
 (``request_tag``) so two requests never share a prefix by accident (a prefix cache would
 otherwise make them cheaper than production traffic). Mooncake prefix blocks: block id ``h``
 always maps to the same 512-token block text, which starts with ``<h>``; equal ids give
-identical prefixes, different ids differ from their first character.
+identical prefixes, different ids differ within their first characters.
 
 Example::
 
@@ -70,8 +70,8 @@ _WORDS = (
 def corpus() -> str:
     """The fixed 1 MiB ASCII corpus every prompt is cut from."""
     rng = np.random.default_rng(_CORPUS_SEED)
-    words = np.asarray(_WORDS)[rng.integers(0, len(_WORDS), CORPUS_CHARS // 3)]
-    text = " ".join(words.tolist())
+    idx = rng.integers(0, len(_WORDS), CORPUS_CHARS // 3).tolist()
+    text = " ".join([_WORDS[i] for i in idx])
     # sentence punctuation makes the text less uniform for real tokenizers
     text = text.replace(" the ", ". The ", 4000)
     return text[:CORPUS_CHARS]

@@ -120,12 +120,12 @@ def _pydantic_problems(source: str, exc: pydantic.ValidationError) -> list[str]:
     return problems
 
 
-def _value_problems(source: str, data: Mapping[str, Any]) -> list[str]:
+def _value_problems(source: str, data: Mapping[str, Any], raw: Mapping[str, Any]) -> list[str]:
     problems = []
     for key, (ok, fix) in _RULES.items():
         value = data.get(key)
         if value is not None and not ok(value):
-            problems.append(f"{source}: {key} = {_show(value)}: {fix}")
+            problems.append(f"{source}: {key} = {_show(raw.get(key, value))}: {fix}")
     has_rate, has_conc = data.get("rate_rps") is not None, data.get("concurrency") is not None
     if has_rate and has_conc:
         problems.append(
@@ -179,7 +179,7 @@ def scenario_from_dict(
     except pydantic.ValidationError as exc:
         raise ScenarioError("\n".join(_pydantic_problems(source, exc))) from None
     values = {k: v for k, v in model.model_dump().items() if k in merged}
-    problems = _value_problems(source, values)
+    problems = _value_problems(source, values, merged)
     if problems:
         raise ScenarioError("\n".join(problems))
     if "endpoints" in values:
@@ -209,4 +209,4 @@ def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = Non
         raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
-    return scenario_from_dict(data, source=str(p), bases=(p.parent,), overrides=overrides)
+    return scenario_from_dict(data, source=str(p), bases=(p.resolve().parent,), overrides=overrides)

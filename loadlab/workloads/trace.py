@@ -60,6 +60,7 @@ __all__ = [
     "parse_timestamp",
     "replay_fidelity",
     "send_lag_ms",
+    "timestamp_ns",
 ]
 
 FORMATS = ("azure", "mooncake", "burstgpt")
@@ -124,18 +125,25 @@ def parse_timestamp(text: str) -> float:
     """Seconds since the Unix epoch (UTC) of an Azure timestamp, any number of fractional
     digits, with or without a UTC offset: ``parse_timestamp("1970-01-01 00:00:01.5000000")``
     is 1.5. (``datetime.strptime``'s ``%f`` takes at most 6 digits; the 2023 traces have 7.)"""
+    return timestamp_ns(text) / 1e9
+
+
+def timestamp_ns(text: str) -> int:
+    """``parse_timestamp`` in integer nanoseconds (exact: a float of epoch seconds would lose
+    the 7th fractional digit)."""
     m = _TS.match(text.strip())
     if m is None:
         raise ValueError(f"not a timestamp: {text!r} (expected YYYY-MM-DD HH:MM:SS[.fff][+00:00])")
     day, hh, mm, ss, frac, tz = m.groups()
     t = _day_epoch(day) + int(hh) * 3600 + int(mm) * 60 + int(ss)
-    if frac:
-        t += int(frac) / 10 ** len(frac)
     if tz and tz != "Z":
         sign = 1 if tz[0] == "+" else -1
         digits = tz[1:].replace(":", "")
         t -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-    return float(t)
+    ns = t * 1_000_000_000
+    if frac:
+        ns += int(frac[:9].ljust(9, "0"))
+    return ns
 
 
 def _first_line(path: Path) -> str:
@@ -172,20 +180,26 @@ def detect_format(path: str | Path) -> str:
 def _tokens(value: Any, name: str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} is not a whole number: {value!r}")
-    n = int(value) if isinstance(value, int) else int(str(value).strip())
+    try:
+        n = int(value) if isinstance(value, int) else int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} is not a whole number: {value!r}") from None
     if n < 0:
         raise ValueError(f"{name} is negative: {n}")
     return n
 
 
-def _parse_azure(line: str) -> tuple[float, int, int, tuple[int, ...], str | None]:
+_Parsed = tuple[int, int, int, tuple[int, ...], str | None]  # time ns, in, out, ids, tag
+
+
+def _parse_azure(line: str) -> _Parsed:
     parts = line.split(",")
     if len(parts) != 3:
         raise ValueError(
             f"expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), got {len(parts)}"
         )
     return (
-        parse_timestamp(parts[0]),
+        timestamp_ns(parts[0]),
         _tokens(parts[1], "ContextTokens"),
         _tokens(parts[2], "GeneratedTokens"),
         (),
@@ -193,7 +207,7 @@ def _parse_azure(line: str) -> tuple[float, int, int, tuple[int, ...], str | Non
     )
 
 
-def _parse_mooncake(line: str) -> tuple[float, int, int, tuple[int, ...], str | None]:
+def _parse_mooncake(line: str) -> _Parsed:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -210,7 +224,7 @@ def _parse_mooncake(line: str) -> tuple[float, int, int, tuple[int, ...], str | 
     if not isinstance(ids, list) or not all(isinstance(h, int) for h in ids):
         raise ValueError("hash_ids must be a list of integers")
     return (
-        float(ts) / 1000.0,
+        round(ts * 1_000_000),  # ms -> ns
         _tokens(obj["input_length"], "input_length"),
         _tokens(obj["output_length"], "output_length"),
         tuple(ids),
@@ -218,7 +232,7 @@ def _parse_mooncake(line: str) -> tuple[float, int, int, tuple[int, ...], str | 
     )
 
 
-def _parse_burstgpt(line: str) -> tuple[float, int, int, tuple[int, ...], str | None]:
+def _parse_burstgpt(line: str) -> _Parsed:
     parts = line.split(",")
     if len(parts) != len(BURSTGPT_COLUMNS):
         raise ValueError(f"expected {len(BURSTGPT_COLUMNS)} fields, got {len(parts)}")
@@ -229,7 +243,7 @@ def _parse_burstgpt(line: str) -> tuple[float, int, int, tuple[int, ...], str | 
     model = parts[1].strip()
     log_type = parts[5].strip()
     return (
-        ts,
+        round(ts * 1e9),
         _tokens(parts[2], "Request tokens"),
         _tokens(parts[3], "Response tokens"),
         (),
@@ -267,7 +281,7 @@ def iter_trace(
     parse = _PARSERS[fmt]
     has_header = fmt != "mooncake" and _first_line(p).lower().startswith("timestamp")
     end_s = None if duration_s is None else start_s + duration_s
-    first: float | None = None
+    first: int | None = None
     prev = 0.0
     with p.open("r", encoding="utf-8-sig", errors="replace", newline="") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -295,7 +309,7 @@ def iter_trace(
                         else "azure-2023"
                     )
             st.rows_read += 1
-            t = t_abs - first
+            t = (t_abs - first) / 1e9
             if t < prev:
                 st.out_of_order += 1
                 t = prev

@@ -16,8 +16,8 @@ from loadlab.records import RequestSpec
 from loadlab.runner.monitor import LoopMonitor, saturation_warning
 from loadlab.runner.progress import Progress, format_line
 from loadlab.runner.runner import LiveStats
-from loadlab.runner.synthetic import build_requests
 from loadlab.runner.workers import partition, run_load, share
+from loadlab.workloads import build_requests
 from tests.runner.fakes import FakeClient
 
 
@@ -63,7 +63,7 @@ def test_two_workers_merge_into_one_results() -> None:
     )
     assert len(res.records) == 40 and res.workers == 2
     assert {r.worker for r in res.records} == {0, 1}
-    assert sorted(r.request_id for r in res.records) == sorted(f"s0-{i}" for i in range(40))
+    assert sorted(r.request_id for r in res.records) == sorted(f"syn-{i:06d}" for i in range(40))
     assert count_outcomes(res.records)["ok"] == 40 and res.scheduled_count == 40
     assert {r.endpoint for r in res.records} == {"x"}
 
