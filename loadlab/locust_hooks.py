@@ -176,6 +176,8 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         _drain_workers(environment)
     else:
         _on_test_stop(environment)
+    if _S.collector is None:  # no test ever started (web UI opened and closed): no file
+        return
     if not _S.finalised:
         _S.finalised = True
         _finish(environment, _results(environment))
