@@ -24,7 +24,9 @@ from loadlab.records import RequestSpec
 from loadlab.testing.fixed_server import FixedServerProcess
 
 
-async def drive(url: str, streams: int, requests: int, tokens: int, api: str) -> tuple[list, int]:
+async def drive(
+    url: str, streams: int, requests: int, tokens: int, api: str, transport: str
+) -> tuple[list, int]:
     ep = EndpointConfig(url, api=api)
     t0 = time.perf_counter_ns()
     ids = iter(range(requests))
@@ -35,7 +37,7 @@ async def drive(url: str, streams: int, requests: int, tokens: int, api: str) ->
             done = await client.send(RequestSpec(f"q{i}", "hello world", tokens), t0_ns=t0)
             records.append(done.record)
 
-    async with OpenAIClient(ep, max_connections=streams) as client:
+    async with OpenAIClient(ep, max_connections=streams, transport=transport) as client:
         await asyncio.gather(*(worker(client) for _ in range(streams)))
     return records, t0
 
@@ -49,11 +51,12 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--api", default="chat")
     p.add_argument("--no-uvloop", action="store_true")
+    p.add_argument("--transport", default="raw", choices=["raw", "aiohttp"])
     a = p.parse_args()
     server = FixedServerProcess(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens=a.tokens)
     with server as url:
         cpu0 = os.times()
-        coro = drive(url, a.streams, a.requests, a.tokens, a.api)
+        coro = drive(url, a.streams, a.requests, a.tokens, a.api, a.transport)
         if a.no_uvloop:
             records, t0 = asyncio.run(coro)
         else:
@@ -64,7 +67,9 @@ def main() -> None:
             truth = json.load(resp)
         cpu1 = os.times()
         cpu_client = cpu1.user - cpu0.user + cpu1.system - cpu0.system
-        print(f"client user {cpu1.user - cpu0.user:.2f} s, system {cpu1.system - cpu0.system:.2f} s")
+        print(
+            f"client user {cpu1.user - cpu0.user:.2f} s, system {cpu1.system - cpu0.system:.2f} s"
+        )
         assert server.proc is not None
         with open(f"/proc/{server.proc.pid}/stat") as fh:
             f = fh.read().rsplit(")", 1)[1].split()
@@ -72,19 +77,32 @@ def main() -> None:
         print(f"server user {int(f[11]) / 100:.2f} s, system {int(f[12]) / 100:.2f} s")
     ok = [r for r in records if r.ok]
     chunks = sum(len(t["chunk_ns"]) for t in truth.values())
-    span = max(t["chunk_ns"][-1] for t in truth.values()) - min(t["recv_ns"] for t in truth.values())
-    ttft_err, itl_err = [], []
+    span = max(t["chunk_ns"][-1] for t in truth.values()) - min(
+        t["recv_ns"] for t in truth.values()
+    )
+    ttft_err, itl_err, read_delay, send_delay = [], [], [], []
     for r in ok:
         t = truth[r.request_id]
         tc = [x - t0 for x in t["chunk_ns"]]
+        read_delay.append((r.chunk_ns[0] - tc[0]) / 1e6)  # first token: read minus write
+        send_delay.append((t["recv_ns"] - t0 - r.sent_ns) / 1e6)  # server receive minus sent
         ttft_err.append(((r.chunk_ns[0] - r.sent_ns) - (tc[0] - (t["recv_ns"] - t0))) / 1e6)
         itl_err += list((np.diff(r.chunk_ns) - np.diff(tc)) / 1e6)
     q = [50, 90, 99]
-    print(f"{a.streams} streams, TTFT {a.ttft_ms} ms, ITL {a.itl_ms} ms, {a.tokens} tokens, {len(records)} requests ({len(ok)} ok)")
-    print(f"CPU s: client {cpu_client:.1f}, server {cpu_server:.1f}; us/token client {cpu_client / chunks * 1e6:.1f}, server {cpu_server / chunks * 1e6:.1f}")
+    print(
+        f"{a.streams} streams, TTFT {a.ttft_ms} ms, ITL {a.itl_ms} ms, {a.tokens} tokens, {len(records)} requests ({len(ok)} ok)"
+    )
+    print(
+        f"CPU s: client {cpu_client:.1f}, server {cpu_server:.1f}; us/token client {cpu_client / chunks * 1e6:.1f}, server {cpu_server / chunks * 1e6:.1f}"
+    )
     print(f"server reached {chunks / span * 1e9:,.0f} tokens/s")
-    print("TTFT error ms p50/p90/p99:", np.round(np.percentile(ttft_err, q), 2))
+    print(
+        "TTFT error ms p50/p90/p99 (reported - server recv-to-first-write):",
+        np.round(np.percentile(ttft_err, q), 2),
+    )
     print("ITL error ms p50/p90/p99:", np.round(np.percentile(itl_err, q), 3))
+    print("  of which first-token read delay:", np.round(np.percentile(read_delay, q), 2))
+    print("  and send delay (server receive - sent):", np.round(np.percentile(send_delay, q), 2))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +39,10 @@ __all__ = ["Comparison", "MetricChange", "compare"]
 LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 PERCENTILES = (50.0, 99.0)
 _MAX_CELLS = 4_000_000  # bootstrap work matrix size per chunk (memory bound)
+# The bootstrap of an extreme quantile is unreliable when few samples lie beyond it (for the
+# maximum it is inconsistent: Bickel & Freedman, Ann. Statist. 9(6), 1981). Below this many
+# samples on either side of the quantile a row is shown but not tested.
+MIN_TAIL_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,6 @@ class Comparison:
     rows: tuple[MetricChange, ...]
     alpha: float = 0.05
     warnings: tuple[str, ...] = ()
-    summaries: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     def regressions(self, pct: float) -> list[tuple[MetricChange, int]]:
         return [
@@ -240,10 +243,15 @@ def _latency_row(
 ) -> MetricChange:
     samples = [_latency_samples(lat, metric) for lat in lats]
     values = [float(np.percentile(v, q)) if v.size else None for v, _ in samples]
+    tail = min(q, 100 - q) / 100
     boots = [
-        _boot_quantile(v, c, q / 100, res) if v.size else None
+        _boot_quantile(v, c, q / 100, res) if v.size * tail >= MIN_TAIL_SAMPLES else None
         for (v, c), res in zip(samples, resamplers, strict=True)
     ]
+    note = ""
+    if any(b is None for b in boots):
+        need = int(np.ceil(MIN_TAIL_SAMPLES / tail))
+        note = f"not tested: a p{q:g} needs >= {need} samples in each run"
     runs = lats
     changes: list[float | None] = [None]
     cis: list[tuple[float, float] | None] = [None]
@@ -268,6 +276,7 @@ def _latency_row(
         p_value=tuple(ps),
         significant=tuple(sig),
         n=tuple(int(v.size) for v, _ in samples),
+        note=note,
     )
 
 
@@ -402,5 +411,4 @@ def compare(
         rows=tuple(rows),
         alpha=alpha,
         warnings=warnings,
-        summaries=tuple(metrics.summarize(r) for r in results_list),
     )

@@ -50,6 +50,7 @@ from loadlab.records import (
 __all__ = ["StreamConnection"]
 
 _SSL_CONTEXT: ssl.SSLContext | None = None
+_BLANK = (b"\n", b"\r\n")  # the line that ends an SSE event
 
 
 def _shared_ssl_context(**_: Any) -> ssl.SSLContext:
@@ -167,13 +168,22 @@ class StreamConnection:
         try:
             state.on_headers(resp.status_code, _headers(resp), clock())
             readline = resp.readline
+            event: list[bytes] = []  # the lines of the SSE event being read
+            t_event = 0
             while True:
                 line = readline(b"\n")
                 t = clock()  # the read time, before any parsing
                 if not line:
+                    if event:
+                        state.on_bytes(b"".join(event), t_event)
                     break
-                if state.on_bytes(line, t):
-                    break
+                if not event:
+                    t_event = t  # an event's time is when its first bytes were read
+                event.append(line)
+                if line in _BLANK:  # whole events to the decoder: one decode per token, not two
+                    data, event = b"".join(event), []
+                    if state.on_bytes(data, t_event):
+                        break
             state.finish(clock())
         except TimeoutError as exc:
             state.fail(OUTCOME_TIMEOUT, f"no byte within the read timeout: {exc}", clock())

@@ -120,24 +120,29 @@ def default_device_dtype() -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.float32
 
 
+# Modules take ``device`` explicitly: the ``with torch.device(...)`` context manager imports
+# torch's function-mode machinery on first use, which costs seconds at startup.
+Device = torch.device | str | None
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, device: Device = None) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [T, D]; Zhang & Sennrich 2019: x / rms(x) * g
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rope_tables(args: ModelArgs) -> tuple[Tensor, Tensor]:
+def rope_tables(args: ModelArgs, device: Device = None) -> tuple[Tensor, Tensor]:
     """cos, sin: [max_seq_len, head_dim]; Su et al. 2021 (RoFormer), "rotate half" layout."""
     half = args.head_dim // 2
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
     angles = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # [S, head_dim]
-    return angles.cos().float(), angles.sin().float()
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -148,12 +153,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
         # q, k and v in one matmul (gpt-fast's wqkv): one weight read, one kernel.
-        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, False)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        qkv_dim = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
+        self.wqkv = nn.Linear(args.dim, qkv_dim, bias=False, device=device)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False, device=device)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: AttentionFn
@@ -168,11 +174,12 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
         super().__init__()
         self.ffn_dim = args.ffn_dim
-        self.w13 = nn.Linear(args.dim, 2 * args.ffn_dim, bias=False)  # gate and up in one matmul
-        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False)
+        # gate and up projections in one matmul
+        self.w13 = nn.Linear(args.dim, 2 * args.ffn_dim, bias=False, device=device)
+        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False, device=device)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w13(x).split(self.ffn_dim, dim=-1)
@@ -180,12 +187,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
         super().__init__()
-        self.attention = Attention(args)
-        self.feed_forward = FeedForward(args)
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args, device)
+        self.feed_forward = FeedForward(args, device)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, device)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, device)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: AttentionFn
@@ -195,14 +202,14 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        cos, sin = rope_tables(args)
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device)
+        self.layers = nn.ModuleList(Block(args, device) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, device)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device)
+        cos, sin = rope_tables(args, device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -230,7 +237,8 @@ def init_weights(model: Transformer, seed: int) -> None:
     (distinct greedy choices, not a near-uniform distribution). The embedding is N(0, 0.02)
     too: RMSNorm rescales it before every use.
     """
-    gen = torch.Generator().manual_seed(seed)
+    device = model.output.weight.device
+    gen = torch.Generator(device=device).manual_seed(seed)  # same weights per device type
     args = model.args
     resid_std = 0.02 / math.sqrt(2 * args.n_layers)
     for name, p in model.named_parameters():
@@ -242,8 +250,7 @@ def init_weights(model: Transformer, seed: int) -> None:
             std = resid_std
         elif name == "output.weight":
             std = 1.0 / math.sqrt(args.dim)
-        # Draw in fp32 on CPU (same numbers on every device), then move.
-        p.copy_(torch.randn(p.shape, generator=gen) * std)
+        p.copy_(torch.randn(p.shape, generator=gen, device=device) * std)  # drawn in fp32
 
 
 def dense_attention(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

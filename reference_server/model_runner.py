@@ -42,7 +42,8 @@ from reference_server.tokenizer import ByteTokenizer
 __all__ = ["ModelRunner", "resolve_args"]
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: thousands of 4k-token contexts for the cpu preset
-_GPU_KV_FRACTION = 0.8  # of the free memory left after the weights are loaded
+_GPU_KV_FRACTION = 0.8
+_SMALL_MODEL_PARAMS = 5_000_000  # below this, default to one torch thread  # of the free memory left after the weights are loaded
 
 
 def resolve_args(preset: str | ModelArgs) -> ModelArgs:
@@ -86,6 +87,10 @@ class ModelRunner:
         self.preset = preset if isinstance(preset, str) else "custom"
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if threads is None and self.args.num_params < _SMALL_MODEL_PARAMS:
+            # A tiny model's ops are too small to split; on a busy machine OpenMP threads
+            # waiting for each other made the tests 20x slower (measured, 2 cores, load 9).
+            threads = 1
         if threads is not None:
             if threads < 1:
                 raise ValueError(f"threads must be >= 1, got {threads}")
@@ -102,8 +107,7 @@ class ModelRunner:
         a = self.args
         self.kv_bytes_per_token = 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.dtype.itemsize
 
-        with torch.device(self.device):
-            model = Transformer(a)
+        model = Transformer(a, self.device)
         init_weights(model, seed)
         self.model = model.to(self.dtype).eval()
         self.model.rope_cos = self.model.rope_cos.float()  # keep the rotary tables exact

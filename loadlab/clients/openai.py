@@ -5,14 +5,16 @@ Two layers, so the Locust user (gevent, no asyncio) shares every rule of interpr
 - sans-IO: ``build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
   status, then bytes with the ``perf_counter_ns`` at which they were read; it decodes SSE,
   finds token-carrying chunks, usage, finish reason and errors, and sets the outcome);
-- I/O: ``OpenAIClient``, on aiohttp (one session, a connector sized to the run's concurrency,
-  keep-alive). aiohttp because it keeps up with ~50k chunks/s on a shared core where httpx's
-  pool does not (docs/clients.md has the figures).
+- I/O: ``OpenAIClient`` over a transport (``loadlab.clients.transports``): ``"raw"``
+  (default; a lean asyncio HTTP/1.1 protocol that stamps and interprets each chunk inside
+  ``data_received``) or ``"aiohttp"`` (one session, a connector sized to the run's
+  concurrency). Both keep connections alive. docs/clients.md has the measurements behind the
+  default.
 
-Timing (ARCHITECTURE.md): ``sent_ns`` is taken in the request body's ``write`` (aiohttp holds
-the headers back and writes them together with the body), i.e. right before the request bytes
-go to the socket, after connection set-up; a chunk's time is taken as ``iter_any`` hands over
-its bytes, before any JSON parsing.
+Timing (ARCHITECTURE.md): ``sent_ns`` is taken immediately before the request bytes are
+written to the socket (after the connection is made, so connection set-up is not latency);
+a chunk's time is taken when its bytes are read (raw: first thing in ``data_received``;
+aiohttp: as ``iter_any`` hands them over), before any JSON parsing.
 
 The API key is read from the environment variable ``endpoint.api_key_env`` and sent as
 ``Authorization: Bearer``; it is never stored in a record, and any error text that could echo
@@ -35,20 +37,17 @@ from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import aiohttp
-from aiohttp.payload import BytesPayload
-
+from loadlab import __version__
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.sse import SSEDecoder
+from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.records import (
     OUTCOME_CANCELLED,
-    OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
     OUTCOME_OK,
     OUTCOME_PROTOCOL_ERROR,
     OUTCOME_STREAM_ERROR,
-    OUTCOME_TIMEOUT,
     RequestRecord,
     RequestSpec,
     http_outcome,
@@ -148,6 +147,7 @@ class OpenAIStreamState:
     __slots__ = (
         "_any_event",
         "_body",
+        "_chat",
         "_decoder",
         "_head",
         "_outcome",
@@ -173,6 +173,7 @@ class OpenAIStreamState:
     ) -> None:
         self.record = record
         self.api = api
+        self._chat = api == "chat"
         self.stream = stream
         self.secrets = tuple(s for s in secrets if s)
         self.done = False  # [DONE] seen
@@ -188,7 +189,11 @@ class OpenAIStreamState:
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return "".join(p if isinstance(p, str) else str(p) for p in self._parts)
+
+    def on_sent(self, t_ns: int) -> None:
+        """The request bytes are about to go to the socket."""
+        self.record.sent_ns = t_ns - self._t0
 
     def on_headers(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
         rec = self.record
@@ -213,14 +218,17 @@ class OpenAIStreamState:
             return False
         if not self._any_event and len(self._head) < 256:
             self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
-        for ev_data, ev_type, _, _ in self._decoder.feed_raw(data):
-            if self._event(ev_data, ev_type, t_ns - self._t0):
-                return True
+        events = self._decoder.feed_raw(data)
+        if events:
+            self._any_event = True
+            t_rel = t_ns - self._t0
+            for ev_data, ev_type, _, _ in events:
+                if self._event(ev_data, ev_type, t_rel):
+                    return True
         return False
 
     def _event(self, data: str, event: str, t_rel: int) -> bool:
         """One SSE event; True when it decided a failure."""
-        self._any_event = True
         if data == "[DONE]":
             self.done = True
             return False
@@ -228,17 +236,18 @@ class OpenAIStreamState:
             obj = _loads(data)
         except ValueError:
             return self._set(OUTCOME_PROTOCOL_ERROR, "bad JSON in event: " + data)
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             return self._set(OUTCOME_PROTOCOL_ERROR, "event is not a JSON object: " + data)
-        if event == "error" or obj.get("error"):
-            err = obj.get("error", obj)
-            msg = err.get("message", data) if isinstance(err, dict) else str(err)
-            return self._set(OUTCOME_STREAM_ERROR, f"error in stream: {msg}")
+        if event != "message" or "error" in obj:
+            if event == "error" or obj.get("error"):
+                err = obj.get("error", obj)
+                msg = err.get("message", data) if isinstance(err, dict) else str(err)
+                return self._set(OUTCOME_STREAM_ERROR, f"error in stream: {msg}")
         choices = obj.get("choices")
-        try:
-            if choices:
+        if choices:
+            try:
                 c = choices[0]
-                if self.api == "chat":
+                if self._chat:
                     d = c.get("delta") or {}
                     text = d.get("content")
                     if text or d.get("reasoning_content") or d.get("reasoning"):
@@ -250,10 +259,10 @@ class OpenAIStreamState:
                     self._parts.append(text)
                 if fr := c.get("finish_reason"):
                     self.record.finish_reason = fr
-        except AttributeError:
-            return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected chunk shape: " + data)
-        if usage := obj.get("usage"):
-            self.usage = usage
+            except (AttributeError, KeyError, TypeError):
+                return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected chunk shape: " + data)
+        if obj.get("usage"):
+            self.usage = obj["usage"]
         return False
 
     def _set(self, outcome: str, message: str) -> bool:
@@ -333,27 +342,13 @@ class OpenAIStreamState:
             rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
 
 
-class _StampedBody(BytesPayload):
-    """The request body; records ``perf_counter_ns`` as aiohttp starts writing it (with the
-    buffered headers), i.e. immediately before the request bytes go to the socket."""
-
-    sent_ns: int | None = None
-
-    async def write(self, writer: Any) -> None:
-        self.sent_ns = time.perf_counter_ns()
-        await super().write(writer)
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        self.sent_ns = time.perf_counter_ns()
-        await super().write_with_length(writer, content_length)
-
-
 class OpenAIClient:
     """Async OpenAI-compatible client (see module docstring). Use as ``async with``.
 
     ``max_connections=0`` means no limit (open loop without a cap); closed loop passes the
-    concurrency. A cancelled ``send`` records the request (outcome ``cancelled``) in
-    ``cancelled_records`` and re-raises.
+    concurrency. ``transport`` is ``"raw"`` (default, lowest overhead) or ``"aiohttp"``
+    (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
+    ``cancelled``) in ``cancelled_records`` and re-raises.
     """
 
     def __init__(
@@ -366,40 +361,51 @@ class OpenAIClient:
         timeout_s: float = 120.0,
         read_timeout_s: float = 30.0,
         max_connections: int = 0,
+        transport: str = "raw",
     ) -> None:
         if endpoint.api not in ("chat", "completions"):
             raise ValueError(f"OpenAIClient speaks api chat or completions, not {endpoint.api!r}")
         if timeout_s <= 0 or read_timeout_s <= 0:
             raise ValueError("--timeout and --read-timeout must be > 0 seconds")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         self.endpoint = endpoint
         self.url = api_url(endpoint)
         self.stream = stream
         self.include_usage = include_usage
         self.extra_body = dict(extra_body or {})
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
+        self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
         self.max_connections = max_connections
+        self.transport_kind = transport
         key = read_api_key(endpoint)
         self._secrets = (key,) if key else ()
         self._headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
             "Accept-Encoding": "identity",  # a compressed stream would be buffered
+            "User-Agent": f"loadlab/{__version__}",  # some gateways refuse requests without one
             **endpoint.headers,
         }
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
-        self._session: aiohttp.ClientSession | None = None
+        self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
 
     async def __aenter__(self) -> OpenAIClient:
-        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        self._transport = make_transport(
+            self.transport_kind,
+            self.url,
+            self._headers,
+            max_connections=self.max_connections,
+            timeout_s=self.timeout_s,
+            read_timeout_s=self.read_timeout_s,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
 
     async def send(
         self,
@@ -409,7 +415,7 @@ class OpenAIClient:
         history: Sequence[Message] = (),
         intended_ns: int | None = None,
     ) -> Completion:
-        if self._session is None:
+        if self._transport is None:
             raise RuntimeError("use OpenAIClient as `async with OpenAIClient(...) as client`")
         rec = RequestRecord(
             request_id=spec.request_id,
@@ -432,43 +438,15 @@ class OpenAIClient:
             include_usage=self.include_usage,
             extra_body=self.extra_body,
         )
-        payload = _StampedBody(json.dumps(body).encode(), content_type="application/json")
-        headers = {**self._headers, "X-Request-Id": spec.request_id}
-        clock = time.perf_counter_ns
-        attempt_ns = clock()
+        attempt_ns = time.perf_counter_ns()
         try:
-            async with self._session.post(self.url, data=payload, headers=headers) as resp:
-                state.on_headers(resp.status, resp.headers, clock())
-                async for data in resp.content.iter_any():
-                    if state.on_bytes(data, clock()):
-                        break
-                state.finish(clock())
+            await self._transport.exchange(json.dumps(body).encode(), spec.request_id, state)
         except asyncio.CancelledError:
-            state.fail(
-                OUTCOME_CANCELLED, "the run stopped while the request was in flight", clock()
-            )
-            self._stamp_sent(rec, payload, attempt_ns, t0_ns)
+            msg = "the run stopped while the request was in flight"
+            state.fail(OUTCOME_CANCELLED, msg, time.perf_counter_ns())
             self.cancelled_records.append(rec)
             raise
-        except TimeoutError:
-            state.fail(OUTCOME_TIMEOUT, self._timeout_message(rec), clock())
-        except aiohttp.ClientPayloadError as exc:
-            state.fail(OUTCOME_INCOMPLETE, f"stream cut: {exc}", clock())
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            outcome = OUTCOME_CONNECT_ERROR if rec.headers_ns is None else OUTCOME_INCOMPLETE
-            state.fail(outcome, f"{type(exc).__name__}: {exc}", clock())
-        except aiohttp.ClientError as exc:  # e.g. an unparseable HTTP response
-            state.fail(OUTCOME_PROTOCOL_ERROR, f"{type(exc).__name__}: {exc}", clock())
-        self._stamp_sent(rec, payload, attempt_ns, t0_ns)
+        finally:
+            if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
+                state.on_sent(attempt_ns)
         return Completion(rec, state.text)
-
-    @staticmethod
-    def _stamp_sent(rec: RequestRecord, payload: _StampedBody, attempt_ns: int, t0_ns: int) -> None:
-        # Never written (no connection): the attempt time, so the request still counts as sent.
-        rec.sent_ns = (payload.sent_ns or attempt_ns) - t0_ns
-
-    def _timeout_message(self, rec: RequestRecord) -> str:
-        t = self.timeout
-        if rec.chunk_ns or rec.headers_ns is not None:
-            return f"no byte for {t.sock_read} s (read timeout) or past {t.total} s (total)"
-        return f"no response within {t.total} s or no byte for {t.sock_read} s"

@@ -40,11 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def write_csv(results: Results, path: str | Path) -> Path:
     """One row per request (``loadlab.results.to_dataframe``). Text cells that a spreadsheet
     would run as a formula (=, +, -, @) get a leading apostrophe (OWASP, "CSV Injection")."""
+    import pandas as pd
+
     from loadlab.results import to_dataframe
 
     df = to_dataframe(results)
     for col in df.columns:
-        if df[col].dtype == object:
+        if pd.api.types.is_object_dtype(df[col]) or pd.api.types.is_string_dtype(df[col]):
             df[col] = df[col].map(
                 lambda v: "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START) else v
             )

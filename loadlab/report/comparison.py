@@ -37,7 +37,7 @@ def change_cell(row: MetricChange, i: int, pct: float | None) -> tuple[str, str]
         text += f" [{_signed(ci[0])}, {_signed(ci[1])}]"
     elif row.p_value[i] is not None:
         text += f" (p {row.p_value[i]:.2g})"
-    mark = ""
+    mark = "not tested" if row.note.startswith(("not tested", "fewer")) else ""
     if row.significant[i]:
         mark = "significant, " + ("worse" if row.worse(i) else "better")
         if pct is not None and row.regression(i, pct):
@@ -64,6 +64,10 @@ def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
             f"Regression gate: significant and worse by more than {pct:g} %: "
             + (f"{n} found" if n else "none found")
         )
+    notes = sorted(
+        {f"{r.metric}: {r.note}" for r in cmp.rows if r.note.startswith(("not", "fewer"))}
+    )
+    out += notes
     out += [f"WARNING: {w}" for w in cmp.warnings]
     return out
 

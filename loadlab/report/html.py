@@ -158,7 +158,7 @@ def render_comparison_html(
     rows = [
         {
             "metric": r.metric,
-            "values": [fmt_num(v, 2) for v in r.values],
+            "cells": [fmt_num(v, 2) for v in r.values],
             "changes": [
                 change_cell(r, i, fail_on_regression_pct) for i in range(1, len(cmp.labels))
             ],

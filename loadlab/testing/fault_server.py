@@ -2,7 +2,8 @@
 
 The fault is picked by a path prefix, ``/fault/<mode>/v1/chat/completions`` (so an endpoint URL
 ``http://127.0.0.1:P/fault/<mode>`` makes every request of a client misbehave the same way),
-or by an ``X-Fault: <mode>`` header on a plain ``/v1/...`` path. Chat or completions chunks
+or by an ``X-Fault: <mode>`` header or a ``"fault": "<mode>"`` body field (a request's
+``extra_body``) on a plain ``/v1/...`` path. Chat or completions chunks
 follow the path. Every fault is real bytes on a real socket (a reset is a TCP RST).
 
 =============  ==============================================================  ================
@@ -109,10 +110,11 @@ class FaultServer:
         if path.startswith("/fault/"):
             _, _, mode, path = path.split("/", 3)
             path = "/" + path
+        body = parse_json_body(req) or {}
+        mode = str(body.get("fault", mode))
         if path not in ("/v1/chat/completions", "/v1/completions") or mode not in MODES:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
             return
-        body = parse_json_body(req) or {}
         task = asyncio.ensure_future(
             self._serve(conn, req, mode, path.endswith("chat/completions"), body)
         )

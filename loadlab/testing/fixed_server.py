@@ -42,6 +42,7 @@ import heapq
 import itertools
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -84,6 +85,7 @@ class FixedScheduleServer:
         tokens: int | None = None,
         port: int = 0,
         model: str = "loadlab-fixed",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if ttft_ms < 0 or itl_ms < 0:
             raise ValueError("--ttft-ms and --itl-ms must be >= 0")
@@ -94,6 +96,7 @@ class FixedScheduleServer:
         self.tokens = tokens
         self.port = port
         self.model = model
+        self.ssl_context = ssl_context  # serve https (tests of the client's TLS path)
         self.truth: dict[str, dict[str, Any]] = {}
         self._heap: list[tuple[int, int, _Stream]] = []
         self._seq = itertools.count()
@@ -101,16 +104,18 @@ class FixedScheduleServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0
         self._server: asyncio.Server | None = None
+        self._conns: set[HTTPConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
 
     async def __aenter__(self) -> FixedScheduleServer:
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
-            lambda: HTTPConnection(self), "127.0.0.1", self.port, backlog=1024
+            self._connection, "127.0.0.1", self.port, backlog=1024, ssl=self.ssl_context
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.ssl_context else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -118,8 +123,8 @@ class FixedScheduleServer:
             self._timer.cancel()
         if self._server is not None:
             self._server.close()
-            if hasattr(self._server, "close_clients"):
-                self._server.close_clients()
+            for conn in list(self._conns):  # kept-alive clients would hold wait_closed (3.12+)
+                conn.close()
             await self._server.wait_closed()
 
     # ------------------------------------------------------------------ HTTP
@@ -137,8 +142,13 @@ class FixedScheduleServer:
         else:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
 
+    def _connection(self) -> HTTPConnection:
+        conn = HTTPConnection(self)
+        self._conns.add(conn)
+        return conn
+
     def connection_lost(self, conn: HTTPConnection) -> None:
-        pass  # a stream on a closed connection is skipped when it comes due
+        self._conns.discard(conn)  # its stream, if any, is skipped when it comes due
 
     def _completion(self, conn: HTTPConnection, req: Request, *, chat: bool) -> None:
         body = parse_json_body(req)

@@ -26,7 +26,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ __all__ = [
     "workload_extra",
 ]
 
-KINDS = {
+KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "synthetic": (synthetic.validate, synthetic.synthetic_requests),
     "chat": (chat.validate, chat.chat_requests),
     "batch": (batch.validate, batch.batch_requests),

@@ -110,6 +110,8 @@ def _session_starts(cfg: RunConfig, params: Mapping[str, Any], n: int | None) ->
     """Open-loop session start offsets (a list or a lazy iterator), or None in closed loop."""
     if cfg.rate_rps is None:
         return None
+    if n is None and cfg.duration_s is None:
+        n = cfg.requests  # at most one session per request: an upper bound on sessions
     if "arrival_trace" not in params:
         return open_loop_times(cfg, n)
     from loadlab.workloads.trace import iter_trace  # only when used

@@ -70,8 +70,8 @@ _WORDS = (
 def corpus() -> str:
     """The fixed 1 MiB ASCII corpus every prompt is cut from."""
     rng = np.random.default_rng(_CORPUS_SEED)
-    words = np.asarray(_WORDS)[rng.integers(0, len(_WORDS), CORPUS_CHARS // 3)]
-    text = " ".join(words.tolist())
+    idx = rng.integers(0, len(_WORDS), CORPUS_CHARS // 3).tolist()
+    text = " ".join([_WORDS[i] for i in idx])
     # sentence punctuation makes the text less uniform for real tokenizers
     text = text.replace(" the ", ". The ", 4000)
     return text[:CORPUS_CHARS]

@@ -43,7 +43,7 @@ from loadlab.workloads.params import (
     resolve_path,
 )
 from loadlab.workloads.prompts import prefix_prompt, prompt_text
-from loadlab.workloads.trace import FORMATS, TraceStats, iter_trace
+from loadlab.workloads.trace import FORMATS, TraceError, TraceRow, TraceStats, iter_trace
 
 __all__ = ["KEYS", "trace_requests", "validate"]
 
@@ -63,8 +63,16 @@ KEYS = COMMON_KEYS | {
 }
 
 
-def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = ()) -> Path:
-    """Check the keys; return the resolved trace path."""
+# Lines read ahead of a run to catch a malformed or unknown trace before any load is sent:
+# the whole window when one is given (bounded), else the head of the file.
+PRESCAN_LINES_WINDOW = 2_000_000
+PRESCAN_LINES_OPEN = 100_000
+
+
+def validate(
+    cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = (), *, scan: bool = True
+) -> Path:
+    """Check the keys and (``scan``) read ahead in the trace; return the resolved path."""
     check_keys("trace", params, KEYS)
     if "path" not in params:
         raise WorkloadError(
@@ -87,12 +95,42 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     for key in ("model", "log_type"):
         if key in params and not isinstance(params[key], str):
             raise WorkloadError(f"workload.{key} = {params[key]!r}: must be a string")
+    if scan:
+        _prescan(cfg, params, path)
     return path
+
+
+def _prescan(cfg: RunConfig, params: Mapping[str, Any], path: Path) -> None:
+    """Read the rows the replay will use (bounded) so a bad line or format fails the run
+    before it starts, with the trace's FILE:LINE message."""
+    bounded = params.get("duration_s") is not None
+    max_lines = PRESCAN_LINES_WINDOW if bounded else PRESCAN_LINES_OPEN
+    limit = params.get("limit") or cfg.requests
+    try:
+        rows = _rows(params, path, TraceStats())
+        for i, row in enumerate(rows):
+            if row.line > max_lines or (limit is not None and i + 1 >= limit):
+                break
+    except TraceError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
+def _rows(params: Mapping[str, Any], path: Path, stats: TraceStats) -> Iterator[TraceRow]:
+    return iter_trace(
+        path,
+        format=params.get("format"),
+        stats=stats,
+        skip_bad_lines=get_bool(params, "skip_bad_lines", False),
+        start_s=float(get_float(params, "start_s", 0.0, positive=False)),
+        duration_s=get_float(params, "duration_s", None),
+        model=params.get("model"),
+        log_type=params.get("log_type"),
+    )
 
 
 def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
     params = cfg.workload
-    path = validate(cfg, params)
+    path = validate(cfg, params, scan=False)  # build_requests' priming reads the first row
     time_scale = float(get_float(params, "time_scale", 1.0))
     rate_scale = float(get_float(params, "rate_scale", 1.0))
     start_s = float(get_float(params, "start_s", 0.0, positive=False))
@@ -104,16 +142,7 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     prefixes = get_bool(params, "prefixes", True)
     cls = str(params.get("request_class", "trace"))
     stats = TraceStats()
-    rows = iter_trace(
-        path,
-        format=params.get("format"),
-        stats=stats,
-        skip_bad_lines=get_bool(params, "skip_bad_lines", False),
-        start_s=start_s,
-        duration_s=get_float(params, "duration_s", None),
-        model=params.get("model"),
-        log_type=params.get("log_type"),
-    )
+    rows = _rows(params, path, stats)
 
     def specs() -> Iterator[RequestSpec]:
         thin_rng, text_rng = rng_for(cfg.seed, "thin"), rng_for(cfg.seed, "text")

@@ -42,13 +42,19 @@ async def _send_one(url: str, api: str, *, stream: bool = True, **kw: float) -> 
         return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
 
 
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
 @pytest.mark.parametrize("api", ["chat", "completions"])
-def test_each_fault_becomes_its_outcome(fault_server: FaultServer, api: str) -> None:
+def test_each_fault_becomes_its_outcome(
+    fault_server: FaultServer, api: str, transport: str
+) -> None:
     async def main() -> dict[str, object]:
         modes = list(EXPECTED)
         kw = {"timeout_s": 0.6, "read_s": 0.3}
         recs = await asyncio.gather(
-            *(_send_one(f"{fault_server.url}/fault/{m}", api, **kw) for m in modes)
+            *(
+                _send_one(f"{fault_server.url}/fault/{m}", api, transport=transport, **kw)
+                for m in modes
+            )
         )
         return dict(zip(modes, recs, strict=True))
 
@@ -66,33 +72,41 @@ def test_each_fault_becomes_its_outcome(fault_server: FaultServer, api: str) -> 
         assert r.sent_ns is not None and r.end_ns is not None  # type: ignore[attr-defined]
 
 
-def test_non_streaming_faults(fault_server: FaultServer) -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_non_streaming_faults(fault_server: FaultServer, transport: str) -> None:
     async def main() -> list[str]:
         modes = ["ok", "non_json", "429", "stream_error"]
         recs = await asyncio.gather(
-            *(_send_one(f"{fault_server.url}/fault/{m}", "chat", stream=False) for m in modes)
+            *(
+                _send_one(
+                    f"{fault_server.url}/fault/{m}", "chat", stream=False, transport=transport
+                )
+                for m in modes
+            )
         )
         return [r.outcome for r in recs]  # type: ignore[attr-defined]
 
     assert asyncio.run(main()) == ["ok", "protocol_error", "http_429", "protocol_error"]
 
 
-def test_connection_refused_is_connect_error() -> None:
-    rec = asyncio.run(_send_one(f"http://127.0.0.1:{free_port()}", "chat"))
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_connection_refused_is_connect_error(transport: str) -> None:
+    rec = asyncio.run(_send_one(f"http://127.0.0.1:{free_port()}", "chat", transport=transport))
     assert rec.outcome == "connect_error"  # type: ignore[attr-defined]
 
 
-def test_a_run_continues_past_faults(fault_server: FaultServer) -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_a_run_continues_past_faults(fault_server: FaultServer, transport: str) -> None:
     """One client, requests in sequence over kept-alive connections, faults in between."""
     modes = ["ok", "429", "ok", "reset", "ok", "malformed", "ok", "500_html", "ok", "eof", "ok"]
 
     async def main() -> list[str]:
-        async with OpenAIClient(EndpointConfig(fault_server.url), max_connections=2) as c:
+        ep = EndpointConfig(fault_server.url)
+        async with OpenAIClient(ep, max_connections=2, transport=transport) as c:
             t0 = time.perf_counter_ns()
             out = []
             for i, mode in enumerate(modes):
-                spec = RequestSpec(f"q{i}", "hi", 3, extra_body={})
-                c._headers["X-Fault"] = mode  # per request, through the header this time
+                spec = RequestSpec(f"q{i}", "hi", 3, extra_body={"fault": mode})  # per request
                 out.append((await c.send(spec, t0_ns=t0)).record.outcome)
             return out
 
@@ -103,9 +117,11 @@ def test_a_run_continues_past_faults(fault_server: FaultServer) -> None:
     assert sent == ok + sum(1 for o in outcomes if o != "ok")
 
 
-def test_cancel_records_then_reraises(fault_server: FaultServer) -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_cancel_records_then_reraises(fault_server: FaultServer, transport: str) -> None:
     async def main() -> OpenAIClient:
-        async with OpenAIClient(EndpointConfig(fault_server.url + "/fault/stall")) as c:
+        ep = EndpointConfig(fault_server.url + "/fault/stall")
+        async with OpenAIClient(ep, transport=transport) as c:
             task = asyncio.ensure_future(
                 c.send(RequestSpec("c1", "hi", 3), t0_ns=time.perf_counter_ns())
             )
@@ -124,7 +140,9 @@ def test_cancel_records_then_reraises(fault_server: FaultServer) -> None:
 CANARY = "sk-canary-7f3a9e1b2c4d"
 
 
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
 def test_canary_key_never_leaks(
+    transport: str,
     fault_server: FaultServer,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -137,7 +155,7 @@ def test_canary_key_never_leaks(
         recs = []
         for mode in ("ok", "echo_auth", "429", "reset", "malformed"):
             ep = EndpointConfig(f"{fault_server.url}/fault/{mode}", api_key_env="LOADLAB_TEST_KEY")
-            async with OpenAIClient(ep) as c:
+            async with OpenAIClient(ep, transport=transport) as c:
                 recs.append((await c.send(RequestSpec(mode, "hi", 3), t0_ns=0)).record)
         return recs
 

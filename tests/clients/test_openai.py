@@ -92,14 +92,15 @@ def test_tokens_from_chunks_without_usage() -> None:
     assert not r.output_tokens_disagree
 
 
-def test_client_against_fixed_server(fixed_server: FixedScheduleServer) -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_client_against_fixed_server(fixed_server: FixedScheduleServer, transport: str) -> None:
     async def main() -> None:
         for api in ("chat", "completions"):
             for stream in (True, False):
                 ep = EndpointConfig(fixed_server.url, api=api, name="ref")
-                async with OpenAIClient(ep, stream=stream) as client:
+                async with OpenAIClient(ep, stream=stream, transport=transport) as client:
                     t0 = time.perf_counter_ns()
-                    spec = RequestSpec(f"{api}-{stream}", "a b c", 5, prompt_tokens=3)
+                    spec = RequestSpec(f"{api}-{stream}-{transport}", "a b c", 5, prompt_tokens=3)
                     done = await client.send(spec, t0_ns=t0)
                 r = done.record
                 assert (r.outcome, r.http_status, r.endpoint) == ("ok", 200, "ref")
@@ -128,7 +129,7 @@ def test_make_client_sizes_the_pool() -> None:
     cfg = RunConfig(concurrency=7, requests=1, stream=False, timeout_s=9.0)
     client = make_client(ep, cfg)
     assert isinstance(client, OpenAIClient)
-    assert (client.max_connections, client.stream, client.timeout.total) == (7, False, 9.0)
+    assert (client.max_connections, client.stream, client.timeout_s) == (7, False, 9.0)
     with pytest.raises(ValueError, match="no client yet"):
         make_client(EndpointConfig("http://127.0.0.1:1", api="anthropic"), cfg)
 
@@ -138,3 +139,20 @@ def test_missing_key_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) 
     ep = EndpointConfig("http://127.0.0.1:1", api_key_env="LOADLAB_TEST_NO_SUCH_KEY")
     with pytest.raises(ValueError, match="LOADLAB_TEST_NO_SUCH_KEY is empty or unset"):
         OpenAIClient(ep)
+
+
+def test_odd_chunk_shapes_are_protocol_errors_not_exceptions() -> None:
+    for body in (
+        b'data: {"choices": {"a": 1}}\n\n',
+        b'data: {"choices": ["x"]}\n\n',
+        b"data: [1, 2]\n\n",
+        b'data: {"choices": [{"delta": "x"}]}\n\n',
+    ):
+        s = _chat_state()
+        assert s.on_bytes(body, 2000) is True
+        s.finish(3000)
+        assert s.record.outcome == "protocol_error", body
+    s = _chat_state()
+    s.on_bytes(b'data: {"choices": [{"delta": {"content": 5}}]}\n\ndata: [DONE]\n\n', 2000)
+    s.finish(3000)
+    assert (s.record.outcome, s.text) == ("ok", "5")

@@ -69,10 +69,18 @@ def dense_forward(runner: ModelRunner, tokens: list[int]) -> tuple[torch.Tensor,
     return runner.model.logits(h), torch.stack(kv)
 
 
-def dense_greedy(runner: ModelRunner, prompt: list[int], n: int) -> list[int]:
-    """Greedy continuation of ``prompt`` by the dense reference (byte ids only, as ignore_eos)."""
-    tokens = list(prompt)
-    for _ in range(n):
-        logits, _ = dense_forward(runner, tokens)
-        tokens.append(int(logits[-1, :256].argmax()))
-    return tokens[len(prompt) :]
+def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
+    """Max-abs-difference check (torch.testing imports torch.distributed: seconds at first use)."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    diff = float((got.float() - want.float()).abs().max()) if got.numel() else 0.0
+    assert diff <= atol, f"max abs difference {diff:.3g} > {atol}"
+
+
+def greedy_from_dense(runner: ModelRunner, s: Sequence) -> list[int]:
+    """What greedy decoding with the dense reference would have produced for ``s``, checked by
+    teacher forcing: one dense forward over prompt + outputs gives the argmax (byte ids only,
+    as with ignore_eos) after each prefix. Equal to s.output_token_ids iff step-by-step dense
+    greedy generation gives the same tokens (by induction on the position)."""
+    logits, _ = dense_forward(runner, s.token_ids)
+    p = s.num_prompt_tokens
+    return logits[p - 1 : s.num_tokens - 1, :256].argmax(dim=-1).tolist()

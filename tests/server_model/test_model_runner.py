@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from reference_server.model_runner import ModelRunner
-from reference_server.sequence import ScheduledBatch, ScheduledSeq
-from tests.server_model.driver import Driver, dense_forward, dense_greedy, prompt_of, seq
+from reference_server.sequence import ScheduledBatch, ScheduledSeq, Sequence
+from tests.server_model.driver import (
+    Driver,
+    assert_close,
+    dense_forward,
+    greedy_from_dense,
+    prompt_of,
+    seq,
+)
 
 ATOL = 2e-4  # fp32; paged and dense differ only in summation order
 
@@ -20,10 +27,10 @@ def runner() -> ModelRunner:
     return ModelRunner("tiny", num_kv_blocks=256, block_size=4, device="cpu", seed=0)
 
 
-def assert_kv_matches_dense(runner: ModelRunner, s) -> None:  # type: ignore[no-untyped-def]
+def assert_kv_matches_dense(runner: ModelRunner, s: Sequence) -> None:
     n = s.num_computed_tokens
     _, dense_kv = dense_forward(runner, s.token_ids[:n])
-    torch.testing.assert_close(runner.export_kv(s), dense_kv, atol=ATOL, rtol=1e-3)
+    assert_close(runner.export_kv(s), dense_kv, ATOL)
 
 
 def test_mixed_lengths_in_one_batch_match_dense(runner: ModelRunner) -> None:
@@ -36,7 +43,7 @@ def test_mixed_lengths_in_one_batch_match_dense(runner: ModelRunner) -> None:
     assert done == [0, 1, 2, 3]
     for row, s in enumerate(seqs):
         ref, _ = dense_forward(runner, s.prompt_token_ids)
-        torch.testing.assert_close(logits[row], ref[-1], atol=ATOL, rtol=1e-3)
+        assert_close(logits[row], ref[-1], ATOL)
 
     out = runner.run(ScheduledBatch(items))
     for s, tok in zip(seqs, out, strict=True):
@@ -44,7 +51,7 @@ def test_mixed_lengths_in_one_batch_match_dense(runner: ModelRunner) -> None:
         s.output_token_ids.append(tok)  # type: ignore[arg-type]
     drv.decode(seqs, 7)  # decode together; sequences cross block boundaries at different steps
     for s in seqs:
-        assert s.output_token_ids == dense_greedy(runner, s.prompt_token_ids, 8)
+        assert s.output_token_ids == greedy_from_dense(runner, s)
         assert_kv_matches_dense(runner, s)
 
 
@@ -59,8 +66,8 @@ def test_chunked_prefill_mixed_with_decode_matches_whole(runner: ModelRunner) ->
         results.append(drv.step([(other, 1), (long, n)]))
     assert [r[1] is None for r in results] == [True] * 4 + [False]
     drv.decode([other, long], 5)
-    assert long.output_token_ids == dense_greedy(runner, long.prompt_token_ids, 6)
-    assert other.output_token_ids == dense_greedy(runner, other.prompt_token_ids, 11)
+    assert long.output_token_ids == greedy_from_dense(runner, long)
+    assert other.output_token_ids == greedy_from_dense(runner, other)
     assert_kv_matches_dense(runner, long)
 
 
@@ -76,8 +83,8 @@ def test_recompute_after_preemption_continues_identically(runner: ModelRunner) -
     drv.step([(a, a.num_tokens), (b, 1)])  # recompute prompt + outputs in one slice
     assert not set(a.block_table) & set(b.block_table)
     drv.decode([a, b], 3)
-    assert a.output_token_ids == dense_greedy(runner, a.prompt_token_ids, 9)
-    assert b.output_token_ids == dense_greedy(runner, b.prompt_token_ids, 12)
+    assert a.output_token_ids == greedy_from_dense(runner, a)
+    assert b.output_token_ids == greedy_from_dense(runner, b)
     assert_kv_matches_dense(runner, a)
 
 
@@ -95,7 +102,7 @@ def test_export_import_round_trip_continues_identically(runner: ModelRunner) -> 
     twin.block_table = [7, 2, 30]  # different block size and blocks: only token order matters
     other.import_kv(twin, kv.clone())
     twin.num_computed_tokens = kv.shape[2]
-    torch.testing.assert_close(other.export_kv(twin), kv, atol=0, rtol=0)
+    assert torch.equal(other.export_kv(twin), kv)
 
     Driver(other).decode([twin], 4)
     drv.decode([s], 4)
@@ -125,7 +132,7 @@ def test_run_does_not_mutate_sequences(runner: ModelRunner) -> None:
 
 
 def test_seeded_sampling_is_reproducible_across_batches(runner: ModelRunner) -> None:
-    def generate(seed: int, with_neighbour: bool) -> list[int]:
+    def generate(seed: int, with_neighbour: bool) -> Sequence:
         drv = Driver(runner, shuffle_seed=seed)
         s = seq("s", prompt_of(8, 70), temperature=0.9, top_p=0.95, seed=seed)
         work = [s]
@@ -133,13 +140,14 @@ def test_seeded_sampling_is_reproducible_across_batches(runner: ModelRunner) -> 
             work.append(seq("n", prompt_of(5, 71), temperature=1.0))
         drv.step([(w, w.num_prompt_tokens) for w in work])
         drv.decode(work, 11)
-        return s.output_token_ids
+        return s
 
-    first = generate(7, with_neighbour=False)
-    assert generate(7, with_neighbour=True) == first
-    assert generate(8, with_neighbour=False) != first
+    s7 = generate(7, with_neighbour=False)
+    first = s7.output_token_ids
+    assert generate(7, with_neighbour=True).output_token_ids == first
+    assert generate(8, with_neighbour=False).output_token_ids != first
     assert len(first) == 12 and all(0 <= t < 256 for t in first)
-    assert first != dense_greedy(runner, prompt_of(8, 70), 12)  # sampled, not greedy
+    assert first != greedy_from_dense(runner, s7)  # sampled, not greedy
 
 
 def test_info_and_kv_bytes(runner: ModelRunner) -> None:

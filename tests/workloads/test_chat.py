@@ -39,12 +39,14 @@ def test_20_sessions_of_5_turns_are_contiguous_and_ordered():
         assert all(t.prompt_tokens == 40 == len(t.prompt) and t.max_tokens == 20 for t in turns)
         assert all(t.request_class == "chat" for t in turns)
     assert len({s.request_id for s in specs}) == 100
-    assert workload_extra(build_requests(cfg)) == {
+    stream = build_requests(cfg)
+    assert len(list(stream)) == 100
+    assert workload_extra(stream) == {
         "kind": "chat",
-        "sessions": 0,
-        "turns": 0,
+        "sessions": 20,
+        "turns": 100,
         "sessions_cut_by_context": 0,
-    }  # nothing consumed yet
+    }
 
 
 def test_think_times_follow_the_configured_lognormal():
@@ -99,3 +101,10 @@ def test_session_arrivals_from_a_trace(shared_data):
     )
     firsts = [s.intended_at_s for s in build_requests(cfg) if s.turn == 0]
     assert firsts[:2] == [0.0, pytest.approx(4.314579 / 2)]
+
+
+def test_open_loop_without_sessions_stops_at_requests():
+    cfg = RunConfig(rate_rps=1, requests=12, workload={"kind": "chat", "turns": 5})
+    specs = list(build_requests(cfg))
+    assert [s.turn for s in specs] == [0, 1, 2, 3, 4] * 2 + [0, 1]
+    assert [s.intended_at_s is not None for s in specs].count(True) == 3

@@ -104,3 +104,28 @@ def test_overrides_win_and_switch_the_load_mode(monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_scenario("scenarios/batch.toml", overrides={"rate_rps": 3.0, "requests": None})
     assert cfg.rate_rps == 3.0 and cfg.concurrency is None and cfg.requests == 64
+
+
+def test_malformed_trace_line_fails_the_scenario_before_any_load(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00+00:00,5,5\n"
+        "2024-01-01 00:00:01+00:00,5\n"
+    )
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "t.csv"\n')
+    assert f"{trace}:3: malformed azure line (expected 3 fields" in error_of(p)
+    unknown = tmp_path / "u.csv"
+    unknown.write_text("a,b\n1,2\n")
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "u.csv"\n')
+    assert "unknown trace format" in error_of(p)
+
+
+def test_tokenizer_file_without_the_package_fails_up_front(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\ntokenizer = "tokenizer.json"\n')
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        assert "pip install tokenizers" in error_of(p)
+    else:
+        pytest.skip("tokenizers is installed")
