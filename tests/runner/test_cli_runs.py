@@ -113,3 +113,25 @@ def test_two_workers_write_one_file_with_every_request(fast_url: str, tmp_path: 
     assert {r.endpoint for r in res.records} == {"fx"}
     assert len({r.request_id for r in res.records}) == 16
     assert all(r.ok and r.output_tokens == 8 for r in res.records)
+
+
+def test_interleave_sends_the_same_requests_to_each_endpoint_at_once(
+    fast_url: str, tmp_path: Path
+) -> None:
+    import argparse
+
+    from loadlab.commands import run as run_cmd
+
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    out = tmp_path / "x.json"
+    args = p.parse_args(
+        ["--endpoint", f"a={fast_url}", "--endpoint", f"b={fast_url}", "--interleave",
+         "--concurrency", "2", "--requests", "6", "--prompt-tokens", "8", "--no-progress",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert run_cmd.run(args) == 0
+    a, b = read_results(tmp_path / "x-a.json"), read_results(tmp_path / "x-b.json")
+    assert sorted(r.request_id for r in a.records) == sorted(r.request_id for r in b.records)
+    assert len(a.records) == 6 and {r.endpoint for r in b.records} == {"b"}
+    assert a.extra["t0_ns"] == b.extra["t0_ns"]  # one schedule for both
