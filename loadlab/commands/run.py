@@ -272,16 +272,21 @@ def _run(cfg: RunConfig) -> int:
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
-    if cfg.interleave and len(cfg.endpoints) > 1:
-        all_results = _interleaved(cfg, build)
-    else:
-        all_results = []
-        for ep in cfg.endpoints:
-            if len(cfg.endpoints) > 1:
-                print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
-            all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
-            if all_results[-1].extra.get("interrupted"):
-                break
+    all_results: list[Results] = []
+    try:
+        if cfg.interleave and len(cfg.endpoints) > 1:
+            all_results = _interleaved(cfg, build)
+        else:
+            for ep in cfg.endpoints:
+                if len(cfg.endpoints) > 1:
+                    print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
+                all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
+                if all_results[-1].extra.get("interrupted"):
+                    break
+    except ValueError as exc:  # a setting only the client or the workers can check
+        print(f"loadlab run: {exc}", file=sys.stderr)
+        if not all_results:
+            return 2
     code = 0
     for results, path in zip(all_results, paths, strict=False):
         write_results(results, path)
