@@ -297,23 +297,23 @@ class ModelRunner:
         if gather is not None and rows is not None:
             out[rows] = _attend_decode(q[rows], kc, vc, gather, mask)
         for row, n, gather, mask in meta.prefills:
-            qi = q[row : row + n].transpose(0, 1)  # [H, n, hd]
+            # 4-D inputs: with 3-D ones torch's CPU SDPA falls back to the math kernel, which
+            # materialises [H, n, n] scores (6x slower at 1,024 tokens, measured).
+            qi = q[row : row + n].transpose(0, 1)[None]  # [1, H, n, hd]
             if gather is None:  # a whole prompt from position 0: its own K/V, plain causal
                 ki, vi = k[row : row + n], v[row : row + n]
             else:  # a later slice: all earlier K/V come from the cache
-                ki, vi = (
-                    kc.index_select(0, gather),
-                    vc.index_select(0, gather),
-                )  # [start+n, KVH, hd]
+                ki, vi = kc.index_select(0, gather), vc.index_select(0, gather)
+            # ki, vi: [start + n, KVH, hd]
             o = F.scaled_dot_product_attention(
                 qi,
-                ki.transpose(0, 1),
-                vi.transpose(0, 1),
-                attn_mask=mask,
+                ki.transpose(0, 1)[None],
+                vi.transpose(0, 1)[None],
+                attn_mask=None if mask is None else mask[None, None],
                 is_causal=gather is None,
                 enable_gqa=True,
-            )  # [H, n, hd]
-            out[row : row + n] = o.transpose(0, 1)
+            )  # [1, H, n, hd]
+            out[row : row + n] = o[0].transpose(0, 1)
         return out
 
     # ---------------------------------------------------------------- KV transfer
