@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--prompts", default="128,256,512,1024,2048", help="prompt lengths measured")
     c.add_argument("--context-tokens", type=int, default=256, help="context of decode steps")
     c.add_argument("--repeats", type=int, default=3, help="repeats per measurement")
+    c.add_argument("--threads", type=int, help="torch threads for --vs-measured")
+    c.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this thread's CPU time (with --threads 1, on a busy machine)")  # fmt: skip
     p.add_argument("--list", action="store_true", help="list model and hardware presets")
     p.add_argument("--json", dest="json_out", help="also write the result as JSON here")
 
