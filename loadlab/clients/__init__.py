@@ -1,0 +1,48 @@
+"""Protocol adapters: turn a ``RequestSpec`` into a timed ``RequestRecord``.
+
+``make_client(endpoint, cfg)`` picks the adapter for ``endpoint.api`` and sizes it for the run::
+
+    async with make_client(cfg.endpoints[0], cfg) as client:
+        done = await client.send(spec, t0_ns=t0)
+"""
+
+from __future__ import annotations
+
+from loadlab.clients.base import Client, Completion, Message
+from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
+from loadlab.clients.sse import SSEDecoder, SSEEvent
+from loadlab.config import EndpointConfig, RunConfig
+
+__all__ = [
+    "Client",
+    "Completion",
+    "Message",
+    "OpenAIClient",
+    "OpenAIStreamState",
+    "SSEDecoder",
+    "SSEEvent",
+    "build_body",
+    "make_client",
+]
+
+
+def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
+    """The client for ``endpoint.api`` with the run's stream, usage, body and timeout knobs.
+
+    The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
+    unlimited (an open loop without a cap must never wait for a connection).
+    """
+    if endpoint.api in ("chat", "completions"):
+        return OpenAIClient(
+            endpoint,
+            stream=cfg.stream,
+            include_usage=cfg.include_usage,
+            extra_body=cfg.extra_body,
+            timeout_s=cfg.timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
+            max_connections=cfg.concurrency or cfg.max_in_flight or 0,
+        )
+    raise ValueError(
+        f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client yet; "
+        "use api = 'chat' or 'completions'"
+    )

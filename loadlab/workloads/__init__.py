@@ -1,0 +1,115 @@
+"""Workloads: what traffic a run sends. ``build_requests(cfg)`` is the one entry point.
+
+``cfg.workload["kind"]`` picks the generator::
+
+    synthetic   independent requests, fixed or drawn lengths     (loadlab.workloads.synthetic)
+    chat        multi-turn sessions with think times             (loadlab.workloads.chat)
+    batch       a job of N documents at once or under a cap      (loadlab.workloads.batch)
+    trace       Azure / Mooncake / BurstGPT replay               (loadlab.workloads.replay)
+
+Open loop (``cfg.rate_rps`` set): specs come in order of ``intended_at_s`` (a chat session's
+later turns follow its first, with ``intended_at_s = None``). Closed loop: all ``None``.
+
+After the run, ``workload_extra(specs)`` gives what the workload did (a trace's skipped lines,
+failed rows, thinning...) for ``results.extra["workload"]``.
+
+Example::
+
+    from loadlab.config import RunConfig
+    from loadlab.workloads import build_requests, workload_extra
+
+    cfg = RunConfig(rate_rps=4, requests=100, workload={"kind": "chat", "sessions": 20})
+    specs = build_requests(cfg)
+    for spec in specs: ...
+    results.extra["workload"] = workload_extra(specs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.workloads import batch, chat, replay, synthetic
+from loadlab.workloads.base import RequestStream
+from loadlab.workloads.lengths import DATASETS
+from loadlab.workloads.params import WorkloadError, closest, resolve_path
+from loadlab.workloads.prompts import chars_per_token_from_tokenizer
+
+__all__ = [
+    "KINDS",
+    "RequestStream",
+    "WorkloadError",
+    "build_requests",
+    "resolve_workload_paths",
+    "validate_workload",
+    "workload_extra",
+]
+
+KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
+    "synthetic": (synthetic.validate, synthetic.synthetic_requests),
+    "chat": (chat.validate, chat.chat_requests),
+    "batch": (batch.validate, batch.batch_requests),
+    "trace": (replay.validate, replay.trace_requests),
+}
+
+
+def _kind(workload: Mapping[str, Any]) -> str:
+    kind = workload.get("kind", "synthetic")
+    if kind not in KINDS:
+        hint = closest(str(kind), KINDS)
+        fix = f"did you mean {hint!r}?" if hint else f"choose one of {', '.join(KINDS)}"
+        raise WorkloadError(f"workload.kind = {kind!r}: unknown workload kind; {fix}")
+    return str(kind)
+
+
+def validate_workload(cfg: RunConfig, bases: Sequence[Path] = ()) -> None:
+    """Raise ``WorkloadError`` for the first bad ``[workload]`` key or value (files included)."""
+    kind = _kind(cfg.workload)
+    KINDS[kind][0](cfg, cfg.workload, bases)
+
+
+def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[RequestSpec]:
+    """The run's requests, lazily (endless for a closed-loop run stopped by duration).
+
+    ``chars_per_token`` is 1.0 on the reference server (byte tokenizer); see
+    ``loadlab.workloads.prompts.calibrate_chars_per_token`` for other endpoints. A
+    ``chars_per_token`` or ``tokenizer`` (a HuggingFace tokenizer.json) key in the workload
+    wins over the argument."""
+    wl = cfg.workload
+    if wl.get("chars_per_token") is not None:
+        chars_per_token = float(wl["chars_per_token"])  # the scenario's value wins
+    elif wl.get("tokenizer") is not None:
+        path = resolve_path(str(wl["tokenizer"]), "workload.tokenizer")
+        chars_per_token = chars_per_token_from_tokenizer(str(path))
+    if not chars_per_token > 0:
+        raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
+    stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
+    return stream
+
+
+def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:
+    """What the workload did, as plain data for ``results.extra["workload"]`` (empty for an
+    iterator that did not come from ``build_requests``). Call it after the run."""
+    return specs.extra() if isinstance(specs, RequestStream) else {}
+
+
+_PATH_KEYS = ("path", "arrival_trace", "tokenizer")
+
+
+def resolve_workload_paths(workload: Mapping[str, Any], bases: Sequence[Path]) -> dict[str, Any]:
+    """A copy of ``workload`` whose file paths are absolute (found against ``bases``, the
+    working directory, then the repository root), so a run does not depend on its cwd."""
+    out = dict(workload)
+    for key in _PATH_KEYS:
+        if isinstance(out.get(key), str):
+            out[key] = str(resolve_path(out[key], f"workload.{key}", bases))
+    for key, value in list(out.items()):
+        if isinstance(value, Mapping) and isinstance(value.get("file"), str):
+            if value["file"] not in DATASETS:
+                table = dict(value)
+                table["file"] = str(resolve_path(value["file"], f"workload.{key}.file", bases))
+                out[key] = table
+    return out

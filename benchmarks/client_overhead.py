@@ -1,0 +1,155 @@
+"""CPU cost of the client per streamed token: the SSE decoder alone, the stream interpretation
+(SSE + JSON + token detection), and the whole client over loopback for each transport.
+
+CPU time (user + system of this process), not wall time, so a busy machine inflates the
+figures less than it would wall-clock ones (it still does: shared caches, SMT siblings).
+
+    python3 benchmarks/client_overhead.py                     # all three parts, ~1-2 minutes
+    python3 benchmarks/client_overhead.py --events 50000 --streams 64 --requests 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+
+import aiohttp
+
+from loadlab.clients import OpenAIClient, OpenAIStreamState
+from loadlab.clients.sse import SSEDecoder
+from loadlab.config import EndpointConfig
+from loadlab.records import RequestRecord, RequestSpec
+from loadlab.testing.fixed_server import FixedServerProcess
+
+CHUNK = (
+    b'data: {"id":"cmpl-q1","object":"chat.completion.chunk","created":1796028737,'
+    b'"model":"loadlab-fixed","choices":[{"index":0,"delta":{"content":" tok"},'
+    b'"finish_reason":null}]}\n\n'
+)
+
+
+def cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def per_event_us(fn: object, n: int) -> float:
+    c0 = cpu_s()
+    for _ in range(n):
+        fn(CHUNK)  # type: ignore[operator]
+    return (cpu_s() - c0) / n * 1e6
+
+
+def micro(n: int) -> None:
+    dec = SSEDecoder()
+    print(
+        f"SSE decoder, feed_raw (one event per read):    {per_event_us(dec.feed_raw, n):6.2f} us/event"
+    )
+    dec = SSEDecoder()
+    print(
+        f"SSE decoder, feed -> SSEEvent objects:         {per_event_us(dec.feed, n):6.2f} us/event"
+    )
+    ten = CHUNK * 10
+    c0 = cpu_s()
+    dec = SSEDecoder()
+    for _ in range(n // 10):
+        dec.feed_raw(ten)
+    print(
+        f"SSE decoder, 10 events per read:               {(cpu_s() - c0) / n * 1e6:6.2f} us/event"
+    )
+    state = OpenAIStreamState(RequestRecord("r"), "chat")
+    state.on_headers(200, {"Content-Type": "text/event-stream"}, 0)
+    c0 = cpu_s()
+    for i in range(n):
+        state.on_bytes(CHUNK, i)
+    print(
+        f"OpenAIStreamState.on_bytes (SSE+JSON+tokens):  {(cpu_s() - c0) / n * 1e6:6.2f} us/chunk"
+    )
+
+
+async def bare_aiohttp(url: str, streams: int, requests: int, tokens: int) -> None:
+    """Reference: aiohttp reading the same streams and doing nothing with them."""
+    body = json.dumps({"model": "m", "messages": [], "max_tokens": tokens, "stream": True}).encode()
+    ids = iter(range(requests))
+
+    async def worker(s: aiohttp.ClientSession) -> None:
+        for i in ids:
+            hdrs = {"X-Request-Id": f"b{i}", "Content-Type": "application/json"}
+            async with s.post(url + "/v1/chat/completions", data=body, headers=hdrs) as r:
+                async for _ in r.content.iter_any():
+                    time.perf_counter_ns()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams)) as s:
+        await asyncio.gather(*(worker(s) for _ in range(streams)))
+
+
+async def loadlab_client(
+    url: str, streams: int, requests: int, tokens: int, transport: str
+) -> None:
+    ids = iter(range(requests))
+    t0 = time.perf_counter_ns()
+
+    async def worker(c: OpenAIClient) -> None:
+        for i in ids:
+            done = await c.send(RequestSpec(f"{transport}{i}", "hi", tokens), t0_ns=t0)
+            if not done.record.ok:
+                raise SystemExit(f"request failed: {done.record.outcome} {done.record.error}")
+
+    ep = EndpointConfig(url)
+    async with OpenAIClient(ep, max_connections=streams, transport=transport) as c:
+        await asyncio.gather(*(worker(c) for _ in range(streams)))
+
+
+def e2e(streams: int, requests: int, tokens: int, itl_ms: float) -> None:
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run  # type: ignore[assignment]
+    print(
+        f"\nwhole client over loopback: {streams} streams x {requests} requests x {tokens} tokens,"
+    )
+    print(f"fixed server (own process) at ITL {itl_ms} ms; client CPU only:")
+    with FixedServerProcess(ttft_ms=10, itl_ms=itl_ms, tokens=tokens) as url:
+        cases = [
+            (
+                "loadlab raw transport",
+                lambda: loadlab_client(url, streams, requests, tokens, "raw"),
+            ),
+            (
+                "loadlab aiohttp transport",
+                lambda: loadlab_client(url, streams, requests, tokens, "aiohttp"),
+            ),
+            ("bare aiohttp, no parsing", lambda: bare_aiohttp(url, streams, requests, tokens)),
+        ]
+        for name, make in cases:
+            c0, w0 = cpu_s(), time.perf_counter()
+            run(make())
+            cpu, wall = cpu_s() - c0, time.perf_counter() - w0
+            n = requests * tokens
+            print(
+                f"  {name:27s} {cpu / n * 1e6:6.1f} us CPU/token   ({n / wall:,.0f} tokens/s reached)"
+            )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--events", type=int, default=200_000, help="events for the micro-benchmarks")
+    p.add_argument("--streams", type=int, default=128)
+    p.add_argument("--requests", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--itl-ms", type=float, default=5.0)
+    p.add_argument("--skip-e2e", action="store_true")
+    a = p.parse_args()
+    print(f"loadlab client overhead; host CPUs: {os.cpu_count()}; load average: {os.getloadavg()}")
+    micro(a.events)
+    if not a.skip_e2e:
+        e2e(a.streams, a.requests, a.tokens, a.itl_ms)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""A lean HTTP/1.1 client transport for the streaming hot path: an asyncio ``Protocol`` that hands
+each body piece to a sink as it arrives, with no task wake-up per chunk.
+
+Why: through aiohttp every streamed chunk goes parser -> ``StreamReader`` -> future -> task
+wake-up -> ``iter_any`` -> our code. On a loaded 2-core machine that is most of the client's CPU
+per token, and the chunk's timestamp waits for the task to run. Here ``data_received`` stamps
+``perf_counter_ns`` first, de-chunks the body and calls ``sink.on_bytes(piece, t_ns)``
+(``OpenAIStreamState``) at once; the request coroutine wakes once, at the end of the response.
+docs/clients.md has the measurements.
+
+Scope is what an inference endpoint needs: POST with a ``Content-Length`` body; responses framed by
+``Transfer-Encoding: chunked``, ``Content-Length`` or the connection's close; keep-alive with an
+idle pool per host; ``https`` through the default SSL context. No proxies, redirects or
+compression (the client sends ``Accept-Encoding: identity``).
+
+Example::
+
+    pool = RawPool(max_connections=64)
+    result = await pool.request(url, head, body, sink, timeout_s=120.0, read_timeout_s=30.0)
+    pool.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+__all__ = ["RawPool", "RawResult", "Sink", "Target"]
+
+_MAX_HEAD = 64 * 1024
+_SIZE, _DATA, _CRLF, _TRAILER = 0, 1, 2, 3  # chunked-body parser states
+
+
+class Sink(Protocol):
+    def on_headers(self, status: int, headers: Mapping[str, str], t_ns: int) -> None: ...
+
+    def on_bytes(self, data: bytes, t_ns: int) -> bool: ...
+
+
+@dataclass
+class RawResult:
+    """How one exchange ended. ``error``: None (complete body, or the sink stopped reading), or
+    ``"connect"``, ``"timeout"``, ``"incomplete"``, ``"protocol"`` with ``message``."""
+
+    sent_ns: int | None = None
+    error: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where requests go: parsed once per client from its URL."""
+
+    host: str
+    port: int
+    tls: bool
+    path: str
+
+    @classmethod
+    def from_url(cls, url: str) -> Target:
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+        tls = u.scheme == "https"
+        return cls(u.hostname, u.port or (443 if tls else 80), tls, u.path or "/")
+
+    def request_head(self, headers: Mapping[str, str]) -> bytes:
+        """Request line and fixed headers; per request, add ``X-Request-Id`` etc. and length."""
+        host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
+        lines = [f"POST {self.path} HTTP/1.1", f"Host: {host}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
+class _Headers(dict[str, str]):
+    """Response headers: lower-case keys, case-insensitive ``get``."""
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, key.lower(), default)
+
+
+class _Conn(asyncio.Protocol):
+    """One connection, one exchange at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.reusable = True
+        self.sink: Sink | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.result = RawResult()
+        self.last_ns = 0  # when the last byte came (read timeout)
+        self.got_bytes = False
+        self._head = True
+        self._buf = b""
+        self._chunked = False
+        self._state = _SIZE
+        self._remaining = -1  # body bytes left (Content-Length or current chunk); -1: until close
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def start(self, sink: Sink, done: asyncio.Future[None]) -> RawResult:
+        self.sink, self.done, self.result, self.got_bytes = sink, done, RawResult(), False
+        self._head, self._buf, self._chunked, self._state, self._remaining = (
+            True,
+            b"",
+            False,
+            _SIZE,
+            -1,
+        )
+        return self.result
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter_ns()  # first: this is the chunk's arrival time
+        self.last_ns = t
+        self.got_bytes = True
+        if self.sink is None:
+            if data:
+                self.reusable = False  # bytes outside an exchange
+            return
+        if self._head:
+            self._response_head(data, t)
+        elif self._chunked:
+            self._chunks(data, t)
+        else:
+            self._plain(data, t)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.reusable = False
+        if self.sink is None:
+            return
+        if not self._head and not self._chunked and self._remaining == -1:
+            self.end(None)  # a body delimited by the close is complete
+        else:
+            why = f": {exc}" if exc else ""
+            self.end("connect" if self._head else "incomplete", f"connection closed{why}")
+
+    def end(self, error: str | None, message: str = "") -> None:
+        done, self.sink = self.done, None
+        if error is not None:
+            self.result.error, self.result.message = error, message
+            self.reusable = False
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    # ---------------------------------------------------------------- parsing
+
+    def _response_head(self, data: bytes, t: int) -> None:
+        buf = self._buf + data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            self._buf = buf
+            if len(buf) > _MAX_HEAD:
+                self.end("protocol", "response head larger than 64 KiB")
+            return
+        head, rest = buf[:end], buf[end + 4 :]
+        self._buf = b""
+        try:
+            lines = head.decode("latin-1").split("\r\n")
+            version, status_text = lines[0].split(" ", 2)[:2]
+            status = int(status_text)
+            if not version.startswith("HTTP/1."):
+                raise ValueError(version)
+            headers = _Headers()
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers["content-length"]) if "content-length" in headers else -1
+        except (ValueError, IndexError):
+            self.end("protocol", f"not an HTTP/1.x response: {head[:80]!r}")
+            return
+        if 100 <= status < 200:  # an interim response (100 Continue, 103 Early Hints): skip it
+            if rest:
+                self._response_head(rest, t)
+            return
+        self._head = False
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._remaining = 0 if status in (204, 304) else length
+        if version == "HTTP/1.0" or headers.get("connection", "").lower() == "close":
+            self.reusable = False
+        if not self._chunked and self._remaining == -1:
+            self.reusable = False
+        sink = self.sink
+        if sink is None:
+            return
+        sink.on_headers(status, headers, t)
+        if not self._chunked and self._remaining == 0:
+            self.end(None)
+        elif rest:
+            (self._chunks if self._chunked else self._plain)(rest, t)
+
+    def _deliver(self, piece: bytes, t: int) -> bool:
+        """Hand a body piece to the sink; True when reading stops."""
+        sink = self.sink
+        if sink is None:
+            return True
+        if sink.on_bytes(piece, t):
+            self.reusable = False  # unread body left on the wire
+            self.end(None)
+            return True
+        return False
+
+    def _plain(self, data: bytes, t: int) -> None:
+        n = self._remaining
+        if n < 0:
+            self._deliver(data, t)
+        elif len(data) < n:
+            self._remaining = n - len(data)
+            self._deliver(data, t)
+        else:
+            self._remaining = 0
+            if len(data) > n:
+                self.reusable = False  # more bytes than announced
+            if not self._deliver(data[:n], t):
+                self.end(None)
+
+    def _chunks(self, data: bytes, t: int) -> None:
+        buf = self._buf + data if self._buf else data
+        pos, n = 0, len(buf)
+        while pos < n:
+            state = self._state
+            if state == _DATA:
+                take = buf[pos : pos + self._remaining]
+                pos += len(take)
+                self._remaining -= len(take)
+                if self._remaining == 0:
+                    self._state = _CRLF
+                if self._deliver(take, t):
+                    return
+            elif state == _SIZE:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                try:
+                    size = int(buf[pos:nl].split(b";", 1)[0], 16)
+                except ValueError:
+                    self.end("protocol", f"bad chunk size line {buf[pos:nl][:40]!r}")
+                    return
+                pos = nl + 2
+                self._state, self._remaining = (_DATA, size) if size else (_TRAILER, 0)
+            elif state == _CRLF:
+                if n - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    self.end("protocol", "chunk data longer than its size line said")
+                    return
+                pos += 2
+                self._state = _SIZE
+            else:  # _TRAILER: trailer lines, then an empty line
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                empty = nl == pos
+                pos = nl + 2
+                if empty:
+                    if pos < n:
+                        self.reusable = False
+                    self.end(None)
+                    return
+        self._buf = buf[pos:]
+        if len(self._buf) > _MAX_HEAD:
+            self.end("protocol", "chunk size line or trailer too long")
+
+
+class RawPool:
+    """Keep-alive connections per target; ``max_connections`` > 0 caps them (others wait)."""
+
+    def __init__(self, max_connections: int = 0) -> None:
+        self._idle: dict[Target, list[_Conn]] = {}
+        self._sem = asyncio.Semaphore(max_connections) if max_connections > 0 else None
+        self._ssl: ssl.SSLContext | None = None
+
+    async def request(
+        self,
+        target: Target,
+        head: bytes,
+        body: bytes,
+        sink: Sink,
+        *,
+        timeout_s: float,
+        read_timeout_s: float,
+    ) -> RawResult:
+        """Send ``head`` (request line and headers, without the final blank line) and ``body``;
+        feed the response to ``sink``. Never raises for a network failure (``result.error``)."""
+        deadline_ns = time.perf_counter_ns() + int(timeout_s * 1e9)
+        if self._sem is not None:
+            await self._sem.acquire()
+        try:
+            result = await self._exchange(target, head, body, sink, deadline_ns, read_timeout_s)
+            if (
+                result.error == "connect"
+                and result.sent_ns is not None
+                and result.message == "reused"
+            ):
+                # the server closed an idle kept-alive connection as we reused it: once more
+                result = await self._exchange(
+                    target, head, body, sink, deadline_ns, read_timeout_s, fresh=True
+                )
+            return result
+        finally:
+            if self._sem is not None:
+                self._sem.release()
+
+    async def _connect(self, target: Target, deadline_ns: int) -> _Conn | RawResult:
+        loop = asyncio.get_running_loop()
+        if target.tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        wait_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+        try:
+            async with asyncio.timeout(wait_s):
+                _, conn = await loop.create_connection(
+                    _Conn, target.host, target.port, ssl=self._ssl if target.tls else None
+                )
+        except TimeoutError:
+            return RawResult(error="timeout", message=f"no connection within {wait_s:.1f} s")
+        except OSError as exc:
+            return RawResult(error="connect", message=f"{type(exc).__name__}: {exc}")
+        return conn
+
+    async def _exchange(
+        self,
+        target: Target,
+        head: bytes,
+        body: bytes,
+        sink: Sink,
+        deadline_ns: int,
+        read_timeout_s: float,
+        fresh: bool = False,
+    ) -> RawResult:
+        idle = self._idle.setdefault(target, [])
+        conn: _Conn | None = None
+        while idle and not fresh:
+            c = idle.pop()
+            if not c.lost:
+                conn = c
+                break
+        reused = conn is not None
+        if conn is None:
+            made = await self._connect(target, deadline_ns)
+            if isinstance(made, RawResult):
+                return made
+            conn = made
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        result = conn.start(sink, done)
+        read_ns = int(read_timeout_s * 1e9)
+        clock = time.perf_counter_ns
+
+        timer: list[asyncio.TimerHandle] = []
+
+        def watchdog() -> None:  # one timer per read-timeout period, not one per chunk
+            now = clock()
+            if now >= deadline_ns:
+                conn.end("timeout", "past the total timeout")
+            elif now - conn.last_ns >= read_ns:
+                conn.end("timeout", f"no byte for {read_timeout_s} s (read timeout)")
+            else:
+                timer[0] = loop.call_later(
+                    min(conn.last_ns + read_ns, deadline_ns) / 1e9 - now / 1e9, watchdog
+                )
+
+        assert conn.transport is not None  # noqa: S101 (set by connection_made)
+        sent = conn.last_ns = result.sent_ns = clock()
+        conn.transport.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
+        try:
+            await done
+        except asyncio.CancelledError:
+            conn.end("incomplete", "cancelled")
+            conn.transport.abort()
+            raise
+        finally:
+            timer[0].cancel()
+        if result.error == "connect" and reused and not conn.got_bytes:
+            result.message = "reused"
+        if conn.reusable and result.error is None and not conn.lost:
+            idle.append(conn)
+        else:
+            conn.transport.abort()
+        return result
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for c in conns:
+                if c.transport is not None:
+                    c.transport.close()
+        self._idle.clear()

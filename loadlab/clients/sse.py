@@ -1,0 +1,188 @@
+"""A pure, incremental server-sent-events decoder (WHATWG HTML, "Server-sent events", §9.2.6).
+
+No I/O: feed it the bytes as they arrive, in pieces of any size, and it returns the events
+completed so far. It follows the WHATWG parsing rules:
+
+- line ends are LF, CR or CRLF; a CR at the end of one ``feed`` followed by an LF at the start of
+  the next is *one* line end;
+- a line starting with ``:`` is a comment (servers send ``: keep-alive``) and is ignored;
+- ``field: value`` and ``field:value`` (one space after the colon is dropped, no more); a line
+  without a colon is a field with an empty value;
+- ``data`` lines accumulate, joined by ``"\\n"``; ``event`` sets the type (default
+  ``"message"``); ``id`` sets the last event ID (ignored when it contains U+0000; it persists to
+  later events, as the spec says); ``retry`` is kept only when it is all ASCII digits;
+- an empty line dispatches the event, unless no ``data`` line came (then nothing is dispatched);
+- one UTF-8 byte-order mark at the very start of the stream is skipped;
+- bytes are decoded as UTF-8 (invalid bytes become U+FFFD), and a split anywhere, even inside
+  a multi-byte character, decodes the same as the whole stream.
+
+At the end of the stream (``close``) the spec says pending data is discarded: an event whose
+closing empty line never came is *not* dispatched. ``close`` therefore returns no events and
+sets ``discarded`` when something was dropped, so a caller can tell "clean end" from "cut".
+
+Fast path: bytes are split with ``bytes.rfind``/``str.split``, never a loop per byte; each
+``feed`` decodes its completed lines in one call. UTF-8 never uses the bytes CR (0x0D) or
+LF (0x0A) inside a multi-byte character, so text up to the last line end is always whole
+characters and the tail waits, undecoded, for the next ``feed``.
+
+Example::
+
+    >>> dec = SSEDecoder()
+    >>> dec.feed(b'data: {"a": 1}\\n\\ndata: [DO')
+    [SSEEvent(data='{"a": 1}', event='message', id=None, retry=None)]
+    >>> dec.feed(b"NE]\\n\\n")
+    [SSEEvent(data='[DONE]', event='message', id=None, retry=None)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["RawEvent", "SSEDecoder", "SSEEvent"]
+
+RawEvent = tuple[str, str, "str | None", "int | None"]  # data, event, id, retry
+
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event. ``id`` is the last event ID (``None`` while unset or reset);
+    ``retry`` is the reconnection time in ms when a ``retry`` field came in this event's block.
+    """
+
+    data: str
+    event: str = "message"
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Incremental decoder: ``feed(bytes) -> [SSEEvent]``, then ``close()`` at end of stream."""
+
+    __slots__ = (
+        "_bom_pending",
+        "_buf",
+        "_data",
+        "_event",
+        "_last_id",
+        "_pending_cr",
+        "_retry",
+        "discarded",
+        "retry_ms",
+    )
+
+    def __init__(self) -> None:
+        self._buf = b""  # bytes after the last line end (an incomplete line)
+        self._pending_cr = False  # the previous feed ended with CR: skip one leading LF
+        self._bom_pending = True  # still at the stream start, where one BOM may be skipped
+        self._data: list[str] = []  # data lines of the event being built
+        self._event = ""  # event type buffer ("" means "message")
+        self._last_id: str | None = None
+        self._retry: int | None = None  # retry seen since the last dispatch
+        self.retry_ms: int | None = None  # the stream's reconnection time, once set
+        self.discarded = False  # close() dropped an unterminated line or event
+
+    def feed(self, data: bytes) -> list[SSEEvent]:
+        """Decode ``data`` (any split of the stream); return the events it completed."""
+        return [SSEEvent(*raw) for raw in self.feed_raw(data)]
+
+    def feed_raw(self, data: bytes) -> list[RawEvent]:
+        """``feed`` as ``(data, event, id, retry)`` tuples: the client's hot path (a tuple is
+        several times cheaper to build than a frozen dataclass)."""
+        buf = self._prepare(data) if self._buf or self._pending_cr or self._bom_pending else data
+        end = buf.rfind(b"\n")
+        cr = b"\r" in buf
+        if cr:
+            end = max(end, buf.rfind(b"\r"))
+        if end < 0:
+            self._buf = buf
+            return []
+        if end == len(buf) - 1:
+            self._buf = b""
+            text = buf.decode("utf-8", "replace")
+        else:
+            self._buf = buf[end + 1 :]
+            text = buf[: end + 1].decode("utf-8", "replace")
+        if cr:
+            self._pending_cr = text[-1] == "\r" and not self._buf
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        out: list[RawEvent] = []
+        # Blocks end with an empty line; most blocks of an LLM stream are one "data:" line.
+        blocks = text.split("\n\n")
+        tail = blocks.pop()  # the lines after the last empty line (each ends with "\n")
+        for block in blocks:
+            if (
+                block.startswith("data:")
+                and "\n" not in block
+                and not self._data
+                and not self._event
+                and self._retry is None
+            ):
+                value = block[6:] if block.startswith("data: ") else block[5:]
+                out.append((value, "message", self._last_id, None))
+            else:
+                self._lines(block.split("\n"), out)
+                self._lines(("",), out)
+        if tail:
+            lines = tail.split("\n")
+            lines.pop()
+            self._lines(lines, out)
+        return out
+
+    def _prepare(self, data: bytes) -> bytes:
+        """The slow start: a pending CR, a partial line, or a possible BOM."""
+        if self._pending_cr and data:
+            self._pending_cr = False
+            if data[0] == 0x0A:  # the LF of a CRLF split across two feeds
+                data = data[1:]
+        buf = self._buf + data if self._buf else data
+        if self._bom_pending:
+            if len(buf) < 3 and _BOM.startswith(buf):
+                return buf  # could still be a BOM: wait for more bytes (no line end in it)
+            self._bom_pending = False
+            if buf.startswith(_BOM):
+                buf = buf[3:]
+        return buf
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream. Per WHATWG an unterminated event is discarded: returns ``[]`` and
+        sets ``discarded`` when a partial line or an undispatched event was dropped."""
+        self.discarded = bool(self._buf) or bool(self._data)
+        self._buf = b""
+        self._data = []
+        self._event = ""
+        return []
+
+    def _lines(self, lines: Iterable[str], out: list[RawEvent]) -> None:
+        data = self._data
+        for line in lines:
+            if not line:  # dispatch
+                if data:
+                    out.append(
+                        ("\n".join(data), self._event or "message", self._last_id, self._retry)
+                    )
+                    data.clear()
+                self._event = ""
+                self._retry = None
+            elif line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+            elif line[0] != ":":  # ":" starts a comment / keep-alive
+                name, colon, value = line.partition(":")
+                if colon and value.startswith(" "):
+                    value = value[1:]
+                self._field(name, value)
+
+    def _field(self, name: str, value: str) -> None:
+        if name == "data":  # "data" without a colon: an empty data line
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\x00" not in value:
+                self._last_id = value or None
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self._retry = self.retry_ms = int(value)
+        # any other field name is ignored (WHATWG)

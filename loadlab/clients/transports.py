@@ -1,0 +1,188 @@
+"""How the OpenAI client moves bytes: two interchangeable transports for one sans-IO state.
+
+Both feed an ``OpenAIStreamState`` (``on_sent``, ``on_headers``, ``on_bytes``, then ``finish`` or
+``fail``) and turn every network failure into an outcome, never an exception (a cancellation
+propagates; the client records it).
+
+- ``RawTransport`` (default): ``loadlab.clients.rawhttp``; a chunk is stamped and interpreted
+  inside ``data_received``, with no task wake-up per chunk. Lowest CPU per token and the
+  earliest timestamp.
+- ``AiohttpTransport``: aiohttp's session and ``iter_any``; a chunk is stamped when the reading
+  task resumes. The fallback for what the raw transport leaves out (proxies from the
+  environment, redirects).
+
+Example::
+
+    transport = make_transport("raw", url, headers, max_connections=64, timeout_s=120, read_timeout_s=30)
+    await transport.exchange(body_bytes, "req-1", state)
+    await transport.close()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+from aiohttp.payload import BytesPayload
+
+from loadlab.clients.rawhttp import RawPool, Target
+from loadlab.records import (
+    OUTCOME_CONNECT_ERROR,
+    OUTCOME_INCOMPLETE,
+    OUTCOME_PROTOCOL_ERROR,
+    OUTCOME_TIMEOUT,
+)
+
+if TYPE_CHECKING:
+    from loadlab.clients.openai import OpenAIStreamState
+
+__all__ = ["TRANSPORTS", "AiohttpTransport", "RawTransport", "Transport", "make_transport"]
+
+TRANSPORTS = ("raw", "aiohttp")
+_RAW_ERRORS = {
+    "connect": OUTCOME_CONNECT_ERROR,
+    "timeout": OUTCOME_TIMEOUT,
+    "incomplete": OUTCOME_INCOMPLETE,
+    "protocol": OUTCOME_PROTOCOL_ERROR,
+}
+
+
+class Transport(Protocol):
+    async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def _header_value(value: str) -> str:
+    return value.replace("\r", "").replace("\n", "")  # no header injection through an id
+
+
+class RawTransport:
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        max_connections: int,
+        timeout_s: float,
+        read_timeout_s: float,
+    ) -> None:
+        self.target = Target.from_url(url)
+        self._head = self.target.request_head(headers)
+        self._pool = RawPool(max_connections)
+        self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
+
+    async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None:
+        head = self._head + f"X-Request-Id: {_header_value(request_id)}\r\n".encode(
+            "latin-1", "replace"
+        )
+        res = await self._pool.request(
+            self.target,
+            head,
+            body,
+            state,
+            timeout_s=self.timeout_s,
+            read_timeout_s=self.read_timeout_s,
+        )
+        if res.sent_ns is not None:
+            state.on_sent(res.sent_ns)
+        if res.error is None:
+            state.finish(time.perf_counter_ns())
+        else:
+            state.fail(_RAW_ERRORS[res.error], res.message, time.perf_counter_ns())
+
+    async def close(self) -> None:
+        self._pool.close()
+
+
+class _StampedBody(BytesPayload):
+    """The request body; stamps ``perf_counter_ns`` as aiohttp starts writing it (it holds the
+    headers back and writes them with the body), i.e. right before the bytes go to the socket."""
+
+    sent_ns: int | None = None
+
+    async def write(self, writer: Any) -> None:
+        self.sent_ns = time.perf_counter_ns()
+        await super().write(writer)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        self.sent_ns = time.perf_counter_ns()
+        await super().write_with_length(writer, content_length)
+
+
+class AiohttpTransport:
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        max_connections: int,
+        timeout_s: float,
+        read_timeout_s: float,
+    ) -> None:
+        self.url = url
+        self._headers = dict(headers)
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+
+    async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None:
+        payload = _StampedBody(body, content_type="application/json")
+        headers = {**self._headers, "X-Request-Id": _header_value(request_id)}
+        clock = time.perf_counter_ns
+        try:
+            try:
+                async with self._session.post(self.url, data=payload, headers=headers) as resp:
+                    state.on_headers(resp.status, resp.headers, clock())
+                    async for data in resp.content.iter_any():
+                        if state.on_bytes(data, clock()):
+                            break
+                    state.finish(clock())
+            finally:
+                if payload.sent_ns is not None:
+                    state.on_sent(payload.sent_ns)
+        except TimeoutError:
+            t = self.timeout
+            state.fail(OUTCOME_TIMEOUT, f"no byte for {t.sock_read} s or past {t.total} s", clock())
+        except aiohttp.ClientPayloadError as exc:
+            state.fail(OUTCOME_INCOMPLETE, f"stream cut: {exc}", clock())
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            outcome = (
+                OUTCOME_CONNECT_ERROR if state.record.headers_ns is None else OUTCOME_INCOMPLETE
+            )
+            state.fail(outcome, f"{type(exc).__name__}: {exc}", clock())
+        except aiohttp.ClientError as exc:  # e.g. an unparseable HTTP response
+            state.fail(OUTCOME_PROTOCOL_ERROR, f"{type(exc).__name__}: {exc}", clock())
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+def make_transport(
+    kind: str,
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    max_connections: int,
+    timeout_s: float,
+    read_timeout_s: float,
+) -> Transport:
+    if kind == "raw":
+        return RawTransport(
+            url,
+            headers,
+            max_connections=max_connections,
+            timeout_s=timeout_s,
+            read_timeout_s=read_timeout_s,
+        )
+    if kind == "aiohttp":
+        return AiohttpTransport(
+            url,
+            headers,
+            max_connections=max_connections,
+            timeout_s=timeout_s,
+            read_timeout_s=read_timeout_s,
+        )
+    raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {kind!r}")

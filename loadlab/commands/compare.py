@@ -1,0 +1,94 @@
+"""``loadlab compare A.json B.json ...``: runs side by side, changes and their significance.
+
+The first file is the baseline. ``--fail-on-regression PCT`` makes it a CI gate: exit 1 when
+a metric is significantly worse than the baseline by more than PCT percent, 2 when a file
+cannot be read or a run's generator was saturated.
+
+Example::
+
+    loadlab compare reports/main.json reports/pr.json --labels main,pr --fail-on-regression 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "compare results files side by side (first = baseline); gate on significant regressions"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", metavar="RESULTS", help="two or more results files")
+    parser.add_argument(
+        "--labels", help="comma-separated names, one per file (default: file names)"
+    )
+    parser.add_argument(
+        "--slo", metavar="FILE", help="SLO file: adds goodput (requests meeting it, per s)"
+    )
+    parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
+    parser.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when a metric is significantly worse than the baseline by more than PCT %%",
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=0.05, help="family-wise error rate (default 0.05)"
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="bootstrap resamples (default 2000)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadlab.compare import compare
+    from loadlab.report.comparison import render_comparison, render_comparison_markdown
+    from loadlab.results import ResultsError, read_results
+    from loadlab.slo import SLOError, load_slo
+
+    if len(args.results) < 2:
+        print("loadlab compare: give at least two results files", file=sys.stderr)
+        return 2
+    labels = args.labels.split(",") if args.labels else [Path(p).stem for p in args.results]
+    if len(labels) != len(args.results):
+        print(
+            f"loadlab compare: --labels has {len(labels)} names for {len(args.results)} files",
+            file=sys.stderr,
+        )
+        return 2
+    pct = args.fail_on_regression
+    if pct is not None and pct < 0:
+        print("loadlab compare: --fail-on-regression must be >= 0 (a percentage)", file=sys.stderr)
+        return 2
+    try:
+        runs = [read_results(p) for p in args.results]
+        spec = load_slo(args.slo) if args.slo else None
+        cmp = compare(
+            runs, labels, slo=spec, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed
+        )
+    except (ResultsError, SLOError, ValueError) as exc:
+        print(f"loadlab compare: {exc}", file=sys.stderr)
+        return 2
+    print(render_comparison(cmp, pct), end="")
+    if args.markdown:
+        p = Path(args.markdown)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(render_comparison_markdown(cmp, pct), encoding="utf-8")
+        print(f"Markdown: {p}")
+    if args.html:
+        from loadlab.report.html import write_comparison_html
+
+        print(f"HTML: {write_comparison_html(cmp, runs, args.html, pct)}")
+    code = cmp.exit_code(pct)
+    if pct is not None:
+        print({0: "no regression", 1: "REGRESSION: exit 1", 2: "NOT VALID EVIDENCE: exit 2"}[code])
+    return code

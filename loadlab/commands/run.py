@@ -1,0 +1,334 @@
+"""``loadlab run``: run a load test and write a results file.
+
+    loadlab run                                   # the embedded reference server, a short chat load
+    loadlab run --endpoint http://127.0.0.1:8000 --model m --rate 4 --duration 60 \\
+        --prompt-tokens 512 --max-tokens 128 --out reports/r.json
+    loadlab run --scenario scenarios/chat.toml --rate 8      # flags override the scenario
+    loadlab run --endpoint a=http://h1:8000 --endpoint b=http://h2:8000 --concurrency 8 --requests 200
+
+Every flag maps to a ``RunConfig`` field; a flag that is not given leaves the scenario's value
+(argparse defaults are None so "given" is known).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.results import Results, write_results
+from loadlab.runner.monitor import saturation_warning
+from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
+
+__all__ = ["HELP", "add_arguments", "config_from_args", "run"]
+
+HELP = "run a load test and write a results file"
+
+# The README's first command: no endpoint, no scenario. Small enough to finish in about a
+# minute on 2 CPU cores against the embedded reference server, big enough to show percentiles.
+DEMO_DEFAULTS: dict[str, Any] = {
+    "concurrency": 4,
+    "duration_s": 40.0,
+    "requests": 48,
+    "warmup_s": 2.0,
+    "prompt_tokens": 64,
+    "max_tokens": 32,
+    "workload": {
+        "kind": "chat",
+        "turns": 3,
+        "think_time_s": 0.5,
+        "prompt_tokens": 64,
+        "output_tokens": 32,
+    },
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--endpoint", action="append", metavar="[NAME=]URL", help="server base URL (repeatable)")
+    a("--model", help="model name sent in each request")
+    a("--api", choices=["chat", "completions", "anthropic"], help="API flavour (default chat)")
+    a("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    a("--header", action="append", metavar="K:V", help="extra HTTP header (repeatable)")
+    a("--rate", type=float, metavar="RPS", help="open loop: requests per second")
+    a("--arrival", choices=["poisson", "constant", "gamma"], help="open-loop arrival process")
+    a("--cv", type=float, help="gamma arrivals: coefficient of variation (burstiness)")
+    a("--max-in-flight", type=int, metavar="N", help="open loop: cap; over it requests drop")
+    a("--concurrency", type=int, metavar="C", help="closed loop: concurrent streams")
+    a("--duration", type=float, metavar="S", help="stop sending after S seconds")
+    a("--requests", type=int, metavar="N", help="stop after N requests")
+    a("--warmup", type=float, metavar="S", help="seconds excluded at the start of the window")
+    a("--cooldown", type=float, metavar="S", help="seconds excluded at the end of the window")
+    a("--prompt-tokens", type=int, metavar="P", help="prompt length in tokens")
+    a("--max-tokens", type=int, metavar="M", help="output tokens asked per request")
+    a("--extra-body", metavar="JSON", help="extra request fields, e.g. '{\"ignore_eos\": true}'")
+    a("--no-stream", action="store_true", default=None, help="non-streaming requests")
+    a("--seed", type=int, help="seed of the workload and arrivals")
+    a("--workers", type=int, metavar="N", help="spread the load over N processes")
+    a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
+    a("--read-timeout", type=float, metavar="S", help="longest silence inside a stream")
+    a("--out", metavar="FILE", help="results file (default reports/run-<UTC time>.json)")
+    a("--scenario", metavar="FILE", help="TOML scenario file (flags override it)")
+    a("--slo", metavar="FILE", help="SLO file: the exit code follows the verdict")
+    a("--scrape", metavar="URL", help="Prometheus /metrics URL sampled during the run")
+    a("--scrape-interval", type=float, metavar="S", help="scrape period in seconds")
+    a("--interleave", action="store_true", default=None, help="several endpoints at once")
+    a("--saturation-lag-ms", type=float, help="generator-saturation threshold (loop lag p99)")
+    a("--no-progress", action="store_true", default=None, help="no live progress line")
+
+
+# flag attribute -> RunConfig field (for the flags that map one to one)
+_FIELDS = {
+    "rate": "rate_rps",
+    "arrival": "arrival",
+    "cv": "cv",
+    "max_in_flight": "max_in_flight",
+    "concurrency": "concurrency",
+    "duration": "duration_s",
+    "requests": "requests",
+    "warmup": "warmup_s",
+    "cooldown": "cooldown_s",
+    "prompt_tokens": "prompt_tokens",
+    "max_tokens": "max_tokens",
+    "seed": "seed",
+    "workers": "workers",
+    "timeout": "timeout_s",
+    "read_timeout": "read_timeout_s",
+    "out": "out",
+    "slo": "slo",
+    "scrape": "scrape",
+    "scrape_interval": "scrape_interval_s",
+    "interleave": "interleave",
+    "saturation_lag_ms": "saturation_lag_ms",
+}
+
+
+def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> list[EndpointConfig]:
+    eps = list(base)
+    if args.endpoint:
+        eps = []
+        for i, text in enumerate(args.endpoint):
+            name, sep, url = text.partition("=")
+            if not sep or name.startswith(("http://", "https://")):
+                name, url = ("default" if len(args.endpoint) == 1 else f"ep{i}"), text
+            eps.append(EndpointConfig(url=url, name=name))
+    headers: dict[str, str] = {}
+    for h in args.header or []:
+        key, sep, value = h.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"--header must look like Name:value, got {h!r}")
+        headers[key.strip()] = value.strip()
+    changes: dict[str, Any] = {
+        k: v
+        for k, v in {"model": args.model, "api": args.api, "api_key_env": args.api_key_env}.items()
+        if v is not None
+    }
+    out = []
+    for ep in eps:
+        d = {**vars(ep), **changes}
+        if headers:
+            d["headers"] = {**ep.headers, **headers}
+        out.append(EndpointConfig(**d))
+    if len({ep.name for ep in out}) != len(out):
+        raise ValueError("endpoint names must differ: use --endpoint NAME=URL for each")
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The scenario file (if any), then every flag that was given; demo defaults without both."""
+    given = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
+    if "rate_rps" in given and "concurrency" in given:
+        raise ValueError("give either --rate (open loop) or --concurrency (closed loop), not both")
+    fields: dict[str, Any] = {}
+    base_endpoints: tuple[EndpointConfig, ...] = ()
+    if args.scenario:
+        from loadlab.workloads.scenario import load_scenario
+
+        base = load_scenario(args.scenario, overrides=given)  # flags win, checked together
+        fields = {k: getattr(base, k) for k in base.to_dict()}
+        base_endpoints = base.endpoints
+    if "rate_rps" in given:
+        fields["concurrency"] = None
+    if "concurrency" in given:
+        fields["rate_rps"] = None
+    fields.update(given)
+    if args.extra_body is not None:
+        try:
+            extra = json.loads(args.extra_body)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+        if not isinstance(extra, dict):
+            raise ValueError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+        fields["extra_body"] = extra
+    if args.no_stream:
+        fields["stream"] = False
+    if args.no_progress:
+        fields["progress"] = False
+    fields["endpoints"] = tuple(_endpoints(args, base_endpoints))
+    if not fields["endpoints"] and not args.scenario:
+        demo = dict(DEMO_DEFAULTS)
+        if "rate_rps" in given:
+            demo.pop("concurrency")
+        if "duration_s" in given or "requests" in given:  # the user's stop rule alone
+            demo.pop("duration_s")
+            demo.pop("requests")
+        for key, value in demo.items():
+            fields.setdefault(key, value)
+    return RunConfig(**fields)
+
+
+def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
+    """One results file per endpoint: the --out name, or reports/run-<UTC time>.json."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = Path(cfg.out) if cfg.out else Path("reports") / f"run-{stamp}.json"
+    if len(names) == 1:
+        return [base]
+    return [base.with_name(f"{base.stem}-{n}{base.suffix or '.json'}") for n in names]
+
+
+@contextlib.contextmanager
+def _embedded_server() -> Iterator[str]:
+    try:
+        from reference_server.launch import start_server
+    except ImportError as exc:
+        raise SystemExit(
+            "loadlab run: no --endpoint given and the embedded reference server is not "
+            f"available ({exc}). Give --endpoint URL, or install it: pip install -e '.[server]'"
+        ) from exc
+    print("loadlab run: starting the embedded reference server (CPU preset) ...", file=sys.stderr)
+    try:
+        server_cm = start_server(mode="continuous", preset="cpu", port=None)
+        server = server_cm.__enter__()
+    except RuntimeError as exc:
+        raise SystemExit(
+            f"loadlab run: the embedded reference server did not start ({exc}). "
+            "Give --endpoint URL to test another server."
+        ) from exc
+    try:
+        yield str(server.url)
+    finally:
+        server_cm.__exit__(None, None, None)
+
+
+def summary_text(results: Results) -> str:
+    from loadlab.report.text import render_summary
+
+    return render_summary(results)
+
+
+def warn(text: str) -> None:
+    """A loud line on stderr, red on a terminal."""
+    if sys.stderr.isatty():
+        text = f"\033[1;31m{text}\033[0m"
+    print(text, file=sys.stderr)
+
+
+def _check(cfg: RunConfig) -> None:
+    """Bad workload, SLO or scenario input fails here, before any server is started."""
+    from loadlab.workloads import validate_workload
+
+    validate_workload(cfg)
+    if cfg.scrape:
+        import importlib.util
+
+        if importlib.util.find_spec("loadlab.scrape") is None:
+            raise ValueError("--scrape needs loadlab.scrape, which this build does not have")
+    if cfg.slo:
+        from loadlab.slo import load_slo
+
+        load_slo(cfg.slo)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+        _check(cfg)
+    except ValueError as exc:
+        print(f"loadlab run: {exc}", file=sys.stderr)
+        return 2
+    if not cfg.endpoints:
+        with _embedded_server() as url:
+            return _run(cfg.replace(endpoints=(EndpointConfig(url=url, name="reference"),)))
+    return _run(cfg)
+
+
+def _run(cfg: RunConfig) -> int:
+    if cfg.interleave and cfg.workers > 1:
+        print("loadlab run: --interleave runs in one process; drop --workers", file=sys.stderr)
+        return 2
+    from loadlab.workloads import build_requests as build
+
+    names = [ep.name for ep in cfg.endpoints]
+    paths = out_paths(cfg, names)
+    if cfg.interleave and len(cfg.endpoints) > 1:
+        all_results = _interleaved(cfg, build)
+    else:
+        all_results = []
+        for ep in cfg.endpoints:
+            if len(cfg.endpoints) > 1:
+                print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
+            all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
+            if all_results[-1].extra.get("interrupted"):
+                break
+    code = 0
+    for results, path in zip(all_results, paths, strict=False):
+        write_results(results, path)
+        print(summary_text(results))
+        line = saturation_warning(results.generator)
+        if line:
+            warn(line)
+        print(f"results: {path}")
+        code = max(code, _slo_exit(cfg, results))
+    if len(all_results) > 1:
+        print(_comparison(all_results, names))
+    if any(r.extra.get("interrupted") for r in all_results):
+        warn("loadlab run: interrupted; the results so far were written")
+        return 130
+    return code
+
+
+def _comparison(all_results: list[Results], names: list[str]) -> str:
+    """Side by side against the first endpoint (``loadlab.compare``), when it is installed."""
+    try:
+        from loadlab.compare import compare  # type: ignore[import-not-found,unused-ignore]
+        from loadlab.report.comparison import (  # type: ignore[import-not-found,unused-ignore]
+            render_comparison,
+        )
+    except ImportError:
+        return "compare the files with: loadlab compare " + " ".join(names)
+    return str(render_comparison(compare(all_results, names[: len(all_results)])))
+
+
+def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:
+    """All endpoints at once, each with the same seeded requests on the same schedule."""
+    import asyncio
+
+    from loadlab.runner.runner import run_async
+
+    async def both() -> list[Results]:
+        t0 = time.perf_counter_ns() + 50_000_000
+        runs = [
+            run_endpoint(cfg, ep, build(cfg), t0_ns=t0, progress=False, scrape=i == 0)
+            for i, ep in enumerate(cfg.endpoints)
+        ]
+        return list(await asyncio.gather(*runs))
+
+    return run_async(both())
+
+
+def _slo_exit(cfg: RunConfig, results: Results) -> int:
+    if not cfg.slo:
+        return 0
+    from loadlab.report.text import render_verdict
+    from loadlab.slo import evaluate, load_slo
+
+    verdict = evaluate(results, load_slo(cfg.slo))
+    print(render_verdict(verdict))
+    return int(verdict.exit_code)

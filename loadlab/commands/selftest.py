@@ -1,0 +1,100 @@
+"""``loadlab selftest``: measure this generator's own timing error against a fixed-schedule
+server whose chunk write times are the truth (see ``loadlab.selftest`` for the definitions).
+
+    loadlab selftest                       # rising load: 1, 16, 64, 128, 256 streams
+    loadlab selftest --preset issue64      # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
+    loadlab selftest --preset issue256 --workers 2
+    loadlab selftest --levels 1,32 --ttft-ms 20 --itl-ms 5 --tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from loadlab.results import write_results
+from loadlab.selftest import PRESETS, SelftestConfig, render_levels, run_selftest
+
+__all__ = ["HELP", "add_arguments", "config_from_args", "run"]
+
+HELP = "measure this generator's own timing error"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="default",
+        help="a named load (default: default)",
+    )
+    a("--levels", metavar="C,C,...", help="concurrent streams per level, e.g. 1,16,64")
+    a("--requests-per-stream", type=int, metavar="N", help="requests per level = streams x N")
+    a("--ttft-ms", type=float, help="the server's time to first token")
+    a("--itl-ms", type=float, help="the server's gap between tokens")
+    a("--tokens", type=int, help="output tokens per request")
+    a("--workers", type=int, help="loadlab processes (the server runs in one more)")
+    a("--ttft-tol-ms", type=float, help="tolerance on the TTFT error p99")
+    a("--itl-tol-ms", type=float, help="tolerance on the ITL p99 error")
+    a("--out", metavar="FILE", help="results file (default reports/selftest-<UTC time>.json)")
+
+
+def config_from_args(args: argparse.Namespace) -> SelftestConfig:
+    base = PRESETS[args.preset]
+    changes: dict[str, object] = {}
+    if args.levels:
+        try:
+            changes["levels"] = tuple(int(x) for x in args.levels.split(",") if x.strip())
+        except ValueError as exc:
+            raise ValueError(
+                f"--levels must be comma-separated integers, got {args.levels!r}"
+            ) from exc
+    for flag, name in (
+        ("requests_per_stream", "requests_per_stream"),
+        ("ttft_ms", "ttft_ms"),
+        ("itl_ms", "itl_ms"),
+        ("tokens", "tokens"),
+        ("workers", "workers"),
+        ("ttft_tol_ms", "ttft_tol_ms"),
+        ("itl_tol_ms", "itl_tol_ms"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            changes[name] = value
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        sc = config_from_args(args)
+    except ValueError as exc:
+        print(f"loadlab selftest: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"loadlab selftest ({args.preset}): server TTFT {sc.ttft_ms:g} ms, ITL {sc.itl_ms:g} ms, "
+        f"{sc.tokens} tokens; loadlab workers {sc.workers}",
+        file=sys.stderr,
+    )
+    results = run_selftest(sc, say=lambda s: print(s, file=sys.stderr))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(args.out) if args.out else Path("reports") / f"selftest-{stamp}.json"
+    write_results(results, path)
+    levels = results.extra["levels"]
+    print(render_levels(levels))
+    best = results.extra["highest_within_tolerance"]
+    tol = f"TTFT err p99 <= {sc.ttft_tol_ms:g} ms, tok/s within {100 * sc.tps_tol:g}%"
+    if sc.itl_tol_ms is not None:
+        tol += f", ITL p99 err <= {sc.itl_tol_ms:g} ms"
+    if sc.min_server_tps is not None:
+        tol += f", server >= {sc.min_server_tps:,.0f} tok/s"
+    print(f"tolerance: {tol}")
+    print(f"highest load within tolerance: {f'{best} streams' if best else 'none'}")
+    print(f"results: {path}")
+    if any(lv["saturated"] for lv in levels):
+        from loadlab.commands.run import warn
+
+        warn("GENERATOR SATURATED at some level: see the lag column; try --workers 2")
+    return 0 if levels[0]["within_tolerance"] else 1

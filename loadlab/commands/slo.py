@@ -1,0 +1,77 @@
+"""``loadlab slo RESULTS --slo slo.toml``: the CI gate.
+
+Prints the verdict table and exits 0 (all objectives pass), 1 (any fails; inconclusive ones
+too under ``--inconclusive fail``, the default) or 2 (the run is not valid evidence: the
+generator was saturated, too few requests, or the results or SLO file cannot be read).
+
+Example::
+
+    loadlab slo reports/run.json --slo examples/slo.toml --junit reports/slo.xml \\
+        --markdown reports/slo.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "judge a results file against an SLO file (CI gate): exit 0 pass, 1 fail, 2 invalid"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS", help="results file written by loadlab run")
+    parser.add_argument("--slo", required=True, metavar="FILE", help="SLO file (TOML)")
+    parser.add_argument(
+        "--junit", metavar="FILE", help="also write JUnit XML (one case per objective)"
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write a Markdown summary (CI job summary, PR comment)",
+    )
+    parser.add_argument(
+        "--inconclusive",
+        choices=("fail", "pass"),
+        default="fail",
+        help="whether an objective whose interval straddles its threshold fails the gate (default: fail)",
+    )
+
+
+def _write_outputs(args: argparse.Namespace, verdict: object, results: object) -> None:
+    from loadlab.report.junit import write_junit
+    from loadlab.report.markdown import render_verdict_markdown
+
+    if args.junit:
+        print(f"JUnit XML: {write_junit(verdict, args.junit)}")  # type: ignore[arg-type]
+    if args.markdown:
+        p = Path(args.markdown)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(render_verdict_markdown(verdict, results), encoding="utf-8")  # type: ignore[arg-type]
+        print(f"Markdown: {p}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadlab.report.text import render_summary, render_verdict
+    from loadlab.results import ResultsError, read_results
+    from loadlab.slo import SLOError, Verdict, evaluate, load_slo
+
+    try:
+        spec = load_slo(args.slo)
+    except SLOError as exc:
+        print(f"loadlab slo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        results = read_results(args.results)
+    except ResultsError as exc:
+        verdict = Verdict.unreadable(str(exc))
+        print(render_verdict(verdict), end="")
+        _write_outputs(args, verdict, None)
+        return verdict.exit_code
+    verdict = evaluate(results, spec, inconclusive=args.inconclusive)
+    print(render_summary(results))
+    print(render_verdict(verdict), end="")
+    _write_outputs(args, verdict, results)
+    return verdict.exit_code

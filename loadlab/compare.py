@@ -1,0 +1,414 @@
+"""Runs side by side: each metric's change against the first run, and whether it is real.
+
+Latency percentiles get a bootstrap confidence interval of the relative change (Efron &
+Tibshirani, "An Introduction to the Bootstrap", 1993, ch. 13, percentile method), resampling
+whole requests (ITL gaps of one stream move together: a cluster bootstrap). Output tokens/s
+resamples per-second bins; error rate and goodput use Fisher's exact test on the counts.
+Intervals are Bonferroni-adjusted over the rows, so the chance that *any* row of a comparison
+of two identical setups is called significant stays under ``alpha``.
+
+A row is a regression when the change is significant, in the worse direction, and larger than
+``--fail-on-regression PCT`` percent.
+
+Example::
+
+    cmp = compare([read_results("a.json"), read_results("b.json")], ["main", "pr"])
+    print(render_comparison(cmp))
+    sys.exit(cmp.exit_code(fail_on_regression_pct=10))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy import stats
+
+from loadlab import metrics
+from loadlab.records import RequestRecord
+
+if TYPE_CHECKING:
+    from loadlab.results import Results
+    from loadlab.slo import SLOSpec
+
+__all__ = ["Comparison", "MetricChange", "compare"]
+
+# (metric, percentile) rows, in display order. Latency: higher is worse.
+LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+PERCENTILES = (50.0, 99.0)
+_MAX_CELLS = 4_000_000  # bootstrap work matrix size per chunk (memory bound)
+# The bootstrap of an extreme quantile is unreliable when few samples lie beyond it (for the
+# maximum it is inconsistent: Bickel & Freedman, Ann. Statist. 9(6), 1981). Below this many
+# samples on either side of the quantile a row is shown but not tested.
+MIN_TAIL_SAMPLES = 10
+
+
+@dataclass(frozen=True)
+class MetricChange:
+    """One metric across runs; index 0 is the baseline (its change fields are ``None``)."""
+
+    metric: str  # "ttft_ms.p50", "output_tokens_per_s", "error_rate", "goodput_rps"
+    values: tuple[float | None, ...]
+    higher_is_worse: bool
+    change_pct: tuple[float | None, ...]
+    ci_pct: tuple[tuple[float, float] | None, ...]
+    p_value: tuple[float | None, ...]
+    significant: tuple[bool, ...]
+    n: tuple[int, ...] = ()
+    note: str = ""
+
+    def worse(self, i: int) -> bool:
+        c = self.change_pct[i]
+        return c is not None and (c > 0 if self.higher_is_worse else c < 0)
+
+    def regression(self, i: int, pct: float) -> bool:
+        """Significantly worse than the baseline by more than ``pct`` percent."""
+        c = self.change_pct[i]
+        return bool(self.significant[i] and self.worse(i) and c is not None and abs(c) > pct)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    labels: tuple[str, ...]
+    rows: tuple[MetricChange, ...]
+    alpha: float = 0.05
+    warnings: tuple[str, ...] = ()
+
+    def regressions(self, pct: float) -> list[tuple[MetricChange, int]]:
+        return [
+            (r, i) for r in self.rows for i in range(1, len(self.labels)) if r.regression(i, pct)
+        ]
+
+    def valid(self) -> bool:
+        return not self.warnings
+
+    def exit_code(self, fail_on_regression_pct: float | None = None) -> int:
+        """0 fine; 1 a significant regression over the percentage; 2 a gate on invalid runs."""
+        if fail_on_regression_pct is None:
+            return 0
+        if not self.valid():
+            return 2
+        return 1 if self.regressions(fail_on_regression_pct) else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "labels": list(self.labels),
+            "alpha": self.alpha,
+            "warnings": list(self.warnings),
+            "rows": [
+                {
+                    "metric": r.metric,
+                    "values": list(r.values),
+                    "change_pct": list(r.change_pct),
+                    "ci_pct": [list(c) if c else None for c in r.ci_pct],
+                    "p_value": list(r.p_value),
+                    "significant": list(r.significant),
+                    "higher_is_worse": r.higher_is_worse,
+                    "note": r.note,
+                }
+                for r in self.rows
+            ],
+        }
+
+
+# ---------------------------------------------------------------- bootstrap
+
+
+def _boot_weights(k: int, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` rows of cluster multiplicities, each ``Multinomial(k, 1/k)``: [m, k] int32."""
+    idx = rng.integers(0, k, size=(m, k)) + (np.arange(m) * k)[:, None]
+    return np.bincount(idx.ravel(), minlength=m * k).reshape(m, k).astype(np.int32)
+
+
+class _Resampler:
+    """The bootstrap weights of one run's requests, shared by all its latency rows (the same
+    resamples for every metric; cached while small, regenerated from the seed otherwise)."""
+
+    def __init__(self, k: int, n_boot: int, seed: Sequence[int]) -> None:
+        self.k, self.n_boot, self.seed = k, n_boot, list(seed)
+        self.chunk = max(1, _MAX_CELLS // max(k, 1))
+        self._cache: dict[int, np.ndarray] = {}
+        self._cacheable = n_boot * k <= 5 * _MAX_CELLS
+
+    def weights(self, start: int) -> np.ndarray:
+        if start in self._cache:
+            return self._cache[start]
+        m = min(self.chunk, self.n_boot - start)
+        w = _boot_weights(self.k, m, np.random.default_rng([*self.seed, start]))
+        if self._cacheable:
+            self._cache[start] = w
+        return w
+
+
+def _boot_quantile(
+    values: np.ndarray, cluster: np.ndarray, q: float, res: _Resampler
+) -> np.ndarray:
+    """``n_boot`` bootstrap replicates of the q-quantile, resampling clusters (requests).
+
+    Each replicate draws cluster multiplicities ``w`` and reads the weighted quantile off the
+    sorted values. Only a window of ranks around the point estimate is scanned (it holds the
+    replicate quantile unless the data are wildly skewed; rows outside it are redone in full).
+    """
+    order = np.argsort(values, kind="stable")
+    v, c = values[order], cluster[order]
+    n, k = v.size, res.k
+    sizes = np.bincount(c, minlength=k)
+    r0 = int(q * n)
+    below = np.bincount(c[:r0], minlength=k)
+    sd = float(np.sqrt(np.sum((below - q * sizes) ** 2)))  # sd of the replicate's rank
+    half = max(64, int(12 * sd) + 1)
+    lo, hi = max(0, r0 - half), min(n, r0 + half)
+    below_lo = np.bincount(c[:lo], minlength=k)
+    out = np.empty(res.n_boot)
+    for start in range(0, res.n_boot, res.chunk):
+        w = res.weights(start)
+        m = w.shape[0]
+        target = q * (w @ sizes)  # [m]
+        cum = (w @ below_lo)[:, None] + np.cumsum(w[:, c[lo:hi]], axis=1, dtype=np.int64)
+        idx = lo + (cum < target[:, None]).sum(axis=1)
+        outside = (cum[:, 0] >= target) & (lo > 0) | (cum[:, -1] < target) & (hi < n)
+        for row in np.flatnonzero(outside):  # rare: scan the whole row
+            full = np.cumsum(w[row, c], dtype=np.int64)
+            idx[row] = int((full < target[row]).sum())
+        out[start : start + m] = v[np.minimum(idx, n - 1)]
+    return out
+
+
+def _change(
+    boot_a: np.ndarray, boot_b: np.ndarray, alpha: float
+) -> tuple[tuple[float, float], float]:
+    """Percentile-method interval of the relative change (%), and a two-sided p-value."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = (boot_b / boot_a - 1.0) * 100.0
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return (float("nan"), float("nan")), 1.0
+    lo, hi = np.quantile(d, [alpha / 2, 1 - alpha / 2])
+    p = 2 * min(float(np.mean(d <= 0)), float(np.mean(d >= 0)))
+    return (float(lo), float(hi)), min(1.0, max(p, 1.0 / d.size))
+
+
+def _latency_samples(lat: Sequence[RequestRecord], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Values and the request (cluster) index of each, for the latency population ``lat``."""
+    vals: list[float] = []
+    clus: list[int] = []
+    fn: Callable[[RequestRecord], float | None] | None = metrics.PER_REQUEST_METRICS.get(metric)
+    for i, rec in enumerate(lat):
+        if fn is None:  # itl_ms: every gap, clustered by its stream
+            gaps = metrics.itl_ms(rec)
+            vals.extend(gaps)
+            clus.extend([i] * len(gaps))
+        else:
+            v = fn(rec)
+            if v is not None:
+                vals.append(v)
+                clus.append(i)
+    return np.asarray(vals, dtype=float), np.asarray(clus, dtype=np.int64)
+
+
+def _per_second_bins(r: Results) -> np.ndarray:
+    """Output tokens/s of each whole second inside the measurement window."""
+    lo, hi = r.measurement_window_ns()
+    tp = metrics.throughput(r.records, (lo, hi))
+    series = tp["output_tokens_per_s_series"]
+    first, last = -(-lo // 1_000_000_000), hi // 1_000_000_000  # whole bins only
+    return np.asarray(series[first:last], dtype=float)
+
+
+# ---------------------------------------------------------------- rows
+
+
+def _no_test(cis: list[Any], ps: list[Any], sig: list[bool]) -> None:
+    cis.append(None)
+    ps.append(None)
+    sig.append(False)
+
+
+def _pct_change(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return None
+    if a == 0:
+        return 0.0 if b == 0 else float("inf") * (1 if b > 0 else -1)
+    return (b / a - 1.0) * 100.0
+
+
+def _latency_row(
+    lats: Sequence[Sequence[RequestRecord]],
+    resamplers: Sequence[_Resampler],
+    metric: str,
+    q: float,
+    alpha: float,
+) -> MetricChange:
+    samples = [_latency_samples(lat, metric) for lat in lats]
+    values = [float(np.percentile(v, q)) if v.size else None for v, _ in samples]
+    tail = min(q, 100 - q) / 100
+    boots = [
+        _boot_quantile(v, c, q / 100, res) if v.size * tail >= MIN_TAIL_SAMPLES else None
+        for (v, c), res in zip(samples, resamplers, strict=True)
+    ]
+    note = ""
+    if any(b is None for b in boots):
+        need = int(np.ceil(MIN_TAIL_SAMPLES / tail))
+        note = f"not tested: a p{q:g} needs >= {need} samples in each run"
+    runs = lats
+    changes: list[float | None] = [None]
+    cis: list[tuple[float, float] | None] = [None]
+    ps: list[float | None] = [None]
+    sig = [False]
+    for i in range(1, len(runs)):
+        changes.append(_pct_change(values[0], values[i]))
+        b0, bi = boots[0], boots[i]
+        if b0 is None or bi is None:
+            _no_test(cis, ps, sig)
+            continue
+        ci, p = _change(b0, bi, alpha)
+        cis.append(ci)
+        ps.append(p)
+        sig.append(bool(ci[0] > 0 or ci[1] < 0))
+    return MetricChange(
+        metric=f"{metric}.p{q:g}",
+        values=tuple(values),
+        higher_is_worse=True,
+        change_pct=tuple(changes),
+        ci_pct=tuple(cis),
+        p_value=tuple(ps),
+        significant=tuple(sig),
+        n=tuple(int(v.size) for v, _ in samples),
+        note=note,
+    )
+
+
+def _throughput_row(runs: Sequence[Results], alpha: float, n_boot: int, seed: int) -> MetricChange:
+    values = [
+        float(metrics.throughput(r.records, r.measurement_window_ns())["output_tokens_per_s"])
+        for r in runs
+    ]
+    bins = [_per_second_bins(r) for r in runs]
+    changes: list[float | None] = [None]
+    cis: list[tuple[float, float] | None] = [None]
+    ps: list[float | None] = [None]
+    sig = [False]
+    note = ""
+    for i in range(1, len(runs)):
+        changes.append(_pct_change(values[0], values[i]))
+        if bins[0].size < 5 or bins[i].size < 5:
+            note = "fewer than 5 whole seconds in a window: no significance test"
+            _no_test(cis, ps, sig)
+            continue
+        rngs = [np.random.default_rng([seed, 99, j]) for j in (0, i)]
+        means = [
+            rng.choice(b, size=(n_boot, b.size), replace=True).mean(axis=1)
+            for rng, b in zip(rngs, (bins[0], bins[i]), strict=True)
+        ]
+        ci, p = _change(means[0], means[1], alpha)
+        cis.append(ci)
+        ps.append(p)
+        sig.append(bool(ci[0] > 0 or ci[1] < 0))
+    return MetricChange(
+        metric="output_tokens_per_s",
+        values=tuple(values),
+        higher_is_worse=False,
+        change_pct=tuple(changes),
+        ci_pct=tuple(cis),
+        p_value=tuple(ps),
+        significant=tuple(sig),
+        n=tuple(int(b.size) for b in bins),
+        note=note,
+    )
+
+
+def _count_row(
+    metric: str,
+    values: Sequence[float],
+    hits: Sequence[int],
+    totals: Sequence[int],
+    higher_is_worse: bool,
+    alpha: float,
+) -> MetricChange:
+    """A rate compared by Fisher's exact test on (hits, misses) against the baseline."""
+    changes: list[float | None] = [None]
+    ps: list[float | None] = [None]
+    sig = [False]
+    for i in range(1, len(values)):
+        changes.append(_pct_change(values[0], values[i]))
+        table = [[hits[0], totals[0] - hits[0]], [hits[i], totals[i] - hits[i]]]
+        p = float(stats.fisher_exact(table).pvalue) if totals[0] and totals[i] else 1.0
+        ps.append(p)
+        sig.append(p < alpha)
+    return MetricChange(
+        metric=metric,
+        values=tuple(values),
+        higher_is_worse=higher_is_worse,
+        change_pct=tuple(changes),
+        ci_pct=tuple([None] * len(values)),
+        p_value=tuple(ps),
+        significant=tuple(sig),
+        n=tuple(totals),
+        note="Fisher's exact test on the counts",
+    )
+
+
+def compare(
+    results_list: Sequence[Results],
+    labels: Sequence[str],
+    *,
+    slo: SLOSpec | None = None,
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> Comparison:
+    """Compare runs against the first one (see the module docstring for the tests used)."""
+    if len(results_list) < 2:
+        raise ValueError("compare needs at least two results files")
+    if len(labels) != len(results_list):
+        raise ValueError(f"got {len(labels)} labels for {len(results_list)} results files")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
+    m = len(LATENCY) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
+    a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
+    lats = [metrics.latency_records(r.records, r.measurement_window_ns()) for r in results_list]
+    resamplers = [_Resampler(len(lat), n_boot, (seed, i)) for i, lat in enumerate(lats)]
+    rows = [_latency_row(lats, resamplers, k, q, a) for k in LATENCY for q in PERCENTILES]
+    rows.append(_throughput_row(results_list, a, n_boot, seed))
+    counts = [metrics.count_outcomes(r.records, r.scheduled_count) for r in results_list]
+    rows.append(
+        _count_row(
+            "error_rate",
+            [c["error_rate"] for c in counts],
+            [c["failed"] for c in counts],
+            [c["sent"] for c in counts],
+            True,
+            a,
+        )
+    )
+    if slo is not None:
+        from loadlab.slo.verdict import good_in_window
+
+        good = [good_in_window(r, slo) for r in results_list]
+        spans = [
+            max(r.measurement_window_ns()[1] - r.measurement_window_ns()[0], 1) / 1e9
+            for r in results_list
+        ]
+        rows.append(
+            _count_row(
+                "goodput_rps",
+                [g / s for g, s in zip(good, spans, strict=True)],
+                good,
+                [c["sent"] for c in counts],
+                False,
+                a,
+            )
+        )
+    warnings = tuple(
+        f"{label}: the load generator was saturated; its latencies are not trustworthy"
+        for label, r in zip(labels, results_list, strict=True)
+        if r.saturated
+    )
+    return Comparison(
+        labels=tuple(labels),
+        rows=tuple(rows),
+        alpha=alpha,
+        warnings=warnings,
+    )

@@ -1,0 +1,186 @@
+"""The HTML report: one self-contained file (jinja2, autoescape on, plots as data URIs).
+
+Every string that comes from a results file (config, errors, labels, environment) is escaped
+for HTML and, beyond that, ``{``/``}`` and U+2028/U+2029 are written as character
+references, so no client-side template or script parser could ever read them as code. The page
+carries no scripts and a Content-Security-Policy that forbids them.
+
+Example::
+
+    write_html(read_results("reports/run.json"), "reports/run.html", verdict=verdict)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from markupsafe import Markup, escape
+
+from loadlab import __version__, metrics
+from loadlab.report import plots
+from loadlab.report.comparison import change_cell, footer_lines
+from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows
+from loadlab.scrape import server_series
+
+if TYPE_CHECKING:
+    from loadlab.compare import Comparison
+    from loadlab.results import Results
+    from loadlab.slo import ObjectiveResult, Verdict
+
+__all__ = [
+    "escape_text",
+    "render_comparison_html",
+    "render_html",
+    "write_comparison_html",
+    "write_html",
+]
+
+_EXTRA = {"{": "&#123;", "}": "&#125;", "\u2028": "&#8232;", "\u2029": "&#8233;"}
+
+
+def escape_text(value: Any) -> Markup:
+    """HTML-escape, plus braces and the JavaScript line separators as character references."""
+    out = str(escape(str(value)))
+    for ch, ref in _EXTRA.items():
+        out = out.replace(ch, ref)
+    return Markup(out)  # noqa: S704 - built only from escaped text
+
+
+def _finalize(value: Any) -> Any:
+    """Applied to every ``{{ }}`` output before autoescaping: escape it our stricter way."""
+    if isinstance(value, Markup):
+        return value
+    if value is None:
+        return ""
+    return escape_text(value)
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=True,  # every template, whatever its extension
+        finalize=_finalize,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _ci(r: ObjectiveResult) -> str:
+    if r.ci_low is None and r.ci_high is None and r.status != "inconclusive":
+        return "–"
+    lo = "−∞" if r.ci_low is None else fmt_num(r.ci_low, 2)
+    hi = "∞" if r.ci_high is None else fmt_num(r.ci_high, 2)
+    return f"{lo} – {hi}"
+
+
+def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested config as (dotted key, JSON value) rows."""
+    if isinstance(data, Mapping) and data:
+        rows = []
+        for k, v in data.items():
+            rows += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return rows
+    text = data if isinstance(data, str) else json.dumps(data, default=str, ensure_ascii=False)
+    return [(prefix or "(value)", text)]
+
+
+def _errors(results: Results, limit: int = 20) -> list[tuple[str, int]]:
+    c = Counter(f"{r.outcome}: {r.error}" for r in results.records if r.failed and r.error)
+    return c.most_common(limit)
+
+
+def _globals() -> dict[str, Any]:
+    return {"num": fmt_num, "ci": _ci, "version": __version__}
+
+
+def render_html(results: Results, verdict: Verdict | None = None, source: str = "") -> str:
+    """The whole report page as a string."""
+    s = metrics.summarize(results)
+    c = s["counts"]
+    lo, hi = s["window_ns"]
+    series = server_series(results.server_samples)
+    gen = {k: v for k, v in results.generator.items() if k not in ("samples", "parts")}
+    ctx = {
+        "source": source,
+        "started_at": results.started_at,
+        "kind": results.kind,
+        "workers": results.workers,
+        "window": f"{(hi - lo) / 1e9:.2f} s",
+        "saturated": results.saturated,
+        "lag": fmt_num(results.generator.get("loop_lag_ms_max")),
+        "pct_keys": PCT_KEYS,
+        "latency": latency_rows(results, s),
+        "counts": c,
+        "failed_text": f"{c['failed']:,} of {c['sent']:,}" if c["failed"] else "0",
+        "tp": s["throughput"],
+        "longest_stall": s["max_gap_ms"].get("max"),
+        "stalls": s["stalls_per_stream_mean"],
+        "errors": _errors(results),
+        "verdict": verdict,
+        "pct": f"{verdict.confidence * 100:g} %" if verdict else "",
+        "plots": {
+            "cdfs": plots.latency_cdfs(results),
+            "throughput": plots.throughput_inflight(results),
+            "server": plots.server_side(results),
+            "prompt": plots.ttft_vs_prompt(results),
+            "timeline": plots.timeline(results),
+        },
+        "server_sources": [(k, v[2]) for k, v in series.items()],
+        "config": _flatten(results.config),
+        "environment": _flatten(results.environment),
+        "generator": _flatten(gen) if gen else [],
+    }
+    return _env().get_template("report.html.j2").render(**ctx, **_globals())
+
+
+def _write(text: str, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def write_html(
+    results: Results, path: str | Path, verdict: Verdict | None = None, source: str = ""
+) -> Path:
+    return _write(render_html(results, verdict, source), path)
+
+
+def render_comparison_html(
+    cmp: Comparison, runs: Sequence[Results], fail_on_regression_pct: float | None = None
+) -> str:
+    rows = [
+        {
+            "metric": r.metric,
+            "cells": [fmt_num(v, 2) for v in r.values],
+            "changes": [
+                change_cell(r, i, fail_on_regression_pct) for i in range(1, len(cmp.labels))
+            ],
+        }
+        for r in cmp.rows
+    ]
+    ctx = {
+        "labels": list(cmp.labels),
+        "rows": rows,
+        "gate": cmp.exit_code(fail_on_regression_pct),
+        "pct": fail_on_regression_pct,
+        "warnings": list(cmp.warnings),
+        "footer": footer_lines(cmp, fail_on_regression_pct),
+        "cdfs": plots.comparison_cdfs(runs, cmp.labels),
+    }
+    return _env().get_template("compare.html.j2").render(**ctx, **_globals())
+
+
+def write_comparison_html(
+    cmp: Comparison,
+    runs: Iterable[Results],
+    path: str | Path,
+    fail_on_regression_pct: float | None = None,
+) -> Path:
+    return _write(render_comparison_html(cmp, list(runs), fail_on_regression_pct), path)

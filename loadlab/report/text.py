@@ -1,0 +1,194 @@
+"""Plain-text tables for a terminal: the run summary and the SLO verdict.
+
+Example::
+
+    print(render_summary(read_results("reports/run.json")))
+    print(render_verdict(evaluate(results, load_slo("slo.toml"))))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from loadlab import metrics
+
+if TYPE_CHECKING:
+    from loadlab.results import Results
+    from loadlab.slo import Verdict
+
+__all__ = ["fmt_num", "latency_rows", "render_summary", "render_table", "render_verdict"]
+
+# (label, summary key, only for open loop)
+LATENCY_ROWS = (
+    ("TTFT", "ttft_ms", False),
+    ("TTFT from intended", "ttft_from_intended_ms", True),
+    ("ITL", "itl_ms", False),
+    ("TPOT", "tpot_ms", False),
+    ("E2E", "e2e_ms", False),
+    ("E2E from intended", "e2e_from_intended_ms", True),
+)
+PCT_KEYS = ("p50", "p90", "p95", "p99", "max")
+
+
+def fmt_num(v: Any, digits: int = 1) -> str:
+    """Compact number for tables: ``None`` -> "-", 1234.5 -> "1,234.5", 0.01234 -> "0.0123"."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return "inf" if v > 0 else ("-inf" if v < 0 else "nan")
+    if isinstance(v, int):
+        return f"{v:,}"
+    if v != 0 and abs(v) < 1:
+        return f"{v:.3g}"
+    return f"{v:,.{digits}f}"
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
+    """Aligned columns; ``align`` has one letter per column, l or r (default: l then r...)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [
+            str(c).ljust(w) if align[i] == "l" else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def is_open_loop(results: Results) -> bool:
+    return any(r.intended_ns is not None for r in results.records)
+
+
+def latency_rows(results: Results, summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, percentiles) for each latency metric shown (from-intended only for open loop)."""
+    open_loop = is_open_loop(results)
+    return [(label, summary[key]) for label, key, ol in LATENCY_ROWS if open_loop or not ol]
+
+
+def _saturation_banner(results: Results) -> str:
+    g = results.generator
+    lag = g.get("loop_lag_ms_max")
+    thr = g.get("threshold_ms")
+    detail = f": event-loop lag up to {fmt_num(lag)} ms" if lag is not None else ""
+    detail += f" (threshold {fmt_num(thr)} ms)" if thr is not None else ""
+    text = f"!!! GENERATOR SATURATED{detail} !!!"
+    why = "!!! the load generator was the bottleneck: latencies below are NOT trustworthy !!!"
+    bar = "!" * max(len(text), len(why))
+    return "\n".join([bar, text, why, bar])
+
+
+def _longest_stall(results: Results) -> tuple[float | None, str]:
+    window = results.measurement_window_ns()
+    best: tuple[float | None, str] = (None, "")
+    for r in metrics.latency_records(results.records, window):
+        g = metrics.max_gap_ms(r)
+        if g is not None and (best[0] is None or g > best[0]):
+            best = (g, r.request_id)
+    return best
+
+
+def render_summary(results: Results) -> str:
+    """The summary table of ``loadlab report`` and the end of ``loadlab run``."""
+    s = metrics.summarize(results)
+    c = s["counts"]
+    lo, hi = s["window_ns"]
+    parts = []
+    head = f"run {results.started_at or '-'}  kind {results.kind}  workers {results.workers}"
+    head += f"  window {fmt_num((hi - lo) / 1e9, 2)} s ({fmt_num(lo / 1e9, 2)} to {fmt_num(hi / 1e9, 2)} s)"
+    parts.append(head)
+    if results.saturated:
+        parts.append(_saturation_banner(results))
+    failed = f"{c['failed']:,} of {c['sent']:,}" if c["failed"] else "0"
+    rows = []
+    for label, d in latency_rows(results, s):
+        vals = [fmt_num(d.get(k)) for k in PCT_KEYS]
+        rows.append([f"{label} (ms)", fmt_num(d.get("count")), *vals, failed])
+    parts.append(render_table(["latency", "n", *PCT_KEYS, "failed (not in n)"], rows))
+    t = s["throughput"]
+    parts.append(
+        f"throughput  output {fmt_num(t['output_tokens_per_s'])} tok/s   "
+        f"total {fmt_num(t['total_tokens_per_s'])} tok/s   "
+        f"requests {fmt_num(t['requests_per_s'], 2)} req/s"
+    )
+    err_pct = f" ({c['error_rate'] * 100:.1f} %)" if c["sent"] else ""
+    by = ", ".join(f"{k} {v:,}" for k, v in c["by_outcome"].items() if k != "ok") or "none"
+    parts.append(
+        f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
+        f"FAILED {c['failed']:,}{err_pct}  dropped {c['dropped']:,}  late {c['late']:,}\n"
+        f"            failures by class: {by}"
+        if c["failed"] or c["dropped"]
+        else f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
+        f"failed 0  dropped 0  late {c['late']:,}"
+    )
+    gap, rid = _longest_stall(results)
+    if gap is not None:
+        parts.append(
+            f"stalls      longest {fmt_num(gap)} ms (request {rid}); "
+            f"stalls per stream (gap > 3x its median), mean {s['stalls_per_stream_mean']:.2f}"
+        )
+    if s["token_count_disagreements"]:
+        parts.append(
+            f"note        {s['token_count_disagreements']} requests: server usage and streamed "
+            "chunks disagree on the output token count"
+        )
+    if results.saturated:
+        parts.append("GENERATOR SATURATED: this run cannot pass an SLO gate.")
+    return "\n\n".join(parts) + "\n"
+
+
+def _ci_text(lo: float | None, hi: float | None, has_ci: bool) -> str:
+    if not has_ci:
+        return "-"
+    left = "(-inf" if lo is None else f"[{fmt_num(lo, 2)}"
+    right = "inf)" if hi is None else f"{fmt_num(hi, 2)}]"
+    return f"{left}, {right}"
+
+
+def render_verdict(verdict: Verdict) -> str:
+    """The verdict table of ``loadlab slo``: one row per objective, then the outcome."""
+    pct = f"{verdict.confidence * 100:g} %"
+    rows = []
+    for r in verdict.rows:
+        has_ci = r.ci_low is not None or r.ci_high is not None or r.status == "inconclusive"
+        status = r.status if r.status == "pass" else r.status.upper()
+        if r.extra_requests is not None:
+            status += f" (~{r.extra_requests:,} more requests)"
+        margin = r.margin
+        rows.append(
+            [
+                r.objective.name,
+                f"{r.objective.op} {r.objective.threshold:g}",
+                fmt_num(r.measured, 2),
+                fmt_num(margin if margin is None else round(margin, 6), 2),
+                _ci_text(r.ci_low, r.ci_high, has_ci),
+                fmt_num(r.n),
+                status,
+            ]
+        )
+    out = []
+    title = f"SLO {verdict.name!r}" if verdict.name else "SLO"
+    policy = f"inconclusive counts as {verdict.inconclusive_policy}"
+    out.append(f"{title}: {pct} intervals, {policy}")
+    if rows:
+        out.append(
+            render_table(
+                ["objective", "threshold", "measured", "margin", f"{pct} CI", "n", "status"],
+                rows,
+                align="llrrrrl",
+            )
+        )
+    notes = [f"  {r.objective.name}: {r.note}" for r in verdict.rows if r.note]
+    if notes:
+        out.append("notes:\n" + "\n".join(notes))
+    for reason in verdict.invalid_reasons:
+        out.append(f"NOT VALID EVIDENCE: {reason}")
+    out.append(f"verdict: {verdict.outcome} (exit {verdict.exit_code})")
+    return "\n\n".join(out) + "\n"

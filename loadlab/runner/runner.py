@@ -1,0 +1,425 @@
+"""The runner: sends a workload's requests through a client, open or closed loop, and returns
+a ``Results``.
+
+Open loop (``cfg.rate_rps``): every request (or the first turn of a chat session) is sent at
+``t0 + spec.intended_at_s``. The scheduler sleeps until about 1 ms before the due time, then
+yields to the event loop until the time has come (sub-millisecond precision without blocking
+the chunk readers). With ``cfg.max_in_flight`` a request due while the cap is full is recorded
+``dropped`` at once: it is never silently delayed. A request sent more than
+``late_tolerance_ms`` after its intended time is marked ``late``.
+
+Closed loop (``cfg.concurrency``): that many workers, each sending the next request (a whole
+chat session) as soon as its previous one completed.
+
+Chat sessions: a session's specs are contiguous, turn 0 first. Turn k+1 is sent
+``think_time_s`` after turn k completed, with the history of earlier user prompts and the
+answers actually received. A failed or dropped turn ends its session (the later turns depend
+on an answer that never came; they are not scheduled).
+
+Stop rules: ``cfg.requests`` truncates the request stream (counting every turn);
+``cfg.duration_s`` stops sending at ``t0 + duration``; requests still in flight may finish
+for ``drain_s`` more (default ``cfg.timeout_s``, which bounds every request anyway) and are then
+cancelled and recorded ``cancelled``. ``stop()`` (Ctrl-C) stops sending and cancels what is in
+flight at once. Nothing is lost: every scheduled request ends as exactly one record, so
+scheduled = sent + dropped and sent = ok + failed.
+
+Measurement window: ``[warmup_s, end - cooldown_s]`` where ``end`` is ``duration_s`` for a
+duration run and the last completion otherwise.
+
+Example::
+
+    async with make_client(endpoint, cfg) as client:
+        results = await Runner(cfg, build_requests(cfg), client).run()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from loadlab.clients.base import Client, Completion, Message
+from loadlab.config import RunConfig
+from loadlab.records import (
+    OUTCOME_CANCELLED,
+    OUTCOME_DROPPED,
+    OUTCOME_PROTOCOL_ERROR,
+    RequestRecord,
+    RequestSpec,
+)
+from loadlab.results import Results, environment_info
+from loadlab.runner.monitor import LoopMonitor
+
+__all__ = ["LiveStats", "Runner", "group_units", "run_async"]
+
+NS_PER_S = 1_000_000_000
+SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
+T = TypeVar("T")
+
+
+@dataclass
+class LiveStats:
+    """Counters the progress display reads while the run goes on."""
+
+    scheduled: int = 0
+    in_flight: int = 0
+    done: int = 0
+    failed: int = 0
+    dropped: int = 0
+    output_tokens: int = 0
+
+
+def group_units(specs: Iterable[RequestSpec]) -> Iterator[list[RequestSpec]]:
+    """Lazily group a spec stream into units: one request, or one whole chat session.
+
+    >>> [len(u) for u in group_units([RequestSpec("a", "x", 1),
+    ...     RequestSpec("b0", "x", 1, session_id="s"), RequestSpec("b1", "x", 1, session_id="s", turn=1)])]
+    [1, 2]
+    """
+    it = iter(specs)
+    pending: RequestSpec | None = None
+    while True:
+        first = pending if pending is not None else next(it, None)
+        pending = None
+        if first is None:
+            return
+        unit = [first]
+        if first.session_id is not None:
+            for spec in it:
+                if spec.session_id == first.session_id and spec.turn > 0:
+                    unit.append(spec)
+                else:
+                    pending = spec
+                    break
+        yield unit
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop when it is installed (faster I/O), else on asyncio's loop.
+
+    ``LOADLAB_LOOP=asyncio`` in the environment forces asyncio's own loop (benchmarks)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return asyncio.run(coro)
+    if os.environ.get("LOADLAB_LOOP") == "asyncio":  # for measuring the difference
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+class Runner:
+    """One run of one workload against one client. ``await Runner(...).run()`` -> Results."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        specs: Iterable[RequestSpec],
+        client: Client,
+        *,
+        endpoint: str = "",
+        worker: int = 0,
+        t0_ns: int | None = None,
+        late_tolerance_ms: float = 10.0,
+        drain_s: float | None = None,
+        concurrency: int | None = None,
+        max_in_flight: int | None = None,
+        kind: str = "run",
+    ) -> None:
+        if late_tolerance_ms < 0:
+            raise ValueError(f"late_tolerance_ms must be >= 0, got {late_tolerance_ms}")
+        self.cfg = cfg
+        self.client = client
+        self.endpoint = endpoint
+        self.worker = worker
+        self.t0_ns = t0_ns
+        self.late_tolerance_ns = int(late_tolerance_ms * 1e6)
+        self.drain_s = cfg.timeout_s if drain_s is None else drain_s
+        # a worker process of a --workers run gets its share of the concurrency and the cap
+        self.concurrency = concurrency if concurrency is not None else cfg.concurrency
+        self.max_in_flight = max_in_flight if max_in_flight is not None else cfg.max_in_flight
+        self.kind = kind
+        self.stats = LiveStats()
+        self.records: list[RequestRecord] = []
+        self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
+        self.interrupted = False
+        self._specs = specs
+        self._prepared = False
+        self._units: Iterator[list[RequestSpec]] = iter(())
+        self._send_tasks: set[asyncio.Task[Completion]] = set()
+        self._stop_sending: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Stop sending now and cancel the requests in flight (they are recorded). Idempotent."""
+        self.interrupted = True
+        self._end_sending()
+        for task in list(self._send_tasks):
+            task.cancel()
+
+    def _end_sending(self) -> None:
+        if self._stop_sending is not None and not self._stop_sending.done():
+            self._stop_sending.set_result(None)
+
+    def _sending_over(self) -> bool:
+        return self._stop_sending is None or self._stop_sending.done()
+
+    async def _wait_or_stop(self, seconds: float) -> None:
+        """Sleep ``seconds`` unless sending ends first (interruptible, creates no task)."""
+        if seconds > 0 and self._stop_sending is not None:
+            await asyncio.wait([self._stop_sending], timeout=seconds)
+
+    async def _sleep_until(self, due_ns: int) -> None:
+        remaining = due_ns - time.perf_counter_ns()
+        if remaining > SPIN_NS:
+            await self._wait_or_stop((remaining - SPIN_NS) / NS_PER_S)
+        while time.perf_counter_ns() < due_ns and not self._sending_over():
+            await asyncio.sleep(0)  # yield: chunk readers keep running while we wait
+
+    # ------------------------------------------------------------------ run
+
+    def prepare(self) -> None:
+        """Build the first unit now: a lazy workload may do its set-up (datasets, tokenizers)
+        on its first item, which must happen before t0, not on the schedule. Idempotent."""
+        if self._prepared:
+            return
+        self._prepared = True
+        specs: Iterable[RequestSpec] = self._specs
+        if self.cfg.requests is not None:
+            specs = itertools.islice(specs, self.cfg.requests)
+        units = group_units(specs)
+        first = next(units, None)
+        self._units = itertools.chain([first], units) if first is not None else iter(())
+
+    async def run(self) -> Results:
+        loop = asyncio.get_running_loop()
+        self._stop_sending = loop.create_future()
+        self.prepare()
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
+        if self.t0_ns is None:
+            self.t0_ns = time.perf_counter_ns()
+        monitor.start(self.t0_ns)
+        deadline = None
+        if self.cfg.duration_s is not None:
+            due_s = (self.t0_ns - time.perf_counter_ns()) / NS_PER_S + self.cfg.duration_s
+            deadline = loop.call_later(max(due_s, 0.0), self._end_sending)
+        try:
+            await self._sleep_until(self.t0_ns)  # worker processes share a t0 in the future
+            if self.cfg.rate_rps is not None:
+                units = await self._open_loop()
+            else:
+                units = await self._closed_loop()
+            await self._drain(units)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+            self._end_sending()
+            generator = await monitor.stop()
+        end_ns = time.perf_counter_ns() - self.t0_ns
+        generator["dispatch_lag_ms_p99"] = _p99_ms(self.dispatch_lag_ns)
+        return Results(
+            records=self.records,
+            config=self.cfg.to_dict(),
+            environment=environment_info(),
+            started_at=started_at,
+            duration_ns=end_ns,
+            window_ns=self._window(end_ns),
+            scheduled=len(self.records),
+            workers=1,
+            kind=self.kind,
+            generator=generator,
+            # t0 as an absolute perf_counter_ns: lines records up with another process's
+            # clock on this machine (the self-test's server truth); meaningless elsewhere
+            extra={"t0_ns": self.t0_ns, **({"interrupted": True} if self.interrupted else {})},
+        )
+
+    def _window(self, end_ns: int) -> tuple[int, int]:
+        lo = int(self.cfg.warmup_s * NS_PER_S)
+        # the load ends at the last response (not when the runner has tidied up), or at the
+        # duration when sending stopped there
+        last = max(
+            (
+                t
+                for r in self.records
+                for t in (r.end_ns, r.chunk_ns[-1] if r.chunk_ns else None)
+                if t is not None
+            ),
+            default=end_ns,
+        )
+        if self.cfg.duration_s is not None and not self.interrupted:
+            last = min(last, int(self.cfg.duration_s * NS_PER_S))
+        hi = last - int(self.cfg.cooldown_s * NS_PER_S)
+        return (lo, max(lo, hi))
+
+    async def _open_loop(self) -> list[asyncio.Task[None]]:
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        units: list[asyncio.Task[None]] = []
+        cap = self.max_in_flight
+        for unit in self._units:
+            first = unit[0]
+            if first.intended_at_s is None:
+                raise ValueError(
+                    f"open loop needs intended_at_s on request {first.request_id!r} "
+                    "(or on turn 0 of its session); for closed loop use --concurrency"
+                )
+            if self.cfg.duration_s is not None and first.intended_at_s >= self.cfg.duration_s:
+                break
+            due_ns = self.t0_ns + int(first.intended_at_s * NS_PER_S)
+            await self._sleep_until(due_ns)
+            if self._sending_over():
+                break
+            self.dispatch_lag_ns.append(time.perf_counter_ns() - due_ns)
+            intended_rel = due_ns - self.t0_ns
+            if cap is not None and self.stats.in_flight >= cap:
+                self._record_dropped(first, intended_rel, f"in-flight cap {cap} reached")
+                continue
+            self.stats.in_flight += 1  # reserve the slot now: the task starts next iteration
+            units.append(asyncio.create_task(self._run_unit(unit, intended_rel)))
+            if len(units) > 256:
+                units = [t for t in units if not t.done()]
+        return units
+
+    async def _closed_loop(self) -> list[asyncio.Task[None]]:
+        n = self.concurrency or 1
+        return [asyncio.create_task(self._closed_worker()) for _ in range(n)]
+
+    async def _closed_worker(self) -> None:
+        while not self._sending_over():
+            unit = next(self._units, None)  # lazy: the stream may be infinite
+            if unit is None:
+                return
+            self.stats.in_flight += 1
+            await self._run_unit(unit, None)
+
+    async def _run_unit(self, unit: Sequence[RequestSpec], intended_ns: int | None) -> None:
+        """Send one request or a whole session. The caller reserved one in-flight slot."""
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        history: list[Message] = []
+        open_loop = intended_ns is not None
+        for k, spec in enumerate(unit):
+            if k > 0:
+                await self._wait_or_stop(spec.think_time_s)
+                if self._sending_over():
+                    return  # the rest of the session is not scheduled
+                if open_loop:
+                    intended_ns = time.perf_counter_ns() - self.t0_ns
+                    cap = self.max_in_flight
+                    if cap is not None and self.stats.in_flight >= cap:
+                        self._record_dropped(spec, intended_ns, f"in-flight cap {cap} reached")
+                        return
+                self.stats.in_flight += 1
+            done = await self._send(spec, history, intended_ns)
+            if not done.record.ok:
+                return
+            history.append({"role": "user", "content": spec.prompt})
+            history.append({"role": "assistant", "content": done.text})
+
+    async def _send(
+        self, spec: RequestSpec, history: Sequence[Message], intended_ns: int | None
+    ) -> Completion:
+        """One request; the in-flight slot was taken by the caller and is released here."""
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        self.stats.scheduled += 1
+        dispatch_ns = time.perf_counter_ns() - self.t0_ns
+        coro = self.client.send(
+            spec, t0_ns=self.t0_ns, history=list(history), intended_ns=intended_ns
+        )
+        task = asyncio.ensure_future(coro)
+        self._send_tasks.add(task)
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:  # the unit itself was cancelled: do not lose the request
+            task.cancel()
+            await asyncio.wait([task])
+            raise
+        finally:
+            self._send_tasks.discard(task)
+            self.stats.in_flight -= 1
+            done = self._completion(task, spec, dispatch_ns)
+            self._record(done.record, spec, intended_ns)
+        return done
+
+    def _completion(
+        self, task: asyncio.Task[Completion], spec: RequestSpec, dispatch_ns: int
+    ) -> Completion:
+        if task.cancelled():
+            rec = _record_for(spec, OUTCOME_CANCELLED, "run stopped while in flight")
+            rec.sent_ns = dispatch_ns
+            return Completion(rec)
+        exc = task.exception()
+        if exc is not None:  # a client must not raise; keep the request anyway
+            rec = _record_for(spec, OUTCOME_PROTOCOL_ERROR, f"client raised {exc!r}"[:200])
+            rec.sent_ns = dispatch_ns
+            return Completion(rec)
+        return task.result()
+
+    def _record(self, rec: RequestRecord, spec: RequestSpec, intended_ns: int | None) -> None:
+        rec.worker = self.worker
+        rec.endpoint = self.endpoint
+        if intended_ns is not None:
+            rec.intended_ns = intended_ns
+            if rec.sent_ns is not None:
+                rec.late = rec.sent_ns - intended_ns > self.late_tolerance_ns
+        if rec.request_class == "default" and spec.request_class != "default":
+            rec.request_class = spec.request_class
+        self.records.append(rec)
+        self.stats.done += 1
+        if not rec.ok:
+            self.stats.failed += 1
+        self.stats.output_tokens += rec.output_tokens or rec.output_tokens_chunks
+
+    def _record_dropped(self, spec: RequestSpec, intended_ns: int, why: str) -> None:
+        rec = _record_for(spec, OUTCOME_DROPPED, why)
+        rec.intended_ns = intended_ns
+        rec.worker = self.worker
+        rec.endpoint = self.endpoint
+        self.records.append(rec)
+        self.stats.scheduled += 1
+        self.stats.dropped += 1
+
+    async def _drain(self, units: list[asyncio.Task[None]]) -> None:
+        """Let in-flight requests finish (bounded in a duration run), then cancel the rest."""
+        pending = [t for t in units if not t.done()]
+        if pending and not self.interrupted:
+            timeout = None
+            if self.cfg.duration_s is not None:
+                assert self.t0_ns is not None  # noqa: S101 - set by run()
+                end_ns = self.t0_ns + int((self.cfg.duration_s + self.drain_s) * NS_PER_S)
+                timeout = max(0.0, (end_ns - time.perf_counter_ns()) / NS_PER_S)
+            _, still = await asyncio.wait(pending, timeout=timeout)
+            pending = list(still)
+        if pending:
+            self._end_sending()
+            for task in list(self._send_tasks):
+                task.cancel()
+            await asyncio.wait(pending)
+        for t in units:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
+
+def _record_for(spec: RequestSpec, outcome: str, error: str) -> RequestRecord:
+    return RequestRecord(
+        request_id=spec.request_id,
+        outcome=outcome,
+        session_id=spec.session_id,
+        turn=spec.turn,
+        request_class=spec.request_class,
+        prompt_tokens_requested=spec.prompt_tokens,
+        max_tokens=spec.max_tokens,
+        error=error,
+    )
+
+
+def _p99_ms(values_ns: list[int]) -> float | None:
+    if not values_ns:
+        return None
+    ordered = sorted(values_ns)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] / 1e6

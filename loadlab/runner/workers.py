@@ -1,0 +1,293 @@
+"""Run one load over this process or ``cfg.workers`` processes, and end in one ``Results``.
+
+``run_load(cfg, endpoint, build_requests)`` is what ``loadlab run`` calls. With
+``cfg.workers == 1`` the run happens in this process. With N > 1, N worker processes each
+rebuild the same seeded request stream, keep their share of it (units, i.e. requests or whole
+chat sessions, dealt round-robin after the ``cfg.requests`` cut) and run it against the same
+``t0``: ``time.perf_counter_ns()`` is CLOCK_MONOTONIC on Linux, one clock for every process of
+the machine, so intended times and records line up across workers. Each worker gets its share
+of ``--concurrency`` and of ``--max-in-flight``; records carry their ``worker`` index; the parts
+are merged with ``loadlab.results.merge_results``.
+
+Ctrl-C: a worker stops sending and cancels its in-flight requests (recorded ``cancelled``);
+the parent forwards SIGINT to workers that did not get it from the terminal, then merges what
+they return, so the results file is still written.
+
+Example::
+
+    results = run_load(cfg.replace(workers=2), cfg.endpoints[0], build_requests)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from loadlab.clients.base import Client
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.records import RequestSpec
+from loadlab.results import Results, merge_results
+from loadlab.runner.progress import Progress
+from loadlab.runner.runner import Runner, group_units, run_async
+from loadlab.workloads import workload_extra
+
+__all__ = ["partition", "run_endpoint", "run_load", "share"]
+
+BuildRequests = Callable[[RunConfig], Iterable[RequestSpec]]
+ClientFactory = Callable[[EndpointConfig, RunConfig], Client]
+START_DELAY_NS = 100_000_000  # t0 this far after every worker said ready: all are waiting
+
+
+def share(total: int | None, n: int, index: int) -> int | None:
+    """Worker ``index``'s share of ``total`` split over ``n`` (the first ones take the rest).
+
+    >>> [share(10, 3, i) for i in range(3)]
+    [4, 3, 3]
+    """
+    if total is None:
+        return None
+    return total // n + (1 if index < total % n else 0)
+
+
+def partition(
+    specs: Iterable[RequestSpec], n: int, index: int, requests: int | None = None
+) -> Iterator[RequestSpec]:
+    """Worker ``index``'s units of the stream (round-robin; chat sessions stay whole)."""
+    if requests is not None:
+        specs = itertools.islice(specs, requests)
+    for i, unit in enumerate(group_units(specs)):
+        if i % n == index:
+            yield from unit
+
+
+def _default_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
+    from loadlab.clients import make_client  # type: ignore[attr-defined]  # imported when used
+
+    client: Client = make_client(endpoint, cfg)
+    return client
+
+
+async def run_endpoint(
+    cfg: RunConfig,
+    endpoint: EndpointConfig,
+    specs: Iterable[RequestSpec],
+    *,
+    client_factory: ClientFactory | None = None,
+    worker: int = 0,
+    t0_ns: int | None = None,
+    concurrency: int | None = None,
+    max_in_flight: int | None = None,
+    progress: bool = False,
+    scrape: bool = True,
+    kind: str = "run",
+    source: Iterable[RequestSpec] | None = None,
+) -> Results:
+    """One process's run: client, runner, Ctrl-C handler, progress line and scraper."""
+    factory = client_factory or _default_client
+    loop = asyncio.get_running_loop()
+    async with factory(endpoint, cfg) as client:
+        runner = Runner(
+            cfg,
+            specs,
+            client,
+            endpoint=endpoint.name,
+            worker=worker,
+            t0_ns=t0_ns,
+            concurrency=concurrency,
+            max_in_flight=max_in_flight,
+            kind=kind,
+        )
+        runner.prepare()
+        if runner.t0_ns is None:
+            runner.t0_ns = time.perf_counter_ns()
+        scraper = None
+        if scrape and cfg.scrape:
+            from loadlab.scrape import PrometheusScraper
+
+            scraper = PrometheusScraper(cfg.scrape, cfg.scrape_interval_s, runner.t0_ns)
+            await scraper.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGINT, runner.stop)
+        try:
+            async with Progress(
+                runner.stats,
+                total_s=cfg.duration_s,
+                total_requests=cfg.requests,
+                enabled=progress and cfg.progress,
+            ):
+                results = await runner.run()
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGINT)
+            samples = await scraper.stop() if scraper is not None else []
+        results.server_samples = list(samples)
+        if scraper is not None and scraper.failures:
+            results.extra["scrape"] = {
+                "failures": scraper.failures,
+                "last_error": scraper.last_error,
+            }
+        extra = workload_extra(source if source is not None else specs)  # type: ignore[arg-type]
+        if extra:
+            results.extra["workload"] = extra
+        return results
+
+
+def run_load(
+    cfg: RunConfig,
+    endpoint: EndpointConfig,
+    build_requests: BuildRequests,
+    *,
+    client_factory: ClientFactory | None = None,
+    progress: bool = True,
+    kind: str = "run",
+) -> Results:
+    """Run ``cfg`` against ``endpoint`` in this process or over ``cfg.workers`` processes."""
+    if cfg.workers == 1:
+        return run_async(
+            run_endpoint(
+                cfg,
+                endpoint,
+                build_requests(cfg),
+                client_factory=client_factory,
+                progress=progress,
+                kind=kind,
+            )
+        )
+    if cfg.concurrency is not None and cfg.concurrency < cfg.workers:
+        raise ValueError(
+            f"--workers {cfg.workers} needs --concurrency >= {cfg.workers} "
+            f"(each worker runs at least one stream), got {cfg.concurrency}"
+        )
+    if cfg.max_in_flight is not None and cfg.max_in_flight < cfg.workers:
+        raise ValueError(f"--max-in-flight must be >= --workers ({cfg.workers})")
+    return _run_processes(cfg, endpoint, build_requests, client_factory, kind)
+
+
+def _run_processes(
+    cfg: RunConfig,
+    endpoint: EndpointConfig,
+    build_requests: BuildRequests,
+    client_factory: ClientFactory | None,
+    kind: str,
+) -> Results:
+    # fork: the children inherit the imported modules and these arguments without pickling,
+    # and ``python -m loadlab``'s __main__ is not re-run as it would be under spawn.
+    ctx = multiprocessing.get_context("fork")
+    n = cfg.workers
+    pipes: list[Connection] = []
+    procs = []
+    for w in range(n):
+        parent_end, child_end = ctx.Pipe()
+        args = (cfg, endpoint, build_requests, client_factory, kind, w, child_end)
+        proc = ctx.Process(target=_worker_main, args=args, name=f"loadlab-worker-{w}")
+        proc.start()
+        child_end.close()
+        pipes.append(parent_end)
+        procs.append(proc)
+
+    interrupted = False
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, forward)
+    try:
+        errors = []
+        for conn in pipes:
+            msg = conn.recv()
+            if msg[0] != "ready":
+                errors.append(msg[1])
+        if errors:
+            for conn in pipes:
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+            raise RuntimeError("a worker failed to start:\n" + "\n".join(errors))
+        t0_ns = time.perf_counter_ns() + START_DELAY_NS
+        for conn in pipes:
+            conn.send(t0_ns)
+        parts: list[Results] = []
+        for w, conn in enumerate(pipes):
+            msg = conn.recv()
+            if msg[0] != "done":
+                errors.append(f"worker {w}: {msg[1]}")
+            else:
+                parts.append(msg[1])
+        if errors:
+            raise RuntimeError("worker failed:\n" + "\n".join(errors))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for conn in pipes:
+            conn.close()
+    merged = merge_results(parts)
+    merged.config = cfg.to_dict()
+    if interrupted or any(p.extra.get("interrupted") for p in parts):
+        merged.extra = {**merged.extra, "interrupted": True}
+    return merged
+
+
+def _worker_main(
+    cfg: RunConfig,
+    endpoint: EndpointConfig,
+    build_requests: BuildRequests,
+    client_factory: ClientFactory | None,
+    kind: str,
+    index: int,
+    conn: Connection,
+) -> None:
+    # until the runner's own handler is installed, Ctrl-C must not kill the worker silently
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    n = cfg.workers
+    try:
+        stream = build_requests(cfg)
+        specs = partition(stream, n, index, cfg.requests)
+    except Exception as exc:
+        conn.send(("error", f"worker {index}: {exc!r}"))
+        conn.close()
+        return
+    conn.send(("ready",))
+    t0_ns = conn.recv()
+    if t0_ns is None:
+        conn.close()
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        results = run_async(
+            run_endpoint(
+                cfg,
+                endpoint,
+                specs,
+                client_factory=client_factory,
+                worker=index,
+                t0_ns=t0_ns,
+                concurrency=share(cfg.concurrency, n, index),
+                max_in_flight=share(cfg.max_in_flight, n, index),
+                progress=False,
+                scrape=index == 0,
+                kind=kind,
+                source=stream,
+            )
+        )
+        conn.send(("done", results))
+    except BaseException as exc:  # report every failure to the parent, then exit
+        conn.send(("error", f"{exc!r}\n{traceback.format_exc(limit=5)}"))
+    finally:
+        conn.close()

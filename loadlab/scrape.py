@@ -1,0 +1,292 @@
+"""Sample a server's Prometheus ``/metrics`` during a run: the server's side of the story.
+
+``PrometheusScraper`` polls the URL every ``interval_s`` and keeps each sample as
+``{"t_ns": time relative to the run's t0, "metrics": {"name{labels}": value}}`` for the
+results file's ``server_samples``. A failed scrape is counted, never fatal: the run goes on.
+``server_series`` maps the names of vLLM, SGLang, TGI and the reference server onto three
+common series (queue depth, running batch, KV-cache use) for the report's plots.
+
+Example::
+
+    scraper = PrometheusScraper("http://127.0.0.1:8000/metrics", 1.0, t0_ns)
+    await scraper.start()
+    ...                                   # the run
+    samples = await scraper.stop()        # also scraper.failures, scraper.last_error
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+__all__ = [
+    "SERIES_NAMES",
+    "PrometheusScraper",
+    "parse_prometheus_text",
+    "server_series",
+]
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*\"")
+_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _parse_labels(s: str, i: int) -> tuple[dict[str, str], int]:
+    """Labels from ``s[i]`` == "{" to the matching "}"; returns (labels, index after "}")."""
+    labels: dict[str, str] = {}
+    i += 1
+    while True:
+        while i < len(s) and s[i] in " \t,":
+            i += 1
+        if i < len(s) and s[i] == "}":
+            return labels, i + 1
+        m = _LABEL_NAME.match(s, i)
+        if m is None:
+            raise ValueError(f"bad label at column {i}")
+        i = m.end()
+        value = []
+        while i < len(s) and s[i] != '"':
+            if s[i] == "\\" and i + 1 < len(s):
+                value.append(_UNESCAPE.get(s[i + 1], "\\" + s[i + 1]))
+                i += 2
+            else:
+                value.append(s[i])
+                i += 1
+        if i >= len(s):
+            raise ValueError("unterminated label value")
+        labels[m.group(1)] = "".join(value)
+        i += 1
+
+
+def _key(name: str, labels: Mapping[str, str]) -> str:
+    if not labels:
+        return name
+    body = ",".join(
+        f'{k}="{v}"'.replace("\n", "\\n")
+        for k, v in sorted(
+            (k, v.replace("\\", "\\\\").replace('"', '\\"')) for k, v in labels.items()
+        )
+    )
+    return f"{name}{{{body}}}"
+
+
+def parse_prometheus_text(text: str, errors: list[str] | None = None) -> dict[str, float]:
+    """Parse the Prometheus text exposition format into ``{"name{a="x",b="y"}": value}``.
+
+    Labels are sorted by name so keys are stable; ``# HELP``/``# TYPE`` comments and blank
+    lines are skipped; a histogram's ``_bucket``/``_sum``/``_count`` lines are separate keys;
+    timestamps after the value are ignored. A malformed line is skipped (and described in
+    ``errors`` when a list is given), so one bad line loses nothing else.
+
+    >>> parse_prometheus_text('q{b="2",a="1"} 3\\n# TYPE x gauge\\nx 1.5 1700000000000')
+    {'q{a="1",b="2"}': 3.0, 'x': 1.5}
+    """
+    out: dict[str, float] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            m = _NAME.match(line)
+            if m is None:
+                raise ValueError("no metric name")
+            labels: dict[str, str] = {}
+            i = m.end()
+            if i < len(line) and line[i] == "{":
+                labels, i = _parse_labels(line, i)
+            fields = line[i:].split()
+            if not fields:
+                raise ValueError("no value")
+            out[_key(m.group(0), labels)] = float(fields[0])
+        except ValueError as exc:
+            if errors is not None:
+                errors.append(f"line {lineno}: {exc}: {raw[:120]!r}")
+    return out
+
+
+class PrometheusScraper:
+    """Polls a ``/metrics`` URL in the background; ``stop()`` returns the samples.
+
+    Histogram buckets are dropped unless ``keep_buckets`` (vLLM exposes hundreds of them;
+    ``_sum`` and ``_count`` stay, which is enough for a mean). Non-finite values are dropped
+    (the results file is strict JSON).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        interval_s: float,
+        t0_ns: int,
+        *,
+        timeout_s: float | None = None,
+        keep_buckets: bool = False,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"scrape URL must start with http:// or https://, got {url!r}")
+        if not interval_s > 0:
+            raise ValueError(f"scrape interval must be > 0 seconds, got {interval_s}")
+        self.url = url
+        self.interval_s = interval_s
+        self.t0_ns = t0_ns
+        self.timeout_s = timeout_s if timeout_s is not None else max(0.5, min(interval_s, 5.0))
+        self.keep_buckets = keep_buckets
+        self.samples: list[dict[str, Any]] = []
+        self.failures = 0
+        self.last_error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("scraper already started")
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        self._task = asyncio.create_task(self._loop(), name="loadlab-scrape")
+
+    async def stop(self) -> list[dict[str, Any]]:
+        """Stop polling (one last sample first, so the end of the run is covered)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+            await self.scrape_once()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        return self.samples
+
+    async def _loop(self) -> None:
+        next_t = time.perf_counter()
+        while True:
+            await self.scrape_once()
+            next_t += self.interval_s
+            # A slow scrape does not pile up: skip the ticks it overran.
+            now = time.perf_counter()
+            if next_t < now:
+                next_t = now + self.interval_s - ((now - next_t) % self.interval_s)
+            await asyncio.sleep(next_t - now)
+
+    async def scrape_once(self) -> bool:
+        """One scrape; True when a sample was kept. Errors are counted, never raised."""
+        if self._session is None:
+            return False
+        start_ns = time.perf_counter_ns()
+        try:
+            async with self._session.get(self.url) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                text = await resp.text(errors="replace")
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+            return False
+        end_ns = time.perf_counter_ns()
+        values = {
+            k: v
+            for k, v in parse_prometheus_text(text).items()
+            if math.isfinite(v) and (self.keep_buckets or "_bucket{" not in k)
+        }
+        # The values describe the server somewhere inside the round trip: stamp the middle.
+        t_ns = (start_ns + end_ns) // 2 - self.t0_ns
+        self.samples.append({"t_ns": t_ns, "metrics": values})
+        return True
+
+
+# Common series -> exact names known from each server (first match wins), then a pattern.
+SERIES_NAMES: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = {
+    "queue_depth": (
+        (
+            "vllm:num_requests_waiting",
+            "sglang:num_queue_reqs",
+            "tgi_queue_size",
+            "loadlab_server_queue_depth",
+        ),
+        re.compile(r"(queue_(depth|size|len)|requests_waiting|num_waiting|waiting_requests)$"),
+    ),
+    "running_batch": (
+        (
+            "vllm:num_requests_running",
+            "sglang:num_running_reqs",
+            "tgi_batch_current_size",
+            "loadlab_server_running_requests",
+        ),
+        re.compile(
+            r"(running_batch(_size)?|requests_running|running_requests|num_running(_reqs)?|batch_size)$"
+        ),
+    ),
+    "kv_cache_use": (
+        (
+            "vllm:gpu_cache_usage_perc",
+            "vllm:kv_cache_usage_perc",
+            "sglang:token_usage",
+        ),
+        re.compile(r"(kv_cache_usage(_perc|_ratio)?|cache_usage_perc|kv_usage)$"),
+    ),
+}
+_KV_USED = re.compile(r"kv_blocks_used$")
+
+
+def _base(key: str) -> str:
+    return key.split("{", 1)[0]
+
+
+def _pick(names: Sequence[str], exact: Sequence[str], pattern: re.Pattern[str]) -> str | None:
+    for n in exact:
+        if n in names:
+            return n
+    return next((n for n in sorted(names) if pattern.search(n)), None)
+
+
+def server_series(
+    samples: Sequence[Mapping[str, Any]],
+) -> dict[str, tuple[list[float], list[float], str]]:
+    """``{"queue_depth"|"running_batch"|"kv_cache_use": (t_s, values, source name)}``.
+
+    Series with several label sets (one per model or engine) are summed; KV-cache use is a
+    fraction in [0, 1] (vLLM's ``*_perc`` gauges are fractions despite the name), derived
+    from ``*kv_blocks_used / *kv_blocks_total`` where no usage gauge exists.
+    """
+    names = sorted({_base(k) for s in samples for k in s.get("metrics", {})})
+    out: dict[str, tuple[list[float], list[float], str]] = {}
+    for series, (exact, pattern) in SERIES_NAMES.items():
+        name = _pick(names, exact, pattern)
+        if name is not None:
+            out[series] = _collect(samples, lambda m, n=name: _sum(m, n), name)
+    if "kv_cache_use" not in out:
+        used = next((n for n in names if _KV_USED.search(n)), None)
+        total = used[: -len("used")] + "total" if used else None
+        if used and total in names:
+
+            def frac(m: Mapping[str, float], u: str = used, t: str = total) -> float | None:
+                tv, uv = _sum(m, t), _sum(m, u)
+                return uv / tv if tv and uv is not None else None
+
+            out["kv_cache_use"] = _collect(samples, frac, f"{used} / {total}")
+    return out
+
+
+def _sum(metrics: Mapping[str, float], name: str) -> float | None:
+    vals = [v for k, v in metrics.items() if _base(k) == name]
+    return sum(vals) if vals else None
+
+
+def _collect(
+    samples: Sequence[Mapping[str, Any]], fn: Any, source: str
+) -> tuple[list[float], list[float], str]:
+    ts, vs = [], []
+    for s in samples:
+        v = fn(s.get("metrics", {}))
+        if v is not None:
+            ts.append(s["t_ns"] / 1e9)
+            vs.append(float(v))
+    return ts, vs, source

@@ -1,0 +1,281 @@
+"""Verdicts: each objective judged on a run, with its interval and the CI gate's exit code.
+
+Example::
+
+    verdict = evaluate(read_results("reports/run.json"), load_slo("slo.toml"))
+    for row in verdict.rows:
+        print(row.objective, row.measured, row.status)
+    sys.exit(verdict.exit_code)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loadlab import metrics
+from loadlab.records import RequestRecord
+from loadlab.slo.intervals import (
+    MAX_N,
+    Bounds,
+    percentile_bounds_at,
+    percentile_ci,
+    proportion_bounds_at,
+    proportion_ci,
+)
+from loadlab.slo.spec import DIST_METRICS, Objective, Policy, SLOSpec, Status
+
+if TYPE_CHECKING:
+    from loadlab.results import Results
+
+__all__ = ["ObjectiveResult", "Verdict", "evaluate", "good_in_window"]
+
+
+def _decides(obj: Objective, lo: float | None, hi: float | None) -> Status:
+    """pass when the whole interval meets the objective, fail when none of it does."""
+    inf = math.inf
+    lo_v, hi_v = (-inf if lo is None else lo), (inf if hi is None else hi)
+    worst, best = (hi_v, lo_v) if obj.upper_bound else (lo_v, hi_v)
+    if obj.holds(worst):
+        return "pass"
+    if not obj.holds(best):
+        return "fail"
+    return "inconclusive"
+
+
+def _n_to_decide(obj: Objective, n: int, bounds_at: Callable[[int], Bounds]) -> int | None:
+    """Smallest sample count N > n whose interval (``bounds_at(N)``), if the data keep their
+    shape, no longer straddles the threshold; ``None`` if none up to ``MAX_N`` does."""
+    if _decides(obj, *bounds_at(MAX_N)) == "inconclusive":
+        return None
+    lo, hi = n, MAX_N
+    while hi - lo > max(1, lo // 50):  # 2 % resolution is "roughly" enough
+        mid = (lo + hi) // 2
+        if _decides(obj, *bounds_at(mid)) == "inconclusive":
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class ObjectiveResult:
+    """One row of a verdict. ``n`` counts samples (ITL: gaps; rates: requests)."""
+
+    objective: Objective
+    measured: float | None
+    status: Status
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int = 0
+    extra_requests: int | None = None  # inconclusive: roughly how many more would decide
+    note: str = ""
+
+    @property
+    def margin(self) -> float | None:
+        """Headroom to the threshold in the metric's unit; negative = violated."""
+        if self.measured is None:
+            return None
+        t = self.objective.threshold
+        return t - self.measured if self.objective.upper_bound else self.measured - t
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "objective": str(self.objective),
+            "metric": self.objective.metric,
+            "percentile": self.objective.percentile,
+            "request_class": self.objective.request_class,
+            "op": self.objective.op,
+            "threshold": self.objective.threshold,
+            "measured": self.measured,
+            "margin": self.margin,
+            "status": self.status,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "n": self.n,
+            "extra_requests": self.extra_requests,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Rows per objective plus the reasons the run is not valid evidence (if any)."""
+
+    rows: tuple[ObjectiveResult, ...]
+    inconclusive_policy: Policy = "fail"
+    invalid_reasons: tuple[str, ...] = ()
+    confidence: float = 0.95
+    name: str = ""
+    counts: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def unreadable(cls, reason: str) -> Verdict:
+        """The verdict of a results file that could not be read (exit code 2)."""
+        return cls(rows=(), invalid_reasons=(f"results unreadable: {reason}",))
+
+    @property
+    def valid(self) -> bool:
+        return not self.invalid_reasons
+
+    def failed_rows(self) -> list[ObjectiveResult]:
+        """Rows that fail the gate under the inconclusive policy."""
+        bad: tuple[str, ...] = (
+            ("fail", "inconclusive") if self.inconclusive_policy == "fail" else ("fail",)
+        )
+        return [r for r in self.rows if r.status in bad]
+
+    @property
+    def passed(self) -> bool:
+        return self.valid and not self.failed_rows()
+
+    @property
+    def exit_code(self) -> int:
+        """0 all pass; 1 any fail (inconclusive counts by policy); 2 not valid evidence."""
+        if not self.valid:
+            return 2
+        return 1 if self.failed_rows() else 0
+
+    @property
+    def outcome(self) -> str:
+        return {0: "PASS", 1: "FAIL", 2: "INVALID"}[self.exit_code]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "inconclusive_policy": self.inconclusive_policy,
+            "confidence": self.confidence,
+            "invalid_reasons": list(self.invalid_reasons),
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
+def _good_records(records: Sequence[RequestRecord], spec: SLOSpec) -> list[RequestRecord]:
+    """Good requests, each judged by its own class's per-request limits."""
+    by_class: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_class.setdefault(r.request_class, []).append(r)
+    good: list[RequestRecord] = []
+    for cls, recs in by_class.items():
+        good.extend(metrics.good_requests(recs, spec.limits_for(cls)))
+    return good
+
+
+def _eval_distribution(
+    obj: Objective, recs: Sequence[RequestRecord], window: tuple[int, int], conf: float
+) -> ObjectiveResult:
+    lat = metrics.latency_records(recs, window)
+    if obj.metric == "itl_ms":
+        values = [g for r in lat for g in metrics.itl_ms(r)]
+    else:
+        fn = metrics.PER_REQUEST_METRICS[obj.metric]
+        values = [v for v in map(fn, lat) if v is not None]
+    if not values:
+        return ObjectiveResult(obj, None, "fail", note="no measurements: no ok request in window")
+    x = np.sort(np.asarray(values, dtype=float))
+    pct = float(obj.percentile or 0.0)
+    measured = float(np.percentile(x, pct))
+    lo, hi = percentile_ci(x, pct, conf)
+    status = _decides(obj, lo, hi)
+    extra, note = None, ""
+    if status == "inconclusive":
+        big_n = _n_to_decide(obj, x.size, percentile_bounds_at(x, pct, conf))
+        if big_n is None:
+            note = "measured value sits at the threshold: more requests will not decide it"
+        else:
+            per_request = x.size / max(len(lat), 1)  # ITL: gaps per request
+            extra = max(1, math.ceil((big_n - x.size) / per_request))
+    # Keep the point estimate honest: a pass needs the point to meet it too.
+    if status == "pass" and not obj.holds(measured):
+        status = "inconclusive"
+    return ObjectiveResult(obj, measured, status, lo, hi, int(x.size), extra, note)
+
+
+def _eval_proportion(obj: Objective, k: int, n: int, conf: float) -> ObjectiveResult:
+    if n == 0:
+        return ObjectiveResult(obj, None, "fail", note="no requests to measure")
+    p_hat = k / n
+    lo, hi = proportion_ci(k, n, conf)
+    status = _decides(obj, lo, hi)
+    extra, note = None, ""
+    if status == "inconclusive":
+        big_n = _n_to_decide(obj, n, proportion_bounds_at(p_hat, conf))
+        if big_n is None:
+            note = "measured rate sits at the threshold: more requests will not decide it"
+        else:
+            extra = max(1, big_n - n)
+    return ObjectiveResult(obj, p_hat, status, lo, hi, n, extra, note)
+
+
+def _eval_one(
+    obj: Objective, results: Results, spec: SLOSpec, window: tuple[int, int]
+) -> ObjectiveResult:
+    recs = results.records
+    if obj.request_class is not None:
+        recs = [r for r in recs if r.request_class == obj.request_class]
+        if not recs:
+            note = f"no requests of class {obj.request_class!r} in this run"
+            return ObjectiveResult(obj, None, "fail", note=note)
+    if obj.metric in DIST_METRICS:
+        return _eval_distribution(obj, recs, window, spec.confidence)
+    counts = metrics.count_outcomes(recs)
+    if obj.metric == "error_rate":
+        return _eval_proportion(obj, counts["failed"], counts["sent"], spec.confidence)
+    if obj.metric == "drop_rate":
+        scheduled = counts["sent"] + counts["dropped"]
+        return _eval_proportion(obj, counts["dropped"], scheduled, spec.confidence)
+    if obj.metric == "goodput_rps":
+        good = _good_records(recs, spec)
+        value = metrics.goodput_rps(good, window, {})
+        limits = spec.limits_for(obj.request_class)
+        note = "good = ok and " + (
+            ", ".join(f"{k} <= {v:g}" for k, v in limits.items()) or "no per-request limits"
+        )
+    else:
+        value = float(metrics.throughput(recs, window)[obj.metric])
+        note = "a rate over the measurement window (no interval)"
+    status: Status = "pass" if obj.holds(value) else "fail"
+    return ObjectiveResult(obj, value, status, n=counts["sent"], note=note)
+
+
+def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") -> Verdict:
+    """Judge a run against an SLO. The verdict's ``exit_code`` is the CI gate."""
+    if inconclusive not in ("fail", "pass"):
+        raise ValueError(f'inconclusive policy must be "fail" or "pass", got {inconclusive!r}')
+    window = results.measurement_window_ns()
+    counts = metrics.count_outcomes(results.records, results.scheduled_count)
+    reasons = []
+    if results.saturated:
+        lag = results.generator.get("loop_lag_ms_max")
+        lag_text = f" (event-loop lag up to {lag:.1f} ms)" if isinstance(lag, int | float) else ""
+        reasons.append(
+            f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
+            "lower the load, use --workers, or a bigger client machine"
+        )
+    if counts["sent"] < spec.min_requests:
+        reasons.append(
+            f"only {counts['sent']} requests were sent; the SLO asks for at least "
+            f"{spec.min_requests} (min_requests): run longer or at a higher rate"
+        )
+    rows = tuple(_eval_one(o, results, spec, window) for o in spec.objectives)
+    return Verdict(
+        rows=rows,
+        inconclusive_policy=inconclusive,
+        invalid_reasons=tuple(reasons),
+        confidence=spec.confidence,
+        name=spec.name,
+        counts=counts,
+    )
+
+
+def good_in_window(results: Results, spec: SLOSpec) -> int:
+    """Good requests (by the SLO's per-request limits) completed inside the window."""
+    lo, hi = results.measurement_window_ns()
+    good = _good_records(results.records, spec)
+    return sum(1 for r in good if r.chunk_ns and lo <= r.chunk_ns[-1] <= hi)

@@ -1,0 +1,347 @@
+"""A fixed-schedule OpenAI-compatible streaming server that logs when it wrote every chunk.
+
+The ground truth of ``loadlab selftest``: each request's first token is due ``ttft_ms`` after
+the request arrived and each next one ``itl_ms`` later (``due_k = recv + ttft + k * itl``, so
+lateness never accumulates). What counts as truth is not this schedule but the
+``perf_counter_ns`` taken immediately before each chunk is handed to the socket
+(``transport.write``, which sends at once when the socket buffer has room, as it does for a
+client that keeps up). Before, not after: so truth never postdates the bytes, even when the
+reader runs (another process on the other core, or a thread taking the GIL) before ``write``
+returns. ``perf_counter_ns`` is ``CLOCK_MONOTONIC`` on Linux, so the server's and the load
+generator's times compare directly across processes on one machine.
+
+Speed: one timer serves every stream (a heap of due times; each tick writes every chunk that is
+due within ``_SLACK_NS``) and each chunk is a prebuilt byte string, so a chunk costs a heap
+operation and one ``send``. Serves ``/v1/chat/completions`` and ``/v1/completions``, streaming
+or not, with a usage chunk when ``stream_options.include_usage`` is set; each token chunk
+carries exactly one token (``" tok"``), and a chat stream starts with a role-only chunk (as
+real servers do; it is not a token). ``prompt_tokens`` in usage counts whitespace-separated
+words of the prompt (a stand-in; this server has no tokenizer).
+
+Truth, keyed by the request's ``X-Request-Id`` header (else ``r<n>`` from a counter)::
+
+    GET  /truth        {"<request_id>": {"recv_ns": int, "chunk_ns": [int, ...]}, ...}
+    POST /truth/reset  clears it
+
+Usage::
+
+    python3 -m loadlab.testing.fixed_server --port 8100 --ttft-ms 100 --itl-ms 20 [--tokens 64]
+
+    async with FixedScheduleServer(ttft_ms=100, itl_ms=20) as srv:
+        ...  # send requests to srv.url; srv.truth holds the write times
+
+    with FixedServerProcess(ttft_ms=50, itl_ms=5, tokens=128) as url:
+        ...  # the server in its own process (what the self-test uses: one core each)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadlab.testing.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
+
+__all__ = ["FixedScheduleServer", "FixedServerProcess", "main"]
+
+_SLACK_NS = 200_000  # write chunks due within 0.2 ms now: timers are not finer than that
+# Ticks are at least this far apart, so under load one wake-up writes many chunks (a wake-up
+# per chunk would cost more than the chunk); a chunk is then at most this late vs schedule.
+_MIN_TICK_NS = int(os.environ.get("LOADLAB_FIXED_TICK_NS", "1000000"))
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class _Stream:
+    conn: HTTPConnection
+    frame: bytes  # one token chunk, HTTP-framed; identical for every token of the stream
+    tail: bytes  # finish chunk, usage chunk, [DONE], terminating chunk
+    chunk_ns: list[int]
+    first_due_ns: int
+    itl_ns: int
+    tokens: int
+    sent: int = 0
+    body: bytes = b""  # non-streaming: the whole response, written once when due
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class FixedScheduleServer:
+    """The server on the running event loop; ``async with`` starts and stops it."""
+
+    def __init__(
+        self,
+        *,
+        ttft_ms: float,
+        itl_ms: float,
+        tokens: int | None = None,
+        port: int = 0,
+        model: str = "loadlab-fixed",
+    ) -> None:
+        if ttft_ms < 0 or itl_ms < 0:
+            raise ValueError("--ttft-ms and --itl-ms must be >= 0")
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"--tokens must be >= 1 (or omitted to use max_tokens), got {tokens}")
+        self.ttft_ns = int(ttft_ms * 1e6)
+        self.itl_ns = int(itl_ms * 1e6)
+        self.tokens = tokens
+        self.port = port
+        self.model = model
+        self.truth: dict[str, dict[str, Any]] = {}
+        self._heap: list[tuple[int, int, _Stream]] = []
+        self._seq = itertools.count()
+        self._ids = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0
+        self._server: asyncio.Server | None = None
+        self._conns: set[HTTPConnection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> FixedScheduleServer:
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(
+            self._connection, "127.0.0.1", self.port, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._conns):  # kept-alive clients would hold wait_closed (3.12+)
+                conn.close()
+            await self._server.wait_closed()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def handle(self, conn: HTTPConnection, req: Request) -> None:
+        if req.path == "/truth" and req.method == "GET":
+            conn.respond(200, json_bytes(self.truth))
+        elif req.path == "/truth/reset" and req.method == "POST":
+            self.truth.clear()
+            conn.respond(200, b'{"ok":true}')
+        elif req.path == "/health":
+            conn.respond(200, b'{"ok":true}')
+        elif req.path in ("/v1/chat/completions", "/v1/completions") and req.method == "POST":
+            self._completion(conn, req, chat=req.path == "/v1/chat/completions")
+        else:
+            conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
+
+    def _connection(self) -> HTTPConnection:
+        conn = HTTPConnection(self)
+        self._conns.add(conn)
+        return conn
+
+    def connection_lost(self, conn: HTTPConnection) -> None:
+        self._conns.discard(conn)  # its stream, if any, is skipped when it comes due
+
+    def _completion(self, conn: HTTPConnection, req: Request, *, chat: bool) -> None:
+        body = parse_json_body(req)
+        if body is None:
+            conn.respond(400, json_bytes({"error": {"message": "body must be a JSON object"}}))
+            return
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+        n = int(self.tokens or max_tokens)
+        rid = req.headers.get("x-request-id") or f"r{next(self._ids)}"
+        chunk_ns: list[int] = []
+        self.truth[rid] = {"recv_ns": req.recv_ns, "chunk_ns": chunk_ns}
+        if chat:
+            words = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        else:
+            words = len(str(body.get("prompt", "")).split())
+        usage = {"prompt_tokens": words, "completion_tokens": n, "total_tokens": words + n}
+        finish = "length" if n >= int(max_tokens) else "stop"
+        first_due = req.recv_ns + self.ttft_ns
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            frame, tail, role = self._stream_bytes(
+                rid, chat, finish, usage if include_usage else None
+            )
+            conn.start_stream(first=role)
+            st = _Stream(conn, frame, tail, chunk_ns, first_due, self.itl_ns, n)
+        else:
+            st = _Stream(conn, b"", b"", chunk_ns, first_due + (n - 1) * self.itl_ns, 0, n)
+            st.body = self._full_body(rid, chat, n, finish, usage)
+        self._push(st.first_due_ns, st)
+
+    def _stream_bytes(
+        self, rid: str, chat: bool, finish: str, usage: dict[str, int] | None
+    ) -> tuple[bytes, bytes, bytes]:
+        head: dict[str, Any] = {
+            "id": f"cmpl-{rid}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+        }
+        head |= {"created": int(time.time()), "model": self.model}
+
+        def event(choices: list[dict[str, Any]], **more: Any) -> bytes:
+            return b"data: " + json_bytes(head | {"choices": choices} | more) + b"\n\n"
+
+        def choice(text: str | None, fin: str | None) -> dict[str, Any]:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                return {"index": 0, "delta": delta, "finish_reason": fin}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": fin}
+
+        frame = chunk_frame(event([choice(" tok", None)]))
+        tail = event([choice(None, finish)])
+        if usage is not None:
+            tail += event([], usage=usage)
+        role = event([{"index": 0, "delta": {"role": "assistant", "content": ""}}]) if chat else b""
+        return frame, chunk_frame(tail + _DONE) + b"0\r\n\r\n", role
+
+    def _full_body(self, rid: str, chat: bool, n: int, finish: str, usage: dict[str, int]) -> bytes:
+        text = " tok" * n
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = finish
+        obj = "chat.completion" if chat else "text_completion"
+        return json_bytes(
+            {"id": f"cmpl-{rid}", "object": obj, "created": int(time.time()), "model": self.model}
+            | {"choices": [choice], "usage": usage}
+        )
+
+    # ------------------------------------------------------------------ the one timer
+
+    def _push(self, due_ns: int, st: _Stream) -> None:
+        heapq.heappush(self._heap, (due_ns, next(self._seq), st))
+        if self._timer is None or due_ns < self._timer_due:
+            self._arm(due_ns)
+
+    def _arm(self, due_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_due = due_ns
+        delay_s = max(0.0, (due_ns - time.perf_counter_ns()) / 1e9)
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        heap, pop, clock = self._heap, heapq.heappop, time.perf_counter_ns
+        horizon = clock() + _SLACK_NS
+        again: list[_Stream] = []  # at most one chunk per stream per tick, even when late
+        while heap and heap[0][0] <= horizon:
+            _, _, st = pop(heap)
+            conn = st.conn
+            if conn.closed:
+                continue
+            if st.body:  # non-streaming: the whole answer at once
+                st.chunk_ns.append(clock())
+                conn.respond(200, st.body)
+                continue
+            st.chunk_ns.append(clock())
+            conn.transport.write(st.frame)  # type: ignore[union-attr]
+            st.sent += 1
+            if st.sent >= st.tokens:
+                conn.write(st.tail)
+                conn.finish()
+            else:
+                again.append(st)
+        for st in again:
+            heapq.heappush(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))
+        if heap:
+            self._arm(max(heap[0][0], horizon - _SLACK_NS + _MIN_TICK_NS))
+
+
+class FixedServerProcess:
+    """The server in a child process (``with ... as url``); stopped on exit.
+
+    Reads the URL the child prints when ready; raises ``RuntimeError`` if it does not start
+    within ``start_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttft_ms: float,
+        itl_ms: float,
+        tokens: int | None = None,
+        start_timeout_s: float = 20.0,
+    ) -> None:
+        self.args = ["--port", "0", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+        if tokens is not None:
+            self.args += ["--tokens", str(tokens)]
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __enter__(self) -> str:
+        cmd = [sys.executable, "-m", "loadlab.testing.fixed_server", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
+        if self.proc.stdout is None:
+            raise RuntimeError("no stdout pipe from the fixed server process")
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("http://"):
+                self.url = line.strip()
+                return self.url
+            if not line and self.proc.poll() is not None:
+                break
+        self.__exit__()
+        raise RuntimeError(f"fixed server did not start: {' '.join(cmd)}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with FixedScheduleServer(
+        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens, port=args.port
+    ) as srv:
+        print(srv.url, flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python3 -m loadlab.testing.fixed_server", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--ttft-ms", type=float, default=100.0, help="request arrival to first token")
+    p.add_argument("--itl-ms", type=float, default=20.0, help="gap between tokens")
+    p.add_argument(
+        "--tokens", type=int, default=None, help="tokens per answer (default: max_tokens)"
+    )
+    args = p.parse_args(argv)
+    try:
+        FixedScheduleServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # optional: a faster event loop when installed
+    except ImportError:
+        asyncio.run(_serve(args))
+    else:
+        uvloop.run(_serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

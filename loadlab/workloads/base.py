@@ -1,0 +1,139 @@
+"""What every workload kind shares: the request stream type, seeded streams, arrivals, clamps.
+
+``RequestStream`` is the lazy iterator ``build_requests`` returns. Besides the specs it carries
+``extra()``: a dict of what the workload did (for a trace: the ``TraceStats`` counts of bad
+lines, failed rows, thinning...), which the run command stores as
+``results.extra["workload"]`` after the run (``loadlab.workloads.workload_extra``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.runner.arrivals import arrival_times
+from loadlab.workloads.lengths import Dist, parse_dist
+from loadlab.workloads.params import WorkloadError, get_bool, get_float, get_int, resolve_path
+
+__all__ = [
+    "COMMON_KEYS",
+    "RequestStream",
+    "caps",
+    "check_common",
+    "clamp",
+    "common_extra_body",
+    "counter",
+    "int_stream",
+    "length_dists",
+    "open_loop_times",
+    "rng_for",
+]
+
+# keys every kind accepts
+COMMON_KEYS = frozenset(
+    {
+        "kind",
+        "request_class",
+        "max_prompt_tokens",
+        "max_output_tokens",
+        "exact_output",
+        "chars_per_token",
+        "tokenizer",
+    }
+)
+
+# purposes of the separate seeded streams: changing one distribution never shifts another
+PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7}
+
+
+class RequestStream(Iterator[RequestSpec]):
+    """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
+
+    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
+        self._extra = extra
+        # Prime: build the first spec now, so one-time costs (the prompt corpus, opening and
+        # detecting a trace file) are paid before the runner takes t0, not in the first
+        # request's send lag. Errors in the first line also surface here, before any load.
+        it = iter(specs)
+        self._first = next(it, None)
+        self._it = itertools.chain([self._first], it) if self._first is not None else it
+
+    def __next__(self) -> RequestSpec:
+        return next(self._it)
+
+    def extra(self) -> dict[str, Any]:
+        return self._extra()
+
+
+def rng_for(seed: int, purpose: str) -> np.random.Generator:
+    """The seeded generator for one purpose of one run (``PURPOSES``)."""
+    return np.random.default_rng([seed, PURPOSES[purpose]])
+
+
+def open_loop_times(cfg: RunConfig, n: int | None) -> list[float] | None:
+    """Arrival offsets (s) from ``cfg.arrival`` in open loop; ``None`` in closed loop."""
+    if cfg.rate_rps is None:
+        return None
+    return arrival_times(
+        cfg.arrival, cfg.rate_rps, n=n, duration_s=cfg.duration_s, cv=cfg.cv, seed=cfg.seed
+    )
+
+
+def counter(n: int | None) -> Iterable[int]:
+    """0..n-1, or forever (a closed-loop duration run: the runner stops it)."""
+    return range(n) if n is not None else itertools.count()
+
+
+def int_stream(dist: Dist, rng: np.random.Generator, batch: int = 1024) -> Iterator[int]:
+    """Endless draws of ``dist`` as ints, in fixed-size batches (so they are reproducible
+    however many are taken)."""
+    while True:
+        yield from (int(x) for x in dist.sample_int(rng, batch))
+
+
+def clamp(value: int, upper: int | None) -> int:
+    return max(1, min(value, upper) if upper is not None else value)
+
+
+def length_dists(
+    params: Mapping[str, Any], prompt_default: Any, output_default: Any, bases: Iterable[Path]
+) -> tuple[Dist, Dist]:
+    """The prompt and output length distributions of a kind (defaults: numbers or tables)."""
+    b = tuple(bases)
+    prompt = parse_dist(params.get("prompt_tokens", prompt_default), "prompt_tokens", bases=b)
+    output = parse_dist(params.get("output_tokens", output_default), "output_tokens", bases=b)
+    return prompt, output
+
+
+def caps(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """``max_prompt_tokens`` and ``max_output_tokens``: clamps applied to every drawn length."""
+    return get_int(params, "max_prompt_tokens", None), get_int(params, "max_output_tokens", None)
+
+
+def common_extra_body(params: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
+    """``exact_output = true`` asks servers that support it (vLLM, SGLang) for exactly
+    ``max_tokens`` tokens; the reference server ignores EOS by default and needs nothing."""
+    if get_bool(params, "exact_output", False):
+        return {"ignore_eos": True, "min_tokens": max_tokens}
+    return {}
+
+
+def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
+    """Check the keys every kind accepts (``COMMON_KEYS``)."""
+    caps(params)
+    common_extra_body(params, 1)
+    get_float(params, "chars_per_token", None)
+    if "request_class" in params and not isinstance(params["request_class"], str):
+        raise WorkloadError(
+            f"workload.request_class = {params['request_class']!r}: must be a string"
+        )
+    if "tokenizer" in params:
+        if "chars_per_token" in params:
+            raise WorkloadError("workload: give chars_per_token or tokenizer, not both")
+        resolve_path(str(params["tokenizer"]), "workload.tokenizer", tuple(bases))

@@ -1,0 +1,205 @@
+"""Trace replay: trace rows (``loadlab.workloads.trace``) become request specs.
+
+Open loop: a row at trace time t (inside the window [start_s, start_s + duration_s)) is due at
+``(t - start_s) / time_scale`` seconds after the run start, whatever ``rate_rps`` says (the trace
+brings its own times). Closed loop: the trace's lengths in its order, no times. Prompt and
+output lengths are the row's (``max_tokens`` = the output length; 0-token rows are sent as 1 and
+counted); Mooncake ``hash_ids`` become shared prompt prefixes (``prompts.prefix_prompt``).
+
+``RequestStream.extra()`` gives ``{"kind": "trace", "trace": TraceStats.to_dict(), ...}``: the
+run command stores it as ``results.extra["workload"]``.
+
+Example::
+
+    cfg = RunConfig(rate_rps=1, duration_s=60, workload={"kind": "trace",
+                    "path": "../shared/data/traces/AzureLLMInferenceTrace_conv.csv",
+                    "time_scale": 60, "duration_s": 60})
+    specs = list(trace_requests(cfg))      # ~190 requests over ~1 s
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.workloads.base import (
+    COMMON_KEYS,
+    RequestStream,
+    caps,
+    check_common,
+    common_extra_body,
+    rng_for,
+)
+from loadlab.workloads.params import (
+    WorkloadError,
+    check_keys,
+    get_bool,
+    get_float,
+    get_int,
+    resolve_path,
+)
+from loadlab.workloads.prompts import prefix_prompt, prompt_text
+from loadlab.workloads.trace import FORMATS, TraceError, TraceRow, TraceStats, iter_trace
+
+__all__ = ["KEYS", "trace_requests", "validate"]
+
+KEYS = COMMON_KEYS | {
+    "path",
+    "format",
+    "time_scale",
+    "rate_scale",
+    "start_s",
+    "duration_s",
+    "limit",
+    "model",
+    "log_type",
+    "max_total_tokens",
+    "skip_bad_lines",
+    "prefixes",
+}
+
+
+# Lines read ahead of a run to catch a malformed or unknown trace before any load is sent:
+# the whole window when one is given (bounded), else the head of the file.
+PRESCAN_LINES_WINDOW = 2_000_000
+PRESCAN_LINES_OPEN = 100_000
+
+
+def validate(
+    cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = (), *, scan: bool = True
+) -> Path:
+    """Check the keys and (``scan``) read ahead in the trace; return the resolved path."""
+    check_keys("trace", params, KEYS)
+    if "path" not in params:
+        raise WorkloadError(
+            'workload.path: missing; a trace replay needs path = "FILE" '
+            "(Azure CSV, Mooncake JSONL or BurstGPT CSV)"
+        )
+    path = resolve_path(str(params["path"]), "workload.path", bases)
+    fmt = params.get("format")
+    if fmt is not None and fmt not in FORMATS:
+        raise WorkloadError(f"workload.format = {fmt!r}: choose one of {', '.join(FORMATS)}")
+    get_float(params, "time_scale", 1.0)
+    get_float(params, "rate_scale", 1.0)
+    get_float(params, "start_s", 0.0, positive=False)
+    get_float(params, "duration_s", None)
+    get_int(params, "limit", None)
+    get_int(params, "max_total_tokens", None)
+    get_bool(params, "skip_bad_lines", False)
+    get_bool(params, "prefixes", True)
+    check_common(params, bases)
+    for key in ("model", "log_type"):
+        if key in params and not isinstance(params[key], str):
+            raise WorkloadError(f"workload.{key} = {params[key]!r}: must be a string")
+    if scan:
+        _prescan(cfg, params, path)
+    return path
+
+
+def _prescan(cfg: RunConfig, params: Mapping[str, Any], path: Path) -> None:
+    """Read the rows the replay will use (bounded) so a bad line or format fails the run
+    before it starts, with the trace's FILE:LINE message."""
+    bounded = params.get("duration_s") is not None
+    max_lines = PRESCAN_LINES_WINDOW if bounded else PRESCAN_LINES_OPEN
+    limit = params.get("limit") or cfg.requests
+    try:
+        rows = _rows(params, path, TraceStats())
+        for i, row in enumerate(rows):
+            if row.line > max_lines or (limit is not None and i + 1 >= limit):
+                break
+    except TraceError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
+def _rows(params: Mapping[str, Any], path: Path, stats: TraceStats) -> Iterator[TraceRow]:
+    return iter_trace(
+        path,
+        format=params.get("format"),
+        stats=stats,
+        skip_bad_lines=get_bool(params, "skip_bad_lines", False),
+        start_s=float(get_float(params, "start_s", 0.0, positive=False)),
+        duration_s=get_float(params, "duration_s", None),
+        model=params.get("model"),
+        log_type=params.get("log_type"),
+    )
+
+
+def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+    params = cfg.workload
+    path = validate(cfg, params, scan=False)  # build_requests' priming reads the first row
+    time_scale = float(get_float(params, "time_scale", 1.0))
+    rate_scale = float(get_float(params, "rate_scale", 1.0))
+    start_s = float(get_float(params, "start_s", 0.0, positive=False))
+    limit = get_int(params, "limit", None)
+    if cfg.requests is not None:
+        limit = min(limit, cfg.requests) if limit is not None else cfg.requests
+    max_total = get_int(params, "max_total_tokens", None)
+    max_prompt, max_output = caps(params)
+    prefixes = get_bool(params, "prefixes", True)
+    cls = str(params.get("request_class", "trace"))
+    stats = TraceStats()
+    rows = _rows(params, path, stats)
+
+    def specs() -> Iterator[RequestSpec]:
+        thin_rng, text_rng = rng_for(cfg.seed, "thin"), rng_for(cfg.seed, "text")
+        whole, frac = int(rate_scale), rate_scale - int(rate_scale)
+        for row in rows:
+            if max_total is not None and row.prompt_tokens + row.output_tokens > max_total:
+                stats.too_long += 1
+                continue
+            # rate_scale: floor(r) copies, plus one more with probability frac(r) (seeded)
+            copies = whole + (1 if frac > 0 and thin_rng.random() < frac else 0)
+            if copies == 0:
+                stats.thinned += 1
+                continue
+            stats.rows_used += 1
+            stats.duplicated += copies - 1
+            if row.prompt_tokens == 0 or row.output_tokens == 0:
+                stats.zero_length += 1
+            p_tok = max(
+                1, row.prompt_tokens if max_prompt is None else min(row.prompt_tokens, max_prompt)
+            )
+            out = max(
+                1, row.output_tokens if max_output is None else min(row.output_tokens, max_output)
+            )
+            at = (row.t_s - start_s) / time_scale if cfg.rate_rps is not None else None
+            for c in range(copies):
+                rid = f"trace-{row.line}" + (f"-{c}" if c else "")
+                if prefixes and row.hash_ids:
+                    text = prefix_prompt(
+                        row.hash_ids,
+                        p_tok,
+                        seed=cfg.seed,
+                        chars_per_token=chars_per_token,
+                        rng=text_rng,
+                        tag=rid,
+                    )
+                else:
+                    text = prompt_text(p_tok, text_rng, tag=rid, chars_per_token=chars_per_token)
+                stats.requests += 1
+                yield RequestSpec(
+                    request_id=rid,
+                    prompt=text,
+                    max_tokens=out,
+                    intended_at_s=at,
+                    prompt_tokens=p_tok,
+                    request_class=cls,
+                    extra_body=common_extra_body(params, out),
+                )
+
+    it: Iterator[RequestSpec] = specs()
+    if limit is not None:
+        it = itertools.islice(it, limit)
+    return RequestStream(
+        it,
+        lambda: {
+            "kind": "trace",
+            "time_scale": time_scale,
+            "rate_scale": rate_scale,
+            "trace": stats.to_dict(),
+        },
+    )

@@ -1,0 +1,80 @@
+"""Synthetic workload: independent requests with fixed or drawn lengths, sent by the arrival
+process (open loop) or as fast as the concurrency allows (closed loop).
+
+``[workload]`` keys (kind = "synthetic")::
+
+    prompt_tokens      number or distribution (default: the run's prompt_tokens)
+    output_tokens      number or distribution (default: the run's max_tokens)
+    request_class      label for per-class SLOs (default "synthetic"; e.g. "long_prompt")
+    max_prompt_tokens, max_output_tokens   clamps applied to every drawn length
+    exact_output       ask servers that support it for exactly max_tokens (ignore_eos)
+
+Example::
+
+    cfg = RunConfig(rate_rps=2, requests=3, workload={"kind": "synthetic", "prompt_tokens": 50})
+    [s.intended_at_s for s in synthetic_requests(cfg)]   # Poisson offsets from the run seed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.workloads.base import (
+    COMMON_KEYS,
+    RequestStream,
+    caps,
+    check_common,
+    clamp,
+    common_extra_body,
+    counter,
+    int_stream,
+    length_dists,
+    open_loop_times,
+    rng_for,
+)
+from loadlab.workloads.params import check_keys
+from loadlab.workloads.prompts import prompt_text
+
+__all__ = ["KEYS", "synthetic_requests", "validate"]
+
+KEYS = COMMON_KEYS | {"prompt_tokens", "output_tokens"}
+
+
+def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = ()) -> None:
+    check_keys("synthetic", params, KEYS)
+    length_dists(params, cfg.prompt_tokens, cfg.max_tokens, bases)
+    check_common(params, bases)
+
+
+def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+    params = cfg.workload
+    validate(cfg, params)
+    prompt_dist, output_dist = length_dists(params, cfg.prompt_tokens, cfg.max_tokens, ())
+    max_prompt, max_output = caps(params)
+    cls = str(params.get("request_class", "synthetic"))
+    times = open_loop_times(cfg, cfg.requests)
+    n = len(times) if times is not None else cfg.requests
+
+    def specs() -> Iterator[RequestSpec]:
+        prompts = int_stream(prompt_dist, rng_for(cfg.seed, "prompt"))
+        outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
+        text_rng = rng_for(cfg.seed, "text")
+        for i in counter(n):
+            rid = f"syn-{i:06d}"
+            p_tok = clamp(next(prompts), max_prompt)
+            out = clamp(next(outputs), max_output)
+            yield RequestSpec(
+                request_id=rid,
+                prompt=prompt_text(p_tok, text_rng, tag=rid, chars_per_token=chars_per_token),
+                max_tokens=out,
+                intended_at_s=times[i] if times is not None else None,
+                prompt_tokens=p_tok,
+                request_class=cls,
+                extra_body=common_extra_body(params, out),
+            )
+
+    return RequestStream(specs(), lambda: {"kind": "synthetic", "requests": n})

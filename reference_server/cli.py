@@ -1,0 +1,131 @@
+"""``loadlab-server``: the reference server's command line.
+
+Usage::
+
+    loadlab-server --mode continuous --preset cpu --port 8000
+    loadlab-server --mode chunked --preset tiny --max-batched-tokens 512 --chunk-size 256
+    LOADLAB_KEY=s3cret loadlab-server --api-key-env LOADLAB_KEY
+
+It prints ``loadlab-server ready: http://127.0.0.1:8000 ...`` once it accepts requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+
+from reference_server.api import ServerSettings, create_app
+from reference_server.engine import Engine
+from reference_server.kv_cache import BlockManager
+from reference_server.scheduler import MODES, make_scheduler
+
+__all__ = ["build_app", "main", "parse_args"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="loadlab-server", description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=sorted(MODES), default="continuous")
+    p.add_argument(
+        "--preset",
+        default="cpu",
+        help="tiny (tests), cpu, 1b (one GPU); fake = no model, for development",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", default="loadlab-ref", help="the name clients send as 'model'")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="largest running batch")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-cache-mb", type=float, help="KV cache budget in MiB")
+    kv.add_argument("--num-kv-blocks", type=int, help="KV cache size in blocks")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--max-model-len", type=int, help="cap the context (default: the model's)")
+    p.add_argument("--max-batched-tokens", type=int, help="tokens per step (chunked: default 512)")
+    p.add_argument("--chunk-size", type=int, default=256, help="longest prompt slice (chunked)")
+    p.add_argument(
+        "--max-queue", type=int, default=1024, help="waiting requests beyond the batch before 429"
+    )
+    p.add_argument("--api-key-env", help="name of an environment variable holding the API key")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0, help="weight seed")
+    p.add_argument("--log-level", default="warning")
+    args = p.parse_args(argv)
+    if args.api_key_env and not os.environ.get(args.api_key_env):
+        p.error(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
+    return args
+
+
+def _runner(args: argparse.Namespace) -> Any:
+    if args.preset == "fake":
+        from reference_server.fake_runner import FakeModelRunner
+
+        return FakeModelRunner(args.num_kv_blocks or 4096, args.block_size, sleep_s_per_step=0.002)
+    from reference_server.model_runner import ModelRunner  # torch is imported only here
+
+    kv_bytes = int(args.kv_cache_mb * 2**20) if args.kv_cache_mb else None
+    return ModelRunner(args.preset, num_kv_blocks=args.num_kv_blocks, kv_cache_bytes=kv_bytes,
+                       block_size=args.block_size, seed=args.seed, threads=args.threads)  # fmt: skip
+
+
+def build_app(args: argparse.Namespace) -> tuple[Any, Engine, dict[str, Any]]:
+    """Runner, block manager, scheduler, engine and ASGI app from parsed flags."""
+    runner = _runner(args)
+    info = dict(runner.info())
+    capacity = runner.num_kv_blocks * runner.block_size
+    # One request must always fit the cache alone, or admission could wait forever.
+    max_model_len = min(
+        int(info.get("max_model_len") or info.get("max_seq_len") or capacity), capacity
+    )
+    if args.max_model_len:
+        max_model_len = min(max_model_len, args.max_model_len)
+    bm = BlockManager(runner.num_kv_blocks, runner.block_size)
+    batched = args.max_batched_tokens or (512 if args.mode == "chunked" else None)
+    scheduler = make_scheduler(args.mode, bm, max_num_seqs=args.max_num_seqs,
+                               max_model_len=max_model_len, max_num_batched_tokens=batched,
+                               chunk_size=args.chunk_size, eos_id=int(info.get("eos_id", 256)))  # fmt: skip
+    engine = Engine(runner, scheduler)
+    info.update(mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=max_model_len,
+                block_size=runner.block_size, num_kv_blocks=runner.num_kv_blocks,
+                max_num_batched_tokens=scheduler.max_num_batched_tokens)  # fmt: skip
+    if args.mode == "chunked":
+        info["chunk_size"] = args.chunk_size
+    settings = ServerSettings(model_name=args.model_name, max_model_len=max_model_len,
+                              max_queue=args.max_queue, info=info,
+                              api_key=os.environ[args.api_key_env] if args.api_key_env else None)  # fmt: skip
+    return create_app(engine, settings), engine, info
+
+
+class _Server(uvicorn.Server):
+    ready_line = ""
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            print(self.ready_line, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        app, _engine, info = build_app(args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"loadlab-server: {exc}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=3, access_log=False)  # fmt: skip
+    server = _Server(config)
+    server.ready_line = (
+        f"loadlab-server ready: http://{args.host}:{args.port} mode={args.mode} "
+        f"preset={args.preset} device={info.get('device')} kv_blocks={info['num_kv_blocks']} "
+        f"max_num_seqs={args.max_num_seqs} max_model_len={info['max_model_len']}"
+    )
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

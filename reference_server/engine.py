@@ -1,0 +1,229 @@
+"""The engine: one loop in its own thread, one step = schedule -> run -> postprocess.
+
+The HTTP layer lives on an asyncio loop in another thread. It hands requests in with
+``submit`` (thread-safe; each request brings its own asyncio queue) and gets ``TokenEvent``s
+back through ``loop.call_soon_threadsafe``. ``abort`` is thread-safe too; both go through an
+inbox the engine drains at the top of each step, so the scheduler and block manager are only
+ever touched by the engine thread. The engine never asks which mode runs.
+
+Usage::
+
+    engine = Engine(runner, make_scheduler("continuous", BlockManager(runner.num_kv_blocks, 16)))
+    engine.start()
+    engine.submit(seq, loop, queue)      # queue receives TokenEvent(text, ..., finish_reason)
+    engine.abort(seq.seq_id)             # a client went away: free its KV blocks
+    engine.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from reference_server.metrics import ServerStats
+from reference_server.scheduler.base import Scheduler
+from reference_server.sequence import ScheduledBatch, Sequence
+
+__all__ = ["Engine", "Runner", "TextStream", "TokenEvent"]
+
+log = logging.getLogger("reference_server.engine")
+
+
+class Runner(Protocol):
+    num_kv_blocks: int
+    block_size: int
+
+    def run(self, batch: ScheduledBatch) -> list[int | None]: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What one step produced for one request: a text delta for one new token, and at the
+    end a ``finish_reason`` (``length``, ``stop``, ``abort`` or ``error``)."""
+
+    text: str
+    completion_tokens: int  # total generated so far
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class TextStream:
+    """Token ids to text deltas: never half a UTF-8 character, stop strings cut and held back.
+
+    Text that could still turn out to be the start of a stop string is held back until it
+    cannot (so a stop string never leaks into the output, as in OpenAI's API).
+    """
+
+    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop = stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self._text = ""
+        self._sent = 0
+        self.stopped = False
+
+    def push(self, token_id: int, final: bool) -> str:
+        if not self.stopped:
+            if 0 <= token_id < 256:  # ids >= 256 (eos, padding) carry no text
+                self._text += self._decoder.decode(bytes((token_id,)))
+            if final:
+                self._text += self._decoder.decode(b"", final=True)
+            self._cut_at_stop()
+        end = len(self._text) if final or self.stopped else len(self._text) - self._hold
+        delta = self._text[self._sent : max(end, self._sent)]
+        self._sent += len(delta)
+        return delta
+
+    def _cut_at_stop(self) -> None:
+        if not self._stop:
+            return
+        start = max(0, self._sent - self._hold - 4)
+        hits = [i for s in self._stop if (i := self._text.find(s, start)) >= 0]
+        if hits:
+            self._text = self._text[: min(hits)]
+            self.stopped = True
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenEvent]
+    text: TextStream
+
+
+class Engine:
+    """Drives a scheduler and a model runner; see the module docstring."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        scheduler: Scheduler,
+        *,
+        stats: ServerStats | None = None,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        idle_wait_s: float = 0.05,
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.stats = stats or ServerStats()
+        self.clock = clock
+        self.idle_wait_s = idle_wait_s
+        self._inbox: deque[tuple[str, Any]] = deque()  # deque appends are atomic
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._requests: dict[str, _Request] = {}  # engine thread only
+
+    # -- called from any thread -------------------------------------------------------------
+
+    def submit(
+        self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[TokenEvent]
+    ) -> None:
+        """Queue ``seq``; its ``TokenEvent``s arrive on ``queue`` via ``loop``."""
+        self._inbox.append(("add", _Request(seq, loop, queue, TextStream(seq.params.stop))))
+        self._wake.set()
+
+    def abort(self, seq_id: str) -> None:
+        """Drop a request wherever it is and free its KV blocks (no further events)."""
+        self._inbox.append(("abort", seq_id))
+        self._wake.set()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests not yet running: waiting in the scheduler or still in the inbox."""
+        pending = sum(1 for kind, _ in list(self._inbox) if kind == "add")
+        return self.scheduler.num_waiting + pending
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- the engine thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                worked = self.step()
+            except Exception:  # a bug must not kill the server silently: log and go on
+                log.exception("engine step failed")
+                worked = False
+            if not worked:
+                self._wake.wait(self.idle_wait_s)
+
+    def step(self) -> bool:
+        """One step; returns False when there was nothing to run."""
+        self._drain_inbox()
+        batch = self.scheduler.schedule()
+        if not batch:
+            return False
+        prefill, decode = batch.num_prefill_tokens, batch.num_decode_tokens
+        t0 = self.clock()
+        try:
+            tokens = self.runner.run(batch)
+        except Exception as exc:  # the model failed: fail this batch's requests, keep serving
+            log.exception("model runner failed on a batch of %d", len(batch.items))
+            self._fail(batch, f"model runner error: {type(exc).__name__}")
+            return True
+        updated = self.scheduler.postprocess(batch, tokens)
+        seconds = (self.clock() - t0) / 1e9
+        phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
+        for seq in updated:
+            self._emit(seq)
+        return True
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "add":
+                self._requests[item.seq.seq_id] = item
+                self.scheduler.add(item.seq)
+            elif self.scheduler.abort(item) is not None:
+                self._requests.pop(item, None)
+                self.stats.record_finished("abort")
+
+    def _emit(self, seq: Sequence) -> None:
+        req = self._requests.get(seq.seq_id)
+        if req is None:
+            return
+        final = seq.is_finished
+        text = req.text.push(seq.output_token_ids[-1], final)
+        event = TokenEvent(text, len(seq.output_token_ids), seq.finish_reason if final else None)
+        if final:
+            del self._requests[seq.seq_id]
+            self.stats.record_finished(seq.finish_reason or "length")
+        _deliver(req, event)
+
+    def _fail(self, batch: ScheduledBatch, message: str) -> None:
+        for item in batch.items:
+            seq_id = item.seq.seq_id
+            self.scheduler.abort(seq_id)
+            req = self._requests.pop(seq_id, None)
+            self.stats.record_finished("error")
+            if req is not None:
+                n = len(req.seq.output_token_ids)
+                _deliver(req, TokenEvent("", n, "error", error=message))
+
+
+def _deliver(req: _Request, event: TokenEvent) -> None:
+    try:
+        req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+    except RuntimeError:  # the API loop has closed (shutdown): nobody is listening
+        pass

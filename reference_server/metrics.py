@@ -1,0 +1,118 @@
+"""Server-side counters and their Prometheus text exposition (``GET /metrics``).
+
+The engine thread records steps; the API thread records rejections and renders. A lock keeps
+a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
+
+    requests_in_flight                gauge    admitted by the API, not yet answered
+    queue_depth                       gauge    requests waiting (queued or preempted)
+    running_requests                  gauge    requests in the running batch
+    batch_slots                       gauge    slots the batch holds (static: idle ones included)
+    kv_blocks_used / kv_blocks_total  gauge    paged KV cache blocks
+    step_seconds{phase}               histogram  forward-pass step time; phase = prefill|decode|mixed
+    steps_total{phase}                counter
+    tokens_total{phase}               counter  tokens processed (prefill) or generated (decode)
+    preemptions_total                 counter  sequences preempted (recomputed later)
+    requests_total{finish_reason}     counter  finished requests: length|stop|abort|error
+    rejected_requests_total{reason}   counter  refused before admission (queue_full, ...)
+
+Usage::
+
+    stats = ServerStats()
+    stats.record_step("decode", 0.012, prefill_tokens=0, decode_tokens=32)
+    text = stats.render(gauges={"queue_depth": 3}, counters={"preemptions_total": 0})
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+
+__all__ = ["PHASES", "STEP_BUCKETS_S", "ServerStats"]
+
+PHASES = ("prefill", "decode", "mixed")
+# Step times span ~1 ms (tiny model decode) to seconds (a 2k-token CPU prefill).
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+PREFIX = "loadlab_server_"
+
+
+class ServerStats:
+    """Thread-safe counters and step-time histograms for one server."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bucket_counts = {p: [0] * (len(STEP_BUCKETS_S) + 1) for p in PHASES}
+        self._step_sum_s = dict.fromkeys(PHASES, 0.0)
+        self._tokens: Counter[str] = Counter()
+        self._finished: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+
+    def record_step(
+        self, phase: str, seconds: float, *, prefill_tokens: int, decode_tokens: int
+    ) -> None:
+        with self._lock:
+            self._bucket_counts[phase][bisect.bisect_left(STEP_BUCKETS_S, seconds)] += 1
+            self._step_sum_s[phase] += seconds
+            self._tokens["prefill"] += prefill_tokens
+            self._tokens["decode"] += decode_tokens
+
+    def record_finished(self, finish_reason: str) -> None:
+        with self._lock:
+            self._finished[finish_reason] += 1
+
+    def record_rejected(self, reason: str) -> None:
+        with self._lock:
+            self._rejected[reason] += 1
+
+    def num_rejected(self) -> int:
+        with self._lock:
+            return sum(self._rejected.values())
+
+    def num_steps(self, phase: str) -> int:
+        with self._lock:
+            return sum(self._bucket_counts[phase])
+
+    def render(self, *, gauges: dict[str, float], counters: dict[str, float]) -> str:
+        """Prometheus text format 0.0.4 of these stats plus the caller's gauges and counters."""
+        lines: list[str] = []
+        for name, value in gauges.items():
+            lines += [f"# TYPE {PREFIX}{name} gauge", f"{PREFIX}{name} {_num(value)}"]
+        for name, value in counters.items():
+            lines += [f"# TYPE {PREFIX}{name} counter", f"{PREFIX}{name} {_num(value)}"]
+        with self._lock:
+            lines.append(f"# TYPE {PREFIX}step_seconds histogram")
+            for phase in PHASES:
+                cumulative = 0
+                for bound, count in zip(
+                    (*STEP_BUCKETS_S, float("inf")), self._bucket_counts[phase], strict=True
+                ):
+                    cumulative += count
+                    le = "+Inf" if bound == float("inf") else repr(bound)
+                    lines.append(
+                        f'{PREFIX}step_seconds_bucket{{phase="{phase}",le="{le}"}} {cumulative}'
+                    )
+                lines.append(
+                    f'{PREFIX}step_seconds_sum{{phase="{phase}"}} {self._step_sum_s[phase]!r}'
+                )
+                lines.append(f'{PREFIX}step_seconds_count{{phase="{phase}"}} {cumulative}')
+            lines.append(f"# TYPE {PREFIX}steps_total counter")
+            for phase in PHASES:
+                n = sum(self._bucket_counts[phase])
+                lines.append(f'{PREFIX}steps_total{{phase="{phase}"}} {n}')
+            lines += _labelled("tokens_total", "phase", self._tokens, ("prefill", "decode"))
+            lines += _labelled(
+                "requests_total", "finish_reason", self._finished, ("length", "stop", "abort")
+            )
+            lines += _labelled("rejected_requests_total", "reason", self._rejected, ("queue_full",))
+        return "\n".join(lines) + "\n"
+
+
+def _labelled(name: str, label: str, values: Counter[str], always: tuple[str, ...]) -> list[str]:
+    keys = list(always) + sorted(k for k in values if k not in always)
+    return [f"# TYPE {PREFIX}{name} counter"] + [
+        f'{PREFIX}{name}{{{label}="{k}"}} {values[k]}' for k in keys
+    ]
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

@@ -1,0 +1,267 @@
+"""A Llama-style decoder in one readable file (after gpt-fast's ``model.py``).
+
+RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU feed-forward, with
+seeded random weights (nothing is downloaded: the server exists to show serving physics, and a
+random model costs exactly what a trained one of the same shape costs).
+
+The model works on a *flat* batch: ``tokens`` [T] and ``positions`` [T] hold every token of
+every sequence in the step back to back, so each weight matrix is read once per step however
+many sequences share it. Attention is the only place where sequences differ, so the caller
+passes it in as a function (paged attention in ``model_runner.py``; plain causal attention in
+``dense_attention`` for references and tests).
+
+Usage::
+
+    args = PRESETS["tiny"]
+    model = Transformer(args).eval()
+    init_weights(model, seed=0)
+    tokens = torch.tensor([1, 2, 3]); pos = torch.arange(3)
+    h = model(tokens, pos, dense_attention)      # [3, dim]
+    logits = model.logits(h)                      # [3, vocab_size]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "PRESETS",
+    "AttentionFn",
+    "ModelArgs",
+    "Transformer",
+    "default_device_dtype",
+    "dense_attention",
+    "init_weights",
+]
+
+# (layer index, q [T, n_heads, head_dim], k [T, n_kv_heads, head_dim], v [T, n_kv_heads, head_dim])
+#   -> attention output [T, n_heads, head_dim]
+AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int = 320
+    max_seq_len: int = 4096
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelArgs.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count (embedding and output head untied, both counted)."""
+        hd = self.head_dim
+        attn = self.dim * hd * (self.n_heads + 2 * self.n_kv_heads) + self.n_heads * hd * self.dim
+        ffn = 3 * self.dim * self.ffn_dim
+        per_layer = attn + ffn + 2 * self.dim  # + attention_norm and ffn_norm weights
+        return 2 * self.vocab_size * self.dim + self.n_layers * per_layer + self.dim
+
+    @property
+    def num_non_embedding_params(self) -> int:
+        """Parameters touched by matmuls per token (all but the embedding lookup table)."""
+        return self.num_params - self.vocab_size * self.dim
+
+
+PRESETS: dict[str, ModelArgs] = {
+    # Tests: a few ms per step on CPU, GQA (4 query heads share 2 KV heads).
+    "tiny": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, max_seq_len=1024),
+    # This 2-core machine: ~46 M parameters = 185 MB of fp32 weights, 5.8x the 32 MiB L3, so
+    # every decode step streams the weights from DRAM (memory-bound) while a 128-token prefill
+    # does 128 tokens of matmul per weight byte (compute-bound). See
+    # docs/reference-server-physics.md for the measurements.
+    "cpu": ModelArgs(dim=768, n_layers=8, n_heads=12, n_kv_heads=4, ffn_dim=2048),
+    # One GPU: Llama-3.2-1B shapes (dim 2048, 16 layers, 32/8 heads, ffn 8192) with a byte
+    # vocabulary, so ~0.97 B parameters (Llama's 128k-token embeddings are most of the rest).
+    "1b": ModelArgs(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=8192,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+    ),
+}
+
+
+def default_device_dtype() -> tuple[torch.device, torch.dtype]:
+    """CUDA with bf16 when present, else CPU with fp32."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+# Modules take ``device`` explicitly: the ``with torch.device(...)`` context manager imports
+# torch's function-mode machinery on first use, which costs seconds at startup.
+Device = torch.device | str | None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, device: Device = None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [T, D]; Zhang & Sennrich 2019: x / rms(x) * g
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(args: ModelArgs, device: Device = None) -> tuple[Tensor, Tensor]:
+    """cos, sin: [max_seq_len, head_dim]; Su et al. 2021 (RoFormer), "rotate half" layout."""
+    half = args.head_dim // 2
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)  # [S, head_dim]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [T, H, hd]; cos, sin: [T, 1, hd]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        # q, k and v in one matmul (gpt-fast's wqkv): one weight read, one kernel.
+        qkv_dim = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
+        self.wqkv = nn.Linear(args.dim, qkv_dim, bias=False, device=device)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False, device=device)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: AttentionFn
+    ) -> Tensor:
+        t = x.shape[0]
+        hd, nq, nkv = self.head_dim, self.n_heads, self.n_kv_heads
+        q, k, v = self.wqkv(x).split([nq * hd, nkv * hd, nkv * hd], dim=-1)  # [T, *]
+        q = apply_rope(q.view(t, nq, hd), cos, sin)  # [T, H, hd]
+        k = apply_rope(k.view(t, nkv, hd), cos, sin)  # [T, KVH, hd]
+        out = attend(layer, q, k, v.view(t, nkv, hd))  # [T, H, hd]
+        return self.wo(out.reshape(t, nq * hd))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
+        super().__init__()
+        self.ffn_dim = args.ffn_dim
+        # gate and up projections in one matmul
+        self.w13 = nn.Linear(args.dim, 2 * args.ffn_dim, bias=False, device=device)
+        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False, device=device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).split(self.ffn_dim, dim=-1)
+        return self.w2(F.silu(gate) * up)  # SwiGLU, Shazeer 2020
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
+        super().__init__()
+        self.attention = Attention(args, device)
+        self.feed_forward = FeedForward(args, device)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, device)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, device)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: AttentionFn
+    ) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, layer, attend)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, device: Device = None) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device)
+        self.layers = nn.ModuleList(Block(args, device) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, device)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device)
+        cos, sin = rope_tables(args, device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: Tensor, positions: Tensor, attend: AttentionFn) -> Tensor:
+        """Hidden states [T, dim] (before the final norm) of a flat batch of tokens [T]."""
+        cos = self.rope_cos[positions].unsqueeze(1).to(self.output.weight.dtype)  # [T, 1, hd]
+        sin = self.rope_sin[positions].unsqueeze(1).to(self.output.weight.dtype)
+        x = self.tok_embeddings(tokens)  # [T, D]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, attend)
+        return x
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Next-token logits [N, vocab_size] (fp32) of hidden states [N, dim]."""
+        return self.output(self.norm(h)).float()
+
+
+@torch.no_grad()
+def init_weights(model: Transformer, seed: int) -> None:
+    """Seeded random weights scaled so activations stay finite and outputs vary.
+
+    Matrices ~ N(0, 0.02) as in GPT-2; residual output projections (wo, w2) scaled by
+    1/sqrt(2 * n_layers) (GPT-2, Radford et al. 2019) so the residual stream does not grow with
+    depth; the output head ~ N(0, 1/dim) so logits of the unit-RMS final state have std ~1
+    (distinct greedy choices, not a near-uniform distribution). The embedding is N(0, 0.02)
+    too: RMSNorm rescales it before every use.
+    """
+    device = model.output.weight.device
+    gen = torch.Generator(device=device).manual_seed(seed)  # same weights per device type
+    args = model.args
+    resid_std = 0.02 / math.sqrt(2 * args.n_layers)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+            continue
+        std = 0.02
+        if name.endswith(("wo.weight", "w2.weight")):
+            std = resid_std
+        elif name == "output.weight":
+            std = 1.0 / math.sqrt(args.dim)
+        p.copy_(torch.randn(p.shape, generator=gen, device=device) * std)  # drawn in fp32
+
+
+def dense_attention(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Plain causal attention over one sequence with no cache: the reference for paged attention.
+
+    q: [T, H, hd], k, v: [T, KVH, hd] -> [T, H, hd].
+    """
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    )  # [H, T, hd]
+    return out.transpose(0, 1)

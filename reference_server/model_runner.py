@@ -1,0 +1,380 @@
+"""Runs one scheduler step on the model: flatten the batch, write and read the paged KV cache,
+run one forward pass, sample.
+
+The contract with the scheduler is ``reference_server/sequence.py``: each ``ScheduledSeq``
+asks to process ``seq.token_ids[num_computed_tokens : num_computed_tokens + num_new_tokens]``;
+whole prompts, prompt slices (chunked prefill), recomputation after preemption and decode
+tokens are all the same thing here, and all of a step's tokens go through the weights in one
+forward pass, so decode reads each weight once per step for the whole batch.
+
+KV cache: one tensor ``[n_layers, 2 (K, V), num_blocks, block_size, n_kv_heads, head_dim]``.
+Token ``p`` of a sequence lives in slot ``block_table[p // block_size] * block_size +
+p % block_size`` of the flattened ``[num_blocks * block_size, n_kv_heads, head_dim]`` view.
+
+Usage::
+
+    runner = ModelRunner("tiny", num_kv_blocks=64)
+    seq = Sequence("r1", [72, 105], SamplingParams(max_tokens=4))
+    seq.block_table = [0]                      # normally the block manager's job
+    runner.run(ScheduledBatch([ScheduledSeq(seq, 2)]))   # -> [next_token_id]
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from reference_server.model import (
+    PRESETS,
+    ModelArgs,
+    Transformer,
+    default_device_dtype,
+    init_weights,
+)
+from reference_server.sampling import Sampler
+from reference_server.sequence import ScheduledBatch, ScheduledSeq, Sequence
+from reference_server.tokenizer import ByteTokenizer
+
+__all__ = ["ModelRunner", "resolve_args"]
+
+_DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: thousands of 4k-token contexts for the cpu preset
+_GPU_KV_FRACTION = 0.8
+_SMALL_MODEL_PARAMS = 5_000_000  # below this, default to one torch thread  # of the free memory left after the weights are loaded
+
+
+def resolve_args(preset: str | ModelArgs) -> ModelArgs:
+    """ModelArgs of a preset name (or the args themselves)."""
+    if isinstance(preset, ModelArgs):
+        return preset
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[preset]
+
+
+@dataclass
+class _StepMeta:
+    """Index tensors of one step, shared by every layer."""
+
+    slots: Tensor  # [T] cache slot of each new token
+    decode_rows: Tensor | None  # [Bd] rows of single-token items (None: no such item)
+    decode_all: bool  # every item is a single token, rows 0..T-1 in order
+    decode_gather: Tensor | None  # [Bd, Lmax] cache slots of each decode item's keys
+    decode_mask: Tensor | None  # [Bd, 1, 1, Lmax] True where a key is attended
+    prefills: list[tuple[int, int, Tensor | None, Tensor | None]]
+    # (first row, n_new, gather [start + n_new] or None, mask [n_new, start + n_new] or None)
+
+
+class ModelRunner:
+    """The model, its paged KV cache and a sampler; ``run`` executes one ScheduledBatch."""
+
+    def __init__(
+        self,
+        preset: str | ModelArgs = "tiny",
+        *,
+        num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+        block_size: int = 16,
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        threads: int | None = None,
+    ) -> None:
+        self.args = resolve_args(preset)
+        self.preset = preset if isinstance(preset, str) else "custom"
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if threads is None and self.args.num_params < _SMALL_MODEL_PARAMS:
+            # A tiny model's ops are too small to split; on a busy machine OpenMP threads
+            # waiting for each other made the tests 20x slower (measured, 2 cores, load 9).
+            threads = 1
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        dev, dt = default_device_dtype()
+        self.device = torch.device(device) if device is not None else dev
+        if self.device.type != dev.type and dtype is None:
+            dt = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.dtype = dtype if dtype is not None else dt
+        self.block_size = block_size
+        self.tokenizer = ByteTokenizer()
+        if self.args.vocab_size < self.tokenizer.vocab_size:
+            raise ValueError(f"vocab_size must be >= {self.tokenizer.vocab_size} (byte tokenizer)")
+        a = self.args
+        self.kv_bytes_per_token = 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.dtype.itemsize
+
+        model = Transformer(a, self.device)
+        init_weights(model, seed)
+        self.model = model.to(self.dtype).eval()
+        self.model.rope_cos = self.model.rope_cos.float()  # keep the rotary tables exact
+        self.model.rope_sin = self.model.rope_sin.float()
+
+        self.num_kv_blocks = self._num_blocks(num_kv_blocks, kv_cache_bytes)
+        # [L, 2, num_blocks, block_size, KVH, hd]; zeros, not empty: padded keys are masked,
+        # but their values still enter the softmax-weighted sum as 0 * v, and garbage could be NaN.
+        self.kv_cache = torch.zeros(
+            (a.n_layers, 2, self.num_kv_blocks, block_size, a.n_kv_heads, a.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        flat = self.kv_cache.view(a.n_layers, 2, -1, a.n_kv_heads, a.head_dim)
+        self._k = [flat[i, 0] for i in range(a.n_layers)]  # [num_slots, KVH, hd] each
+        self._v = [flat[i, 1] for i in range(a.n_layers)]
+        self.sampler = Sampler(
+            eos_id=self.tokenizer.eos_id,
+            num_byte_tokens=self.tokenizer.num_byte_tokens,
+            vocab_size=a.vocab_size,
+            seed=seed,
+            device=self.device,
+        )
+
+    # ---------------------------------------------------------------- setup
+    def _num_blocks(self, num_kv_blocks: int | None, kv_cache_bytes: int | None) -> int:
+        block_bytes = self.kv_bytes_per_token * self.block_size
+        if num_kv_blocks is not None:
+            if num_kv_blocks < 1:
+                raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
+            return num_kv_blocks
+        if kv_cache_bytes is None:
+            kv_cache_bytes = self._default_kv_bytes()
+        blocks = kv_cache_bytes // block_bytes
+        if blocks < 1:
+            raise ValueError(
+                f"kv_cache_bytes={kv_cache_bytes} holds no block of {block_bytes} bytes; "
+                "give at least one block's worth"
+            )
+        return int(blocks)
+
+    def _default_kv_bytes(self) -> int:
+        if self.device.type == "cuda":
+            free_bytes, _ = torch.cuda.mem_get_info(self.device)
+            return int(free_bytes * _GPU_KV_FRACTION)
+        # Enough for 64 full-length sequences, at most 1 GiB and a quarter of free RAM.
+        full = 64 * self.args.max_seq_len * self.kv_bytes_per_token
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            avail = 4 * _DEFAULT_CPU_KV_BYTES
+        return int(min(full, _DEFAULT_CPU_KV_BYTES, avail // 4))
+
+    def info(self) -> dict[str, object]:
+        """What is loaded, for /metrics, /v1/models and results files."""
+        return {
+            "preset": self.preset,
+            "num_params": self.args.num_params,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "device": str(self.device),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "num_kv_blocks": self.num_kv_blocks,
+            "block_size": self.block_size,
+            "max_seq_len": self.args.max_seq_len,
+        }
+
+    # ---------------------------------------------------------------- one step
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int | None]:
+        """Process every item's new tokens in one forward pass; the next token of each item
+        that completes its sequence's known tokens, else None. Never mutates the sequences."""
+        done, logits = self.logits(batch)
+        out: list[int | None] = [None] * len(batch.items)
+        if done:
+            sampled = self.sampler.sample(logits, [batch.items[i].seq for i in done])
+            for i, t in zip(done, sampled, strict=True):
+                out[i] = t
+        return out
+
+    @torch.inference_mode()
+    def logits(self, batch: ScheduledBatch) -> tuple[list[int], Tensor]:
+        """The forward pass of ``run`` without sampling: indices of the items that complete
+        their sequence, and their next-token logits [len(indices), vocab_size] (fp32)."""
+        items = batch.items
+        dev = self.device
+        if not items:
+            return [], torch.empty(0, self.args.vocab_size, device=dev)
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for it in items:
+            self._append_item(it, tokens, positions, slots)
+        meta = self._step_meta(items, torch.tensor(slots, device=dev))
+        tok_t = torch.tensor(tokens, device=dev)
+        pos_t = torch.tensor(positions, device=dev)
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return self._attend(meta, layer, q, k, v)
+
+        h = self.model(tok_t, pos_t, attend)  # [T, D]
+        rows, done = [], []
+        row = 0
+        for i, it in enumerate(items):
+            row += it.num_new_tokens
+            if it.completes:
+                rows.append(row - 1)
+                done.append(i)
+        if not done:
+            return [], torch.empty(0, self.args.vocab_size, device=dev)
+        last = h if len(rows) == h.shape[0] else h[torch.tensor(rows, device=dev)]
+        return done, self.model.logits(last)  # [N, V] fp32
+
+    def _append_item(
+        self, it: ScheduledSeq, tokens: list[int], positions: list[int], slots: list[int]
+    ) -> None:
+        seq, n = it.seq, it.num_new_tokens
+        start = seq.num_computed_tokens
+        end = start + n
+        if n < 1 or end > seq.num_tokens:
+            raise ValueError(
+                f"{seq.seq_id}: cannot process tokens [{start}, {end}) of {seq.num_tokens}"
+            )
+        if end > self.args.max_seq_len:
+            raise ValueError(
+                f"{seq.seq_id}: {end} tokens exceed max_seq_len {self.args.max_seq_len}"
+            )
+        bs, bt = self.block_size, seq.block_table
+        if len(bt) * bs < end:
+            raise ValueError(
+                f"{seq.seq_id}: block table holds {len(bt) * bs} tokens, step needs {end}"
+            )
+        tokens.extend(_token_slice(seq, start, n))
+        if n == 1:
+            positions.append(start)
+            slots.append(bt[start // bs] * bs + start % bs)
+        else:
+            positions.extend(range(start, end))
+            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
+
+    def _step_meta(self, items: list[ScheduledSeq], slots: Tensor) -> _StepMeta:
+        dev, bs = self.device, self.block_size
+        dec_rows: list[int] = []
+        dec_lens: list[int] = []
+        dec_tables: list[list[int]] = []
+        prefills: list[tuple[int, int, Tensor | None, Tensor | None]] = []
+        row = 0
+        for it in items:
+            seq, n = it.seq, it.num_new_tokens
+            start = seq.num_computed_tokens
+            if n == 1:
+                dec_rows.append(row)
+                dec_lens.append(start + 1)
+                dec_tables.append(seq.block_table[: (start + bs) // bs])
+            elif start == 0:
+                prefills.append((row, n, None, None))  # attends to its own fresh K/V only
+            else:
+                total = start + n
+                pos = torch.arange(total, device=dev)
+                bt = torch.tensor(seq.block_table[: (total + bs - 1) // bs], device=dev)
+                gather = bt[pos // bs] * bs + pos % bs  # [start + n]
+                q_pos = torch.arange(start, total, device=dev)
+                mask = pos[None, :] <= q_pos[:, None]  # [n, start + n], causal with offset
+                prefills.append((row, n, gather, mask))
+            row += n
+        meta = _StepMeta(slots, None, False, None, None, prefills)
+        if dec_rows:
+            lmax = max(dec_lens)
+            nb = (lmax + bs - 1) // bs
+            table = torch.tensor([t + [0] * (nb - len(t)) for t in dec_tables], device=dev)
+            j = torch.arange(lmax, device=dev)
+            meta.decode_gather = table[:, j // bs] * bs + j % bs  # [Bd, Lmax]
+            lens = torch.tensor(dec_lens, device=dev)
+            meta.decode_mask = (j[None, :] < lens[:, None])[:, None, None, :]  # [Bd, 1, 1, Lmax]
+            meta.decode_all = len(dec_rows) == row
+            meta.decode_rows = None if meta.decode_all else torch.tensor(dec_rows, device=dev)
+        return meta
+
+    def _attend(self, meta: _StepMeta, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # q: [T, H, hd]; k, v: [T, KVH, hd] -> [T, H, hd]
+        kc, vc = self._k[layer], self._v[layer]  # [num_slots, KVH, hd]
+        kc.index_copy_(0, meta.slots, k)
+        vc.index_copy_(0, meta.slots, v)
+        gather, mask, rows = meta.decode_gather, meta.decode_mask, meta.decode_rows
+        if meta.decode_all and gather is not None:
+            return _attend_decode(q, kc, vc, gather, mask)
+        out = torch.empty_like(q)
+        if gather is not None and rows is not None:
+            out[rows] = _attend_decode(q[rows], kc, vc, gather, mask)
+        for row, n, gather, mask in meta.prefills:
+            qi = q[row : row + n].transpose(0, 1)  # [H, n, hd]
+            if gather is None:  # a whole prompt from position 0: its own K/V, plain causal
+                ki, vi = k[row : row + n], v[row : row + n]
+            else:  # a later slice: all earlier K/V come from the cache
+                ki, vi = (
+                    kc.index_select(0, gather),
+                    vc.index_select(0, gather),
+                )  # [start+n, KVH, hd]
+            o = F.scaled_dot_product_attention(
+                qi,
+                ki.transpose(0, 1),
+                vi.transpose(0, 1),
+                attn_mask=mask,
+                is_causal=gather is None,
+                enable_gqa=True,
+            )  # [H, n, hd]
+            out[row : row + n] = o.transpose(0, 1)
+        return out
+
+    # ---------------------------------------------------------------- KV transfer
+    def _slots_of(self, seq: Sequence, num_tokens: int) -> Tensor:
+        bs = self.block_size
+        if len(seq.block_table) * bs < num_tokens:
+            raise ValueError(
+                f"{seq.seq_id}: block table holds {len(seq.block_table) * bs} tokens, "
+                f"not {num_tokens}"
+            )
+        pos = torch.arange(num_tokens, device=self.device)
+        bt = torch.tensor(seq.block_table, device=self.device, dtype=torch.long)
+        return bt[pos // bs] * bs + pos % bs
+
+    @torch.inference_mode()
+    def export_kv(self, seq: Sequence, num_tokens: int | None = None) -> Tensor:
+        """K/V of a sequence's first ``num_tokens`` (default: all computed) tokens:
+        [n_layers, 2, num_tokens, n_kv_heads, head_dim], contiguous, on the runner's device."""
+        n = seq.num_computed_tokens if num_tokens is None else num_tokens
+        a = self.args
+        flat = self.kv_cache.view(a.n_layers, 2, -1, a.n_kv_heads, a.head_dim)
+        return flat.index_select(2, self._slots_of(seq, n))  # a fresh contiguous copy
+
+    @torch.inference_mode()
+    def import_kv(self, seq: Sequence, kv: Tensor) -> None:
+        """Write ``kv`` (export_kv's layout) into ``seq.block_table``'s slots. The caller then
+        sets ``seq.num_computed_tokens`` to ``kv.shape[2]``."""
+        a = self.args
+        want = (a.n_layers, 2, a.n_kv_heads, a.head_dim)
+        if kv.dim() != 5 or (kv.shape[0], kv.shape[1], kv.shape[3], kv.shape[4]) != want:
+            raise ValueError(
+                f"kv must be [n_layers, 2, n_tokens, n_kv_heads, head_dim] = "
+                f"[{want[0]}, 2, n, {want[2]}, {want[3]}], got {list(kv.shape)}"
+            )
+        flat = self.kv_cache.view(a.n_layers, 2, -1, a.n_kv_heads, a.head_dim)
+        flat.index_copy_(2, self._slots_of(seq, kv.shape[2]), kv.to(self.device, self.dtype))
+
+
+def _attend_decode(
+    q: Tensor, kc: Tensor, vc: Tensor, gather: Tensor, mask: Tensor | None
+) -> Tensor:
+    """One query per sequence against its keys gathered from the cache, padded to the longest.
+
+    q: [Bd, H, hd]; kc, vc: [num_slots, KVH, hd]; gather: [Bd, Lmax]; mask: [Bd, 1, 1, Lmax].
+    """
+    # index_select on the flat slots: ~9x faster on CPU than advanced indexing kc[gather]
+    bd, lmax = gather.shape
+    flat = gather.view(-1)
+    keys = kc.index_select(0, flat).view(bd, lmax, *kc.shape[1:]).transpose(1, 2)
+    vals = vc.index_select(0, flat).view(bd, lmax, *vc.shape[1:]).transpose(1, 2)
+    # keys, vals: [Bd, KVH, Lmax, hd]
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, attn_mask=mask, enable_gqa=True)
+    return o.squeeze(2)  # [Bd, H, hd]
+
+
+def _token_slice(seq: Sequence, start: int, n: int) -> list[int]:
+    """seq.token_ids[start:start + n] without concatenating prompt and output every step."""
+    prompt, output = seq.prompt_token_ids, seq.output_token_ids
+    p = len(prompt)
+    if start >= p:
+        return output[start - p : start - p + n]
+    if start + n <= p:
+        return prompt[start : start + n]
+    return prompt[start:] + output[: start + n - p]

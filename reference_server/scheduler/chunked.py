@@ -1,0 +1,55 @@
+"""Chunked prefill (Sarathi-Serve, OSDI'24): a per-step token budget shared by decodes and
+slices of prompts.
+
+Each step schedules every running decode first (one token each), then slices of prompts
+already under way, then slices of waiting prompts, until ``max_num_batched_tokens`` is used;
+no slice is longer than ``chunk_size``. All of it is one forward pass, so a long prompt costs
+each in-flight stream a little per step instead of one long stall.
+
+Usage::
+
+    sched = ChunkedScheduler(BlockManager(256, 16), max_num_seqs=32, max_model_len=4096,
+                             max_num_batched_tokens=512, chunk_size=256)
+"""
+
+from __future__ import annotations
+
+from reference_server.kv_cache import BlockManager
+from reference_server.scheduler.base import Scheduler
+from reference_server.sequence import ScheduledBatch, ScheduledSeq
+
+__all__ = ["ChunkedScheduler"]
+
+
+class ChunkedScheduler(Scheduler):
+    mode = "chunked"
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_batched_tokens: int = 512,
+        chunk_size: int = 256,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(block_manager, max_num_batched_tokens=max_num_batched_tokens, **kwargs)  # type: ignore[arg-type]
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        budget -= self._schedule_running(batch, budget, self.chunk_size)
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_tokens - seq.num_computed_tokens, self.chunk_size, budget)
+            # Never preempt for a newcomer: it waits until blocks are free.
+            if not bm.can_allocate(seq, seq.num_computed_tokens + n):
+                break
+            bm.allocate(seq, seq.num_computed_tokens + n)
+            self._admit(seq)
+            batch.items.append(ScheduledSeq(seq, n))
+            budget -= n
+        return batch

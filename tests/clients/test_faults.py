@@ -1,0 +1,175 @@
+"""Every fault of a real misbehaving server becomes its outcome class; a run goes on past them;
+an API key never leaks into records, results or logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from loadlab.clients import OpenAIClient
+from loadlab.config import EndpointConfig
+from loadlab.records import RequestSpec
+from loadlab.results import Results, write_results
+from loadlab.testing.fault_server import FaultServer
+from tests.conftest import free_port
+
+EXPECTED = {
+    "ok": "ok",
+    "malformed": "protocol_error",
+    "stream_error": "stream_error",
+    "eof": "incomplete",
+    "close": "incomplete",
+    "reset": "incomplete",
+    "reset_early": "connect_error",
+    "429": "http_429",
+    "500_html": "http_500",
+    "non_json": "protocol_error",
+    "not_sse": "protocol_error",
+    "stall": "timeout",
+    "drip": "timeout",
+}
+
+
+async def _send_one(url: str, api: str, *, stream: bool = True, **kw: float) -> object:
+    ep = EndpointConfig(url, api=api)
+    async with OpenAIClient(
+        ep, stream=stream, timeout_s=kw.get("timeout_s", 5.0), read_timeout_s=kw.get("read_s", 0.3)
+    ) as c:
+        return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_each_fault_becomes_its_outcome(
+    fault_server: FaultServer, api: str, transport: str
+) -> None:
+    async def main() -> dict[str, object]:
+        modes = list(EXPECTED)
+        kw = {"timeout_s": 0.6, "read_s": 0.3}
+        recs = await asyncio.gather(
+            *(
+                _send_one(f"{fault_server.url}/fault/{m}", api, transport=transport, **kw)
+                for m in modes
+            )
+        )
+        return dict(zip(modes, recs, strict=True))
+
+    records = asyncio.run(main())
+    assert {m: r.outcome for m, r in records.items()} == EXPECTED  # type: ignore[attr-defined]
+    r429 = records["429"]
+    assert r429.server["retry_after_s"] == 7.0  # type: ignore[attr-defined]
+    assert "model overloaded" in r429.error  # type: ignore[attr-defined]
+    assert "500 Internal Server Error" in records["500_html"].error  # type: ignore[attr-defined]
+    assert "model overloaded" in records["stream_error"].error  # type: ignore[attr-defined]
+    # tokens that arrived before the failure keep their times
+    assert len(records["reset"].chunk_ns) == 1  # type: ignore[attr-defined]
+    assert len(records["eof"].chunk_ns) == 2  # type: ignore[attr-defined]
+    for r in records.values():
+        assert r.sent_ns is not None and r.end_ns is not None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_non_streaming_faults(fault_server: FaultServer, transport: str) -> None:
+    async def main() -> list[str]:
+        modes = ["ok", "non_json", "429", "stream_error"]
+        recs = await asyncio.gather(
+            *(
+                _send_one(
+                    f"{fault_server.url}/fault/{m}", "chat", stream=False, transport=transport
+                )
+                for m in modes
+            )
+        )
+        return [r.outcome for r in recs]  # type: ignore[attr-defined]
+
+    assert asyncio.run(main()) == ["ok", "protocol_error", "http_429", "protocol_error"]
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_connection_refused_is_connect_error(transport: str) -> None:
+    rec = asyncio.run(_send_one(f"http://127.0.0.1:{free_port()}", "chat", transport=transport))
+    assert rec.outcome == "connect_error"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_a_run_continues_past_faults(fault_server: FaultServer, transport: str) -> None:
+    """One client, requests in sequence over kept-alive connections, faults in between."""
+    modes = ["ok", "429", "ok", "reset", "ok", "malformed", "ok", "500_html", "ok", "eof", "ok"]
+
+    async def main() -> list[str]:
+        ep = EndpointConfig(fault_server.url)
+        async with OpenAIClient(ep, max_connections=2, transport=transport) as c:
+            t0 = time.perf_counter_ns()
+            out = []
+            for i, mode in enumerate(modes):
+                spec = RequestSpec(f"q{i}", "hi", 3, extra_body={"fault": mode})  # per request
+                out.append((await c.send(spec, t0_ns=t0)).record.outcome)
+            return out
+
+    outcomes = asyncio.run(main())
+    assert outcomes == [EXPECTED[m] for m in modes]
+    sent = len(outcomes)
+    ok = outcomes.count("ok")
+    assert sent == ok + sum(1 for o in outcomes if o != "ok")
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_cancel_records_then_reraises(fault_server: FaultServer, transport: str) -> None:
+    async def main() -> OpenAIClient:
+        ep = EndpointConfig(fault_server.url + "/fault/stall")
+        async with OpenAIClient(ep, transport=transport) as c:
+            task = asyncio.ensure_future(
+                c.send(RequestSpec("c1", "hi", 3), t0_ns=time.perf_counter_ns())
+            )
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return c
+
+    client = asyncio.run(main())
+    [rec] = client.cancelled_records
+    assert (rec.request_id, rec.outcome) == ("c1", "cancelled")
+    assert len(rec.chunk_ns) == 1 and rec.end_ns is not None
+
+
+CANARY = "sk-canary-7f3a9e1b2c4d"
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_canary_key_never_leaks(
+    transport: str,
+    fault_server: FaultServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("LOADLAB_TEST_KEY", CANARY)
+    caplog.set_level(logging.DEBUG)
+
+    async def main() -> list[object]:
+        recs = []
+        for mode in ("ok", "echo_auth", "429", "reset", "malformed"):
+            ep = EndpointConfig(f"{fault_server.url}/fault/{mode}", api_key_env="LOADLAB_TEST_KEY")
+            async with OpenAIClient(ep, transport=transport) as c:
+                recs.append((await c.send(RequestSpec(mode, "hi", 3), t0_ns=0)).record)
+        return recs
+
+    records = asyncio.run(main())
+    assert [r.outcome for r in records] == [
+        "ok",
+        "http_401",
+        "http_429",
+        "incomplete",
+        "protocol_error",
+    ]  # type: ignore[attr-defined]
+    assert "bad key: Bearer ***" in records[1].error  # type: ignore[attr-defined]  # the server echoed it
+    cfg = {"endpoints": [{"url": fault_server.url, "api_key_env": "LOADLAB_TEST_KEY"}]}
+    path = write_results(Results(records=records, config=cfg), tmp_path / "run.json")  # type: ignore[arg-type]
+    assert CANARY not in path.read_text()
+    assert all(CANARY not in repr(r) for r in records)
+    assert CANARY not in caplog.text

@@ -1,0 +1,96 @@
+"""The raw transport's response parser: framing split at every byte gives the same body."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from loadlab.clients.rawhttp import Target, _Conn
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: Mapping[str, str] = {}
+        self.body = b""
+
+    def on_headers(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
+        self.status, self.headers = status, headers
+
+    def on_bytes(self, data: bytes, t_ns: int) -> bool:
+        self.body += data
+        return False
+
+
+def parse(*parts: bytes) -> tuple[Sink, _Conn, asyncio.Future[None]]:
+    loop = asyncio.new_event_loop()
+    try:
+        conn, sink, done = _Conn(), Sink(), loop.create_future()
+        conn.start(sink, done)
+        for p in parts:
+            conn.data_received(p)
+        return sink, conn, done
+    finally:
+        loop.close()
+
+
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"6\r\ndata: \r\n" + b"b;ext=1\r\nhello world\r\n" + b"0\r\nX-Trailer: 1\r\n\r\n"
+)
+
+
+def test_chunked_with_extension_and_trailer_split_everywhere() -> None:
+    for i in range(len(CHUNKED) + 1):
+        for j in range(i, len(CHUNKED) + 1, 7):
+            sink, conn, done = parse(CHUNKED[:i], CHUNKED[i:j], CHUNKED[j:])
+            assert (sink.status, sink.body) == (200, b"data: hello world"), (i, j)
+            assert sink.headers.get("content-type") == "text/event-stream"
+            assert done.done() and conn.result.error is None and conn.reusable
+
+
+def test_content_length_body_and_interim_100() -> None:
+    raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 429 Too Many\r\nRetry-After: 7\r\nContent-Length: 5\r\n\r\nslow!"
+    sink, conn, done = parse(raw[:30], raw[30:])
+    assert (sink.status, sink.body, sink.headers.get("Retry-After")) == (429, b"slow!", "7")
+    assert done.done() and conn.reusable
+
+
+def test_close_delimited_body_ends_ok_at_close() -> None:
+    sink, conn, done = parse(b"HTTP/1.0 200 OK\r\n\r\nabc", b"def")
+    assert not done.done()
+    conn.connection_lost(None)
+    assert sink.body == b"abcdef" and conn.result.error is None and not conn.reusable
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "protocol"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", "protocol"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "protocol"),
+    ],
+)
+def test_bad_framing_is_a_protocol_error(raw: bytes, error: str) -> None:
+    _, conn, done = parse(raw)
+    assert done.done() and conn.result.error == error
+
+
+def test_cut_mid_body_is_incomplete_and_before_head_is_connect() -> None:
+    _, conn, _ = parse(CHUNKED[:100])
+    conn.connection_lost(ConnectionResetError("reset"))
+    assert conn.result.error == "incomplete"
+    _, conn, _ = parse(b"HTTP/1.1 20")
+    conn.connection_lost(None)
+    assert conn.result.error == "connect"
+
+
+def test_target_and_request_head() -> None:
+    t = Target.from_url("https://api.example.com/v1/chat/completions")
+    assert (t.host, t.port, t.tls, t.path) == ("api.example.com", 443, True, "/v1/chat/completions")
+    head = Target.from_url("http://127.0.0.1:8000/v1/completions").request_head({"A": "b"})
+    assert head == b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nA: b\r\n"
+    with pytest.raises(ValueError, match="http:// or https://"):
+        Target.from_url("ftp://x")

@@ -1,0 +1,78 @@
+"""Synthetic results built directly from seeded distributions (no server needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loadlab.records import OUTCOME_OK, RequestRecord
+from loadlab.results import Results
+
+MS = 1_000_000
+
+
+def make_results(
+    n: int = 200,
+    *,
+    seed: int = 0,
+    ttft_scale: float = 1.0,
+    ttft_ms_mean: float = 100.0,
+    itl_ms_mean: float = 20.0,
+    tokens: int = 16,
+    rate_rps: float = 20.0,
+    failures: int = 0,
+    request_class: str = "default",
+    open_loop: bool = False,
+) -> Results:
+    """``n`` requests, Poisson arrivals, gamma TTFT, exponential-ish ITL, ``failures`` 500s."""
+    rng = np.random.default_rng(seed)
+    sent = np.cumsum(rng.exponential(1 / rate_rps, size=n)) * 1e9
+    ttft = rng.gamma(4.0, ttft_ms_mean / 4.0, size=n) * ttft_scale
+    records = []
+    for i in range(n):
+        s = int(sent[i])
+        if i < failures:
+            records.append(
+                RequestRecord(
+                    request_id=f"r{i}",
+                    outcome="http_500",
+                    sent_ns=s,
+                    end_ns=s + 5 * MS,
+                    http_status=500,
+                    error="HTTP 500",
+                    request_class=request_class,
+                )
+            )
+            continue
+        gaps = rng.gamma(8.0, itl_ms_mean / 8.0, size=tokens - 1)
+        first = s + int(ttft[i] * MS)
+        chunks = [first] + [first + int(g * MS) for g in np.cumsum(gaps)]
+        records.append(
+            RequestRecord(
+                request_id=f"r{i}",
+                outcome=OUTCOME_OK,
+                sent_ns=s,
+                intended_ns=s - int(rng.uniform(0, 2) * MS) if open_loop else None,
+                headers_ns=s + MS,
+                chunk_ns=chunks,
+                chunk_tokens=[1] * tokens,
+                end_ns=chunks[-1] + MS,
+                http_status=200,
+                prompt_tokens=int(rng.integers(32, 512)),
+                prompt_tokens_requested=128,
+                max_tokens=tokens,
+                output_tokens=tokens,
+                output_tokens_source="usage",
+                output_tokens_chunks=tokens,
+                finish_reason="length",
+                request_class=request_class,
+            )
+        )
+    end = max((r.end_ns or 0) for r in records)
+    return Results(
+        records=records,
+        config={"rate_rps": rate_rps, "max_tokens": tokens, "seed": seed},
+        environment={"python": "3.11", "host": "test"},
+        started_at="2026-11-30T09:00:00Z",
+        duration_ns=end,
+        window_ns=(0, end),
+    )

@@ -1,0 +1,86 @@
+"""The text summary on a hand-made results file, every figure computed by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadlab.cli import main
+from loadlab.records import RequestRecord
+from loadlab.report.text import fmt_num, render_summary
+from loadlab.results import Results, write_results
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+def hand_made(intended: bool = False) -> Results:
+    """4 ok requests sent at 0, 1, 2, 3 s with TTFT 10/20/30/40 ms and 3 tokens 5 ms apart,
+    one HTTP 500. Window [0, 4 s]."""
+    records = []
+    for i, ttft in enumerate((10, 20, 30, 40)):
+        sent = i * S
+        first = sent + ttft * MS
+        records.append(
+            RequestRecord(
+                request_id=f"r{i}",
+                sent_ns=sent,
+                intended_ns=sent - 2 * MS if intended else None,
+                chunk_ns=[first, first + 5 * MS, first + 10 * MS + (i == 3) * 20 * MS],
+                end_ns=first + 40 * MS,
+                output_tokens=3,
+                prompt_tokens=100,
+            )
+        )
+    records.append(
+        RequestRecord(request_id="bad", outcome="http_500", sent_ns=S // 2, end_ns=S // 2 + MS)
+    )
+    return Results(records=records, window_ns=(0, 4 * S), started_at="2026-11-30T09:00:00Z")
+
+
+def _row(text: str, label: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if ln.startswith(label + " "))
+    return line[len(label) :].split()
+
+
+def test_summary_figures_by_hand() -> None:
+    text = render_summary(hand_made())
+    # TTFT 10, 20, 30, 40 (numpy linear): p50 25, p90 37, p95 38.5, p99 39.7, max 40.
+    assert _row(text, "TTFT (ms)") == ["4", "25.0", "37.0", "38.5", "39.7", "40.0", "1", "of", "5"]
+    # ITL: gaps 5,5 | 5,5 | 5,5 | 5,25 -> p50 5, max 25.
+    assert _row(text, "ITL (ms)")[:2] == ["8", "5.0"] and _row(text, "ITL (ms)")[5] == "25.0"
+    # TPOT: (last - first) / 2 = 5, 5, 5, 15 ms.
+    assert _row(text, "TPOT (ms)")[1] == "5.0" and _row(text, "TPOT (ms)")[5] == "15.0"
+    # E2E: 20, 30, 40, 70 -> p50 35.
+    assert _row(text, "E2E (ms)")[1] == "35.0"
+    assert "from intended" not in text  # closed loop: no from-intended rows
+    # 12 output tokens / 4 s; (12 + 400 prompt tokens) / 4 s; 4 completions / 4 s.
+    assert "output 3.0 tok/s" in text and "total 103.0 tok/s" in text and "1.00 req/s" in text
+    assert "FAILED 1 (20.0 %)" in text and "http_500 1" in text
+    assert "longest 25.0 ms (request r3)" in text
+    assert "window 4.00 s" in text
+    assert "SATURATED" not in text
+
+
+def test_open_loop_and_saturation_are_shown() -> None:
+    res = hand_made(intended=True)
+    res.generator = {"saturated": True, "loop_lag_ms_max": 45.25, "threshold_ms": 20.0}
+    text = render_summary(res)
+    # From the intended send time, 2 ms earlier: TTFT 12, 22, 32, 42 -> p50 27.
+    assert _row(text, "TTFT from intended (ms)")[1] == "27.0"
+    assert "GENERATOR SATURATED: event-loop lag up to 45.2 ms (threshold 20.0 ms)" in text
+    assert text.count("SATURATED") >= 2  # a banner on top and a reminder at the end
+
+
+def test_empty_run_and_number_format() -> None:
+    text = render_summary(Results(records=[]))
+    assert _row(text, "TTFT (ms)")[:2] == ["0", "-"]
+    assert fmt_num(None) == "-" and fmt_num(1234.5) == "1,234.5" and fmt_num(0.01234) == "0.0123"
+    assert fmt_num(float("inf")) == "inf" and fmt_num(7) == "7"
+
+
+def test_report_command(tmp_path: Path, capsys: object) -> None:
+    path = write_results(hand_made(), tmp_path / "run.json")
+    assert main(["report", str(path), "--csv", str(tmp_path / "run.csv")]) == 0
+    lines = (tmp_path / "run.csv").read_text().splitlines()
+    assert len(lines) == 6 and lines[0].startswith("request_id,")
+    assert main(["report", str(tmp_path / "missing.json")]) == 2

@@ -1,0 +1,173 @@
+"""Self-monitoring, --workers N, the progress line and the run command's flag mapping."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import time
+
+import pytest
+
+from loadlab.commands import run as run_cmd
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.metrics import count_outcomes
+from loadlab.records import RequestSpec
+from loadlab.runner.monitor import LoopMonitor, saturation_warning
+from loadlab.runner.progress import Progress, format_line
+from loadlab.runner.runner import LiveStats
+from loadlab.runner.workers import partition, run_load, share
+from loadlab.workloads import build_requests
+from tests.runner.fakes import FakeClient
+
+
+def test_monitor_flags_a_blocked_loop() -> None:
+    async def go(block_s: float) -> dict[str, object]:
+        mon = LoopMonitor(threshold_ms=20.0, sample_s=0.05)
+        mon.start(time.perf_counter_ns())
+        for _ in range(8):
+            await asyncio.sleep(0.02)
+            time.sleep(block_s)  # the generator doing too much work between awaits
+        return await mon.stop()
+
+    busy = asyncio.run(go(0.06))
+    assert busy["saturated"] is True and busy["loop_lag_ms_max"] >= 40.0
+    assert busy["samples"] and "SATURATED" in (saturation_warning(busy) or "")
+    assert saturation_warning({"saturated": False}) is None
+
+
+def test_share_and_partition_keep_sessions_whole() -> None:
+    assert [share(5, 2, i) for i in (0, 1)] == [3, 2] and share(None, 2, 0) is None
+    specs = [
+        RequestSpec("a", "p", 1),
+        RequestSpec("s0", "p", 1, session_id="s"),
+        RequestSpec("s1", "p", 1, session_id="s", turn=1),
+        RequestSpec("b", "p", 1),
+    ]
+    assert [s.request_id for s in partition(specs, 2, 0)] == ["a", "b"]
+    assert [s.request_id for s in partition(specs, 2, 1)] == ["s0", "s1"]
+    assert [s.request_id for s in partition(specs, 2, 0, requests=2)] == ["a"]
+
+
+def _fake_factory(endpoint: EndpointConfig, cfg: RunConfig) -> FakeClient:
+    return FakeClient(ttft_s=0.01)
+
+
+def test_two_workers_merge_into_one_results() -> None:
+    cfg = RunConfig(concurrency=4, requests=40, workers=2, progress=False, prompt_tokens=4)
+    res = run_load(
+        cfg,
+        EndpointConfig(url="http://127.0.0.1:1", name="x"),
+        build_requests,
+        client_factory=_fake_factory,
+    )
+    assert len(res.records) == 40 and res.workers == 2
+    assert {r.worker for r in res.records} == {0, 1}
+    assert sorted(r.request_id for r in res.records) == sorted(f"syn-{i:06d}" for i in range(40))
+    assert count_outcomes(res.records)["ok"] == 40 and res.scheduled_count == 40
+    assert {r.endpoint for r in res.records} == {"x"}
+
+
+def test_progress_line_and_quiet_without_tty() -> None:
+    line = format_line(LiveStats(done=12, in_flight=3, failed=1), 4.0, 1234.0, 60.0, 100)
+    assert line == "[   4.0s / 60s]  done 12/100  in flight 3  dropped 0  errors 1  out 1,234 tok/s"
+    assert Progress(LiveStats(), stream=io.StringIO()).enabled is False
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_flags_map_to_run_config() -> None:
+    cfg = run_cmd.config_from_args(
+        _args(
+            "--endpoint",
+            "http://127.0.0.1:9/",
+            "--model",
+            "m",
+            "--rate",
+            "3",
+            "--arrival",
+            "gamma",
+            "--cv",
+            "2",
+            "--duration",
+            "10",
+            "--prompt-tokens",
+            "7",
+            "--max-tokens",
+            "9",
+            "--extra-body",
+            '{"ignore_eos": true}',
+            "--header",
+            "X-A: b",
+            "--api-key-env",
+            "K",
+            "--max-in-flight",
+            "5",
+            "--warmup",
+            "1",
+            "--cooldown",
+            "2",
+            "--seed",
+            "4",
+            "--no-progress",
+        )
+    )
+    assert (cfg.rate_rps, cfg.concurrency, cfg.arrival, cfg.cv, cfg.duration_s) == (
+        3.0,
+        None,
+        "gamma",
+        2.0,
+        10.0,
+    )
+    assert (cfg.prompt_tokens, cfg.max_tokens, cfg.max_in_flight, cfg.seed) == (7, 9, 5, 4)
+    assert (cfg.warmup_s, cfg.cooldown_s, cfg.progress) == (1.0, 2.0, False)
+    assert cfg.extra_body == {"ignore_eos": True}
+    (ep,) = cfg.endpoints
+    assert (ep.name, ep.model, ep.api_key_env, dict(ep.headers)) == (
+        "default",
+        "m",
+        "K",
+        {"X-A": "b"},
+    )
+
+
+def test_named_endpoints_and_clear_errors() -> None:
+    cfg = run_cmd.config_from_args(
+        _args(
+            "--endpoint",
+            "a=http://127.0.0.1:1",
+            "--endpoint",
+            "b=http://127.0.0.1:2",
+            "--concurrency",
+            "2",
+            "--requests",
+            "3",
+        )
+    )
+    assert [e.name for e in cfg.endpoints] == ["a", "b"]
+    assert [p.name for p in run_cmd.out_paths(cfg.replace(out="r/x.json"), ["a", "b"])] == [
+        "x-a.json",
+        "x-b.json",
+    ]
+    with pytest.raises(ValueError, match="not both"):
+        run_cmd.config_from_args(
+            _args("--endpoint", "http://h:1", "--rate", "1", "--concurrency", "1")
+        )
+    with pytest.raises(ValueError, match="JSON"):
+        run_cmd.config_from_args(
+            _args(
+                "--endpoint", "http://h:1", "--rate", "1", "--requests", "1", "--extra-body", "{bad"
+            )
+        )
+    assert run_cmd.run(_args("--endpoint", "http://h:1", "--requests", "1")) == 2  # no load mode
+
+
+def test_demo_defaults_apply_only_without_endpoint() -> None:
+    cfg = run_cmd.config_from_args(_args("--rate", "2", "--duration", "5"))
+    assert (cfg.rate_rps, cfg.concurrency, cfg.duration_s, cfg.requests) == (2.0, None, 5.0, None)
+    demo = run_cmd.config_from_args(_args())
+    assert demo.concurrency == run_cmd.DEMO_DEFAULTS["concurrency"] and demo.endpoints == ()

@@ -1,0 +1,108 @@
+"""Reference servers for the tests: the ``tiny`` preset in real subprocesses on loopback.
+
+One server per configuration for the whole session (started on first use, always stopped).
+Every server requires an API key, so every test also exercises the auth path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from reference_server.cli import build_app, parse_args
+from reference_server.launch import RunningServer, free_port
+
+API_KEY = "test-key-not-a-secret"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MODES = ("static", "continuous", "chunked")
+# A short context keeps every request (and every fuzzed one) to a few hundred milliseconds;
+# 40 blocks of 16 tokens is less than 8 sequences x 128 tokens, so busy runs preempt.
+MODE_ARGS = ("--max-num-seqs", "8", "--max-queue", "64", "--max-model-len", "128",
+             "--num-kv-blocks", "40", "--max-batched-tokens", "64", "--chunk-size", "16")  # fmt: skip
+# Capacity 2 (one running, one queued) and the full context, for overload and disconnects.
+SMALL_ARGS = ("--max-num-seqs", "1", "--max-queue", "1")
+
+
+class InProcessServer:
+    """The real app (``cli.build_app``) under uvicorn in a thread of the test process, as
+    httpx's tests do: one torch import serves every mode, which keeps start-up cheap."""
+
+    def __init__(self, mode: str, args: tuple[str, ...]) -> None:
+        os.environ["LOADLAB_TEST_KEY"] = API_KEY
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = ["--mode", mode, "--preset", "tiny", "--port", str(self.port), *args,
+                "--api-key-env", "LOADLAB_TEST_KEY", "--threads", "1"]  # fmt: skip
+        app, _engine, _info = build_app(parse_args(argv))
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=2, access_log=False)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"server-{mode}", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> InProcessServer:
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"in-process server on {self.url} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(15)
+
+
+class _Servers:
+    """Starts each configuration on first use and stops them all at the end of the session.
+
+    The overload server is a real subprocess started through ``launch`` (the path users and
+    benchmarks take); it is started first so its start-up overlaps the in-process ones.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        if not self._running:
+            full = (*SMALL_ARGS, "--api-key-env", "LOADLAB_TEST_KEY", "--threads", "1")
+            self._running["small"] = RunningServer("continuous", "tiny", extra_args=full,
+                api_key=API_KEY, env={"LOADLAB_TEST_KEY": API_KEY})  # fmt: skip
+        if name not in self._running:
+            self._running[name] = InProcessServer(name, MODE_ARGS)
+        return self._running[name].wait_ready(60)
+
+    def close(self) -> None:
+        for server in self._running.values():
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[_Servers]:
+    s = _Servers()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="session", params=MODES)
+def server(request: pytest.FixtureRequest, servers: _Servers) -> Any:
+    """A server in each mode (tests using it run once per mode)."""
+    return servers.get(request.param)
+
+
+@pytest.fixture(scope="session")
+def continuous_server(servers: _Servers) -> Any:
+    return servers.get("continuous")
+
+
+@pytest.fixture(scope="session")
+def small_server(servers: _Servers) -> RunningServer:
+    return servers.get("small")

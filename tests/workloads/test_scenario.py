@@ -1,0 +1,120 @@
+"""Scenario files: the shipped ones load, errors are precise, seeds reproduce request lists."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadlab.config import RunConfig
+from loadlab.workloads import build_requests
+from loadlab.workloads.scenario import ScenarioError, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "scenarios"
+
+
+def write(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def error_of(path) -> str:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("name", ["chat", "batch", "azure_conv"])
+def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = load_scenario(f"scenarios/{name}.toml")
+    assert isinstance(cfg, RunConfig) and cfg.workload["kind"] in ("chat", "batch", "trace")
+    specs = list(build_requests(cfg))
+    assert specs
+    if name == "chat":
+        assert len(specs) == 100 and {s.turn for s in specs} == {0, 1, 2, 3, 4}
+    if name == "azure_conv":
+        assert Path(cfg.workload["path"]).is_absolute() and len(specs) == 191
+
+
+def test_same_scenario_and_seed_give_the_same_requests(shared_data, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for name in ("chat", "batch", "azure_conv"):
+        a = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
+        b = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
+        assert a == b
+    other = load_scenario("scenarios/chat.toml", overrides={"seed": 2})
+    chat1 = list(build_requests(load_scenario("scenarios/chat.toml")))
+    chat2 = list(build_requests(other))
+    assert [s.prompt for s in chat1] != [s.prompt for s in chat2]
+
+
+def test_negative_rate_names_file_field_value_and_fix(tmp_path):
+    p = write(tmp_path, "rate_rps = -1\nrequests = 10\n", name="chat.toml")
+    assert error_of(p) == (
+        f"{p}: rate_rps = -1: must be > 0; for closed loop set concurrency instead"
+    )
+
+
+def test_typo_names_the_closest_key(tmp_path):
+    assert error_of(write(tmp_path, "rate_rsp = 2\nrequests = 10\n")).endswith(
+        "rate_rsp: unknown key; did you mean 'rate_rps'?"
+    )
+    msg = error_of(
+        write(tmp_path, 'rate_rps = 2\nrequests = 10\n[workload]\nkind = "chat"\nturnz = 3\n')
+    )
+    assert msg.endswith("workload.turnz: unknown key for kind 'chat'; did you mean 'turns'?")
+    msg = error_of(
+        write(
+            tmp_path,
+            'concurrency = 1\nrequests = 1\n[[endpoints]]\nurl = "http://127.0.0.1:1"\nmodle = "m"\n',
+        )
+    )
+    assert msg.endswith("endpoints[0].modle: unknown key; did you mean 'model'?")
+
+
+def test_wrong_type_and_missing_load(tmp_path):
+    assert 'requests = "ten": input should be a valid integer' in error_of(
+        write(tmp_path, 'rate_rps = 2\nrequests = "ten"\n')
+    )
+    assert "set rate_rps = N (open loop" in error_of(write(tmp_path, "requests = 3\n"))
+    assert "not both" in error_of(write(tmp_path, "rate_rps = 1\nconcurrency = 2\nrequests = 3\n"))
+    assert "no stop rule" in error_of(write(tmp_path, "rate_rps = 1\n"))
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    assert "not valid TOML" in error_of(write(tmp_path, "rate_rps = = 1\n"))
+    assert "scenario file not found" in error_of(tmp_path / "nope.toml")
+
+
+def test_workload_file_paths_resolve_next_to_the_scenario(tmp_path, shared_data):
+    shutil.copy(shared_data / "traces" / "AzureLLMInferenceTrace_code.csv", tmp_path / "t.csv")
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "t.csv"\n')
+    assert load_scenario(p).workload["path"] == str(tmp_path / "t.csv")
+    missing = write(
+        tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "gone.csv"\n'
+    )
+    assert "workload.path = 'gone.csv': file not found" in error_of(missing)
+
+
+def test_overrides_win_and_switch_the_load_mode(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = load_scenario("scenarios/batch.toml", overrides={"rate_rps": 3.0, "requests": None})
+    assert cfg.rate_rps == 3.0 and cfg.concurrency is None and cfg.requests == 64
+
+
+def test_malformed_trace_line_fails_the_scenario_before_any_load(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00+00:00,5,5\n"
+        "2024-01-01 00:00:01+00:00,5\n"
+    )
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "t.csv"\n')
+    assert f"{trace}:3: malformed azure line (expected 3 fields" in error_of(p)
+    unknown = tmp_path / "u.csv"
+    unknown.write_text("a,b\n1,2\n")
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "u.csv"\n')
+    assert "unknown trace format" in error_of(p)
