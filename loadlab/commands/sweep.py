@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--concurrencies", metavar="C1,C2,..", help="closed-loop levels, rising")
     s.add_argument("--bisect-steps", type=int, default=3, help="bisections after the coarse pass")
     s.add_argument("--out-dir", help="folder for level results and sweep.json")
+    s.add_argument("--inconclusive", choices=("fail", "pass"), default="fail",
+                   help="an objective whose interval straddles its threshold (default: fail)")  # fmt: skip
     s.add_argument("--preset", default="cpu", help="embedded reference server preset")
     s.add_argument("--mode", default="continuous", help="embedded reference server mode")
 
@@ -66,7 +68,6 @@ def _server(mode: str, preset: str) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.slo import load_slo
     from loadlab.sweep import Level, find_max_load, run_level
 
     try:
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
         mode = "rate" if args.rates is not None else "concurrency"
         levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
+        from loadlab.slo import load_slo  # scipy: only once the flags are right
+
         spec = load_slo(args.slo)
         if mode == "rate":
             args.rate = levels[0]
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     def sweep(endpoint: EndpointConfig) -> int:
         def evaluate(load: float) -> Level:
             print(f"loadlab sweep: {mode} {load:g} ...", file=sys.stderr, flush=True)
-            lv = run_level(base, endpoint, spec, load, mode, out_dir)
+            lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)
             print(f"  -> {'PASS' if lv.passed else 'FAIL'} {lv.path}", file=sys.stderr)
             return lv
 
