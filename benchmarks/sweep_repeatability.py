@@ -26,22 +26,26 @@ def main() -> int:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--mode", default="continuous")
     p.add_argument("--levels", default="1,2,4,8,16,32", help="concurrencies, rising")
-    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--slo", default="tpot_ms.p90 <= 60", help="one objective")
     p.add_argument("--bisect-steps", type=int, default=4)
+    p.add_argument("--min-requests", type=int, default=5)
+    # A busy shared machine lags every event loop by tens of ms; the default 20 ms saturation
+    # threshold would make every level invalid there. Say so beside the figures.
+    p.add_argument("--saturation-lag-ms", type=float, default=20.0)
     a = p.parse_args()
     from reference_server.launch import start_server
 
-    spec = parse_slo({"name": "sweep", "min_requests": 10, "objectives": [a.slo]})
+    spec = parse_slo({"name": "sweep", "min_requests": a.min_requests, "objectives": [a.slo]})
     levels = [float(x) for x in a.levels.split(",")]
     answers = []
     with start_server(mode=a.mode, preset=a.preset, port=None) as server:
         ep = EndpointConfig(url=server.url, name="reference")
         base = RunConfig(concurrency=1, duration_s=a.duration, warmup_s=1.0,
                          prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
-                         progress=False)  # fmt: skip
+                         progress=False, saturation_lag_ms=a.saturation_lag_ms)  # fmt: skip
         for i in range(2):
             out = Path(tempfile.mkdtemp(prefix=f"sweep{i}-"))
 

@@ -100,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
         def evaluate(load: float) -> Level:
             print(f"loadlab sweep: {mode} {load:g} ...", file=sys.stderr, flush=True)
             lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)
-            print(f"  -> {'PASS' if lv.passed else 'FAIL'} {lv.path}", file=sys.stderr)
+            verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
+            print(f"  -> {verdict} {lv.path}", file=sys.stderr)
+            for why in lv.failed_objectives:
+                print(f"     {why}", file=sys.stderr)
             return lv
 
         result = find_max_load(evaluate, levels, args.bisect_steps, mode == "concurrency", mode)
