@@ -54,3 +54,27 @@ def test_sweep_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_pat
     assert "rising" in capsys.readouterr().err
     assert main([*base, "--rates", "1,2", "--rate", "3"]) == 2
     assert "sets the load itself" in capsys.readouterr().err
+
+
+def test_results_file_capacity_section() -> None:
+    from loadlab.capacity.hardware import get_hardware
+    from loadlab.capacity.models import get_model
+    from loadlab.capacity.vs_run import compare_run
+    from loadlab.records import RequestRecord
+    from loadlab.results import Results
+
+    ms = 1_000_000
+    rec = RequestRecord("r1", sent_ns=0, chunk_ns=[100 * ms + i * 10 * ms for i in range(11)],
+                        end_ns=201 * ms, prompt_tokens=1000, output_tokens=11,
+                        output_tokens_source="usage")  # fmt: skip
+    res = Results(records=[rec], config={"concurrency": 4}, duration_ns=300 * ms)
+    hw = get_hardware("h100").derated(compute=1.0, bandwidth=1.0)
+    ttft, tpot = compare_run(res, get_model("llama-3-8b"), hw)
+    # prefill 1000 tokens: (2 * 7,504,924,672 * 1000 + 4 * 32 * 4096 * 500,500) FLOPs
+    # = 15,272,255,488,000 / 989.4e12 = 15.436 ms, against a measured TTFT of 100 ms
+    assert (ttft.what, ttft.size, ttft.measured_ms) == ("ttft", 1000, 100.0)
+    assert ttft.predicted_ms == pytest.approx(15.436, abs=1e-3)
+    # TPOT 100 ms / 10 = 10 ms; decode at batch 4, context 1000 + 11 / 2 -> 1005:
+    # (15,009,849,344 + 4 * 1005 * 131,072) B / 3.35e12 = 4.6378 ms
+    assert (tpot.size, tpot.measured_ms) == (4, 10.0)
+    assert tpot.predicted_ms == pytest.approx(4.6378, abs=1e-4)
