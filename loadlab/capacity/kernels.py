@@ -120,9 +120,10 @@ class ShapedKernels:
     def attention_flops_per_s(self, tokens: int = 512, repeats: int = 5) -> float:
         """Causal attention FLOP/s at the model's head shape over ``tokens`` tokens."""
         m, torch = self.model, self.torch
-        q = self._rand(m.n_heads, tokens, m.head_dim)  # [H, T, hd]
-        k = self._rand(m.n_kv_heads, tokens, m.head_dim)  # [KVH, T, hd]
-        v = self._rand(m.n_kv_heads, tokens, m.head_dim)
+        # laid out as the model hands them over: [T, heads, hd] viewed as [heads, T, hd]
+        q = self._rand(tokens, m.n_heads, m.head_dim).transpose(0, 1)  # [H, T, hd]
+        k = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)  # [KVH, T, hd]
+        v = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)
 
         def run() -> None:
             for _ in range(m.n_layers):

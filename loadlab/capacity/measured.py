@@ -10,11 +10,13 @@ predictions beside each measurement:
 - **shaped**: the same physics priced with kernels shaped like the model's own
   (``kernels.py``): its weight matrices at the step's token count (matmuls), a copy for the
   K/V gather the server's attention does (3 passes over the K/V bytes: read and write the
-  gathered copy, then read it in attention), causal attention at the model's head shape, and
+  gathered copy, then read it in attention), causal attention at the model's head shape and
+  the prompt's length, and
   the per-step overhead (Python dispatch, index building, sampling) measured on a *twin*:
   the same runner with every width shrunk to a few units, so FLOPs and bytes vanish and only
   the fixed costs remain. None of these runs the measured model, and nothing is fitted to
-  the measurement: each point's kernels are timed right before it (same machine load).
+  the measurement: each point's kernels and the point itself are timed in turn, ``rounds``
+times, keeping the fastest of each (so both sides see the same machine load).
 
 Example::
 
@@ -31,8 +33,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 from loadlab.capacity import roofline
@@ -129,6 +132,7 @@ def measure_reference(
     threads: int | None = None,
     clock: str = "wall",
     log: IO[str] | None = None,
+    rounds: int = 2,
 ) -> tuple[ModelSpec, Hardware, list[Comparison], dict[str, Any]]:
     """Measure the reference model here and predict each point; see the module docstring."""
     from reference_server.model_runner import ModelRunner
@@ -151,12 +155,14 @@ def measure_reference(
     decode_s, prefill_s = _step_timer(runner, clock, repeats)
     twin_decode_s, twin_prefill_s = _step_timer(twin, clock, repeats)
     copy_bps = kernels.copy_bytes_per_s()
-    attn_fps = kernels.attention_flops_per_s(512, repeats)
     rows: list[Comparison] = []
     for b in batches:
-        mm = kernels.matmul_s(b, repeats)
-        overhead = twin_decode_s(b, context_tokens)
-        measured = decode_s(b, context_tokens)
+        mm, overhead, measured = _interleaved(
+            rounds,
+            partial(kernels.matmul_s, b, repeats),
+            partial(twin_decode_s, b, context_tokens),
+            partial(decode_s, b, context_tokens),
+        )
         kv_s = 3.0 * b * context_tokens * model.kv_bytes_per_token / copy_bps
         est = roofline.decode_step(model, hw, b, context_tokens - 1)
         parts = {"matmul_s": mm, "kv_gather_s": kv_s, "overhead_s": overhead}
@@ -164,13 +170,17 @@ def measure_reference(
                                sum(parts.values()), est.flops, est.bytes, parts))  # fmt: skip
         say(_row_text(rows[-1]))
     for p in prompts:
-        mm = kernels.matmul_s(p, repeats)
-        overhead = twin_prefill_s(p)
-        measured = prefill_s(p)
-        est = roofline.prefill(model, hw, p)
         attn_flops = 4.0 * model.n_layers * model.attn_dim * p * (p + 1) / 2
+        mm, attn_s, overhead, measured = _interleaved(
+            rounds,
+            partial(kernels.matmul_s, p, repeats),
+            partial(_per_flop_s, attn_flops, partial(kernels.attention_flops_per_s, p, repeats)),
+            partial(twin_prefill_s, p),
+            partial(prefill_s, p),
+        )
+        est = roofline.prefill(model, hw, p)
         kv_write_s = 2.0 * p * model.kv_bytes_per_token / copy_bps  # index_copy_: read + write
-        parts = {"matmul_s": mm, "attention_s": attn_flops / attn_fps,
+        parts = {"matmul_s": mm, "attention_s": attn_s,
                  "kv_write_s": kv_write_s, "overhead_s": overhead}  # fmt: skip
         rows.append(Comparison("prefill", p, 0, measured, est.time_s, sum(parts.values()),
                                est.flops, est.bytes, parts))  # fmt: skip
@@ -183,14 +193,28 @@ def measure_reference(
         "dtype": str(runner.dtype).removeprefix("torch."),
         "threads": _torch_threads(),
         "clock": clock,
+        "rounds": rounds,
         "copy_bytes_per_s": copy_bps,
-        "attention_flops_per_s": attn_fps,
         "kv_cache_bytes": kv_bytes,
         "max_concurrency_predicted": kv_bytes // per_req,
         "max_concurrency_server": runner.num_kv_blocks // blocks_per_req,
         "load_average": os.getloadavg(),
     }
     return model, hw, rows, extra
+
+
+def _per_flop_s(flops: float, rate: Callable[[], float]) -> float:
+    return flops / rate()
+
+
+def _interleaved(rounds: int, *timers: Callable[[], float]) -> tuple[float, ...]:
+    """Each timer's fastest result over ``rounds`` rounds of calling them in turn, so the
+    prediction's kernels and the measurement they predict see the same machine load."""
+    best = [math.inf] * len(timers)
+    for _ in range(max(1, rounds)):
+        for i, timer in enumerate(timers):
+            best[i] = min(best[i], timer())
+    return tuple(best)
 
 
 def _torch_threads() -> int:
