@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from loadlab.config import EndpointConfig, RunConfig
     from loadlab.slo import SLOSpec
 
-__all__ = ["Level", "SweepResult", "find_max_load", "knee", "run_level"]
+__all__ = ["Level", "SweepResult", "find_max_load", "knee", "render_html", "run_level"]
 
 MODES = ("rate", "concurrency")
 
@@ -226,4 +226,50 @@ def run_level(
         failed_objectives=tuple(
             [str(r.objective) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
         ),
+    )
+
+
+def render_html(result: SweepResult) -> str:
+    """A standalone page: the latency-throughput curve (knee marked) and the text table.
+
+    The plot is an SVG data URI with text drawn as outlines (as ``loadlab.report.plots``
+    does), and the table is escaped, so nothing from a run reaches the page as markup.
+    """
+    import base64
+    import html
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    curve = result.curve()
+    fig = Figure(figsize=(9, 3.4))
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.9, wspace=0.25)
+    ax, ax2 = fig.subplots(1, 2)
+    x = [lv.output_tokens_per_s for lv in curve]
+    for key, label in (("e2e_p95_ms", "E2E p95"), ("ttft_p95_ms", "TTFT p95")):
+        ys = [getattr(lv, key) for lv in curve]
+        ax.plot(x, [float("nan") if y is None else y for y in ys], "o-", label=label)
+    for lv in curve:
+        if lv.e2e_p95_ms is not None:
+            color = "tab:green" if lv.passed else "tab:red"
+            ax.annotate(_num(lv.load), (lv.output_tokens_per_s, lv.e2e_p95_ms), color=color,
+                        textcoords="offset points", xytext=(3, 4), fontsize=8)  # fmt: skip
+        if lv.load == result.knee_load and lv.e2e_p95_ms is not None:
+            ax.plot([lv.output_tokens_per_s], [lv.e2e_p95_ms], "s", ms=11, mfc="none", c="k")
+    ax.set(xlabel="output tokens/s", ylabel="ms", title="latency vs throughput (knee: square)")
+    ax.legend(loc="upper left")
+    ax2.plot([lv.load for lv in curve], x, "o-")
+    ax2.set(xlabel=result.mode, ylabel="output tokens/s", title="throughput vs load")
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "loadlab",
+                                "text.parse_math": False}):  # fmt: skip
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    uri = "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>loadlab sweep</title></head>"
+        f"<body><h1>loadlab sweep</h1><img alt='sweep curve' src='{uri}'>"
+        f"<pre>{html.escape(result.to_text())}</pre></body></html>"
     )

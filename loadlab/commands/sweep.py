@@ -6,8 +6,8 @@
 
 Each level is one ``loadlab run`` (every ``run`` flag applies: workload, scenario, warm-up,
 seed...) judged by the SLO file; rising levels until one fails, then bisection between the
-last pass and the first fail. Writes one results file per level and ``sweep.json`` (the
-summary) into ``--out-dir``, and prints the latency-throughput curve with its knee. Exit code:
+last pass and the first fail. Writes one results file per level, ``sweep.json`` (the
+summary) and ``sweep.html`` (the curve) into ``--out-dir``, and prints the latency-throughput curve with its knee. Exit code:
 0 when some level met the SLOs, 1 when none did, 2 on bad input.
 """
 
@@ -68,7 +68,7 @@ def _server(mode: str, preset: str) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.sweep import Level, find_max_load, run_level
+    from loadlab.sweep import Level, find_max_load, render_html, run_level
 
     try:
         if (args.rates is None) == (args.concurrencies is None):
@@ -109,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
         result = find_max_load(evaluate, levels, args.bisect_steps, mode == "concurrency", mode)
         summary = out_dir / "sweep.json"
         summary.write_text(json.dumps(result.to_dict(), indent=2), encoding="utf-8")
+        page = out_dir / "sweep.html"
+        page.write_text(render_html(result), encoding="utf-8")
         print(result.to_text())
-        print(f"summary: {summary}")
+        print(f"summary: {summary}; plot: {page}")
         return 0 if result.max_passing_load is not None else 1
 
     if base.endpoints:

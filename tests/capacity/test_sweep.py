@@ -75,3 +75,13 @@ def test_levels_are_validated() -> None:
         parse_levels("1,2.5", integer=True)
     with pytest.raises(ValueError, match="rising"):
         find_max_load(fake(1, []), [2, 1])
+
+
+def test_html_page_escapes_and_embeds_the_plot() -> None:
+    from loadlab.sweep import render_html
+
+    r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
+    r.note = "<script>alert(1)</script>"
+    page = render_html(r)
+    assert "data:image/svg+xml;base64," in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
