@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("--prompts", default="128,256,512,1024,2048")
     p.add_argument("--context-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per point")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--tolerance", type=float, default=0.15)
@@ -45,6 +46,7 @@ def main() -> int:
         a.threads,
         a.clock,
         log=sys.stderr,
+        rounds=a.rounds,
     )
     print(f"{model.name}, {extra['dtype']} on {extra['device']}, {extra['threads']} threads, "
           f"{a.clock} clock, decode context {a.context_tokens}")  # fmt: skip

@@ -280,6 +280,7 @@ def run_vs_measured(args: Any) -> int:
         threads=getattr(args, "threads", None),
         clock=getattr(args, "clock", "wall"),
         log=sys.stderr,
+        rounds=getattr(args, "rounds", 2),
     )
     print(f"{model.name} ({model.num_params / 1e6:.1f} M params, {extra['dtype']}) on "
           f"{extra['device']}, {extra['threads']} threads, {extra['clock']} clock; decode context "

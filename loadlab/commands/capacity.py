@@ -66,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--prompts", default="128,256,512,1024,2048", help="prompt lengths measured")
     c.add_argument("--context-tokens", type=int, default=256, help="context of decode steps")
     c.add_argument("--repeats", type=int, default=3, help="repeats per measurement")
+    c.add_argument("--rounds", type=int, default=2, help="interleaved rounds per point")
     c.add_argument("--threads", type=int, help="torch threads for --vs-measured")
     c.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: this thread's CPU time (with --threads 1, on a busy machine)")  # fmt: skip
