@@ -15,8 +15,10 @@ import asyncio
 import json
 import os
 import time
+import urllib.request
 
 import aiohttp
+import numpy as np
 
 from loadlab.clients import OpenAIClient, OpenAIStreamState
 from loadlab.clients.sse import SSEDecoder
@@ -136,6 +138,37 @@ def e2e(streams: int, requests: int, tokens: int, itl_ms: float) -> None:
             )
 
 
+async def _send_delays(url: str, n: int, transport: str) -> tuple[list[float], list[float]]:
+    """Per request: server receive time minus ``sent_ns``, and minus the time ``send`` was called."""
+    from_sent, from_call = [], []
+    async with OpenAIClient(EndpointConfig(url), transport=transport) as c:
+        for i in range(n):
+            t_call = time.perf_counter_ns()
+            done = await c.send(RequestSpec(f"s{transport}{i}", "hi", 2), t0_ns=0)
+            from_sent.append(float(done.record.sent_ns or 0))
+            from_call.append(float(t_call))
+    with urllib.request.urlopen(url + "/truth", timeout=30) as resp:  # noqa: S310 (loopback)
+        truth = json.load(resp)
+    recv = [truth[f"s{transport}{i}"]["recv_ns"] for i in range(n)]
+    return (
+        [(r - s) / 1e3 for r, s in zip(recv, from_sent, strict=True)][1:],  # 1st: new connection
+        [(r - s) / 1e3 for r, s in zip(recv, from_call, strict=True)][1:],
+    )
+
+
+def send_stamp(n: int) -> None:
+    print(
+        f"\nwhere sent_ns is taken: server receive time minus the stamp, one stream, {n} requests"
+    )
+    with FixedServerProcess(ttft_ms=1, itl_ms=1, tokens=2) as url:
+        for transport in ("raw", "aiohttp"):
+            sent, call = asyncio.run(_send_delays(url, n, transport))
+            p = lambda xs: " / ".join(f"{q:.0f}" for q in np.percentile(xs, [50, 90, 99]))  # noqa: E731
+            print(
+                f"  {transport:8s} stamp at the socket write: {p(sent)} us   at the send() call: {p(call)} us (p50/p90/p99)"
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--events", type=int, default=200_000, help="events for the micro-benchmarks")
@@ -144,9 +177,11 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--skip-e2e", action="store_true")
+    p.add_argument("--send-requests", type=int, default=300, help="requests for the sent_ns check")
     a = p.parse_args()
     print(f"loadlab client overhead; host CPUs: {os.cpu_count()}; load average: {os.getloadavg()}")
     micro(a.events)
+    send_stamp(a.send_requests)
     if not a.skip_e2e:
         e2e(a.streams, a.requests, a.tokens, a.itl_ms)
 

@@ -41,6 +41,7 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
             timeout_s=cfg.timeout_s,
             read_timeout_s=cfg.read_timeout_s,
             max_connections=cfg.concurrency or cfg.max_in_flight or 0,
+            transport=cfg.transport,
         )
     raise ValueError(
         f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client yet; "

@@ -189,7 +189,7 @@ class OpenAIStreamState:
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return "".join(p if isinstance(p, str) else str(p) for p in self._parts)
 
     def on_sent(self, t_ns: int) -> None:
         """The request bytes are about to go to the socket."""

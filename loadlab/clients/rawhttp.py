@@ -124,12 +124,15 @@ class _Conn(asyncio.Protocol):
             if data:
                 self.reusable = False  # bytes outside an exchange
             return
-        if self._head:
-            self._response_head(data, t)
-        elif self._chunked:
-            self._chunks(data, t)
-        else:
-            self._plain(data, t)
+        try:
+            if self._head:
+                self._response_head(data, t)
+            elif self._chunked:
+                self._chunks(data, t)
+            else:
+                self._plain(data, t)
+        except Exception as exc:  # a sink bug must end this request, not hang it
+            self.end("protocol", f"{type(exc).__name__}: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

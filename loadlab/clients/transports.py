@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -125,7 +126,10 @@ class AiohttpTransport:
         self.url = url
         self._headers = dict(headers)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
+        # A context made now (not aiohttp's, cached at import) honours SSL_CERT_FILE as set for
+        # this run, like the raw transport.
+        tls = ssl.create_default_context() if url.startswith("https://") else True
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=tls)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
 
     async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None:

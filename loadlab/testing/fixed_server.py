@@ -42,6 +42,7 @@ import heapq
 import itertools
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -84,6 +85,7 @@ class FixedScheduleServer:
         tokens: int | None = None,
         port: int = 0,
         model: str = "loadlab-fixed",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if ttft_ms < 0 or itl_ms < 0:
             raise ValueError("--ttft-ms and --itl-ms must be >= 0")
@@ -94,6 +96,7 @@ class FixedScheduleServer:
         self.tokens = tokens
         self.port = port
         self.model = model
+        self.ssl_context = ssl_context  # serve https (tests of the client's TLS path)
         self.truth: dict[str, dict[str, Any]] = {}
         self._heap: list[tuple[int, int, _Stream]] = []
         self._seq = itertools.count()
@@ -108,10 +111,11 @@ class FixedScheduleServer:
     async def __aenter__(self) -> FixedScheduleServer:
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
-            self._connection, "127.0.0.1", self.port, backlog=1024
+            self._connection, "127.0.0.1", self.port, backlog=1024, ssl=self.ssl_context
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.ssl_context else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ lines, failed rows, thinning...), which the run command stores as
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -48,6 +49,9 @@ COMMON_KEYS = frozenset(
     }
 )
 
+PREFETCH_SPECS = 2048  # specs built before the run starts
+PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
+
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7}
 
@@ -55,14 +59,29 @@ PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin":
 class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
-    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
+    def __init__(
+        self,
+        specs: Iterable[RequestSpec],
+        extra: Callable[[], dict[str, Any]],
+        *,
+        prefetch: int = PREFETCH_SPECS,
+        prefetch_chars: int = PREFETCH_CHARS,
+    ):
         self._extra = extra
-        # Prime: build the first spec now, so one-time costs (the prompt corpus, opening and
-        # detecting a trace file) are paid before the runner takes t0, not in the first
-        # request's send lag. Errors in the first line also surface here, before any load.
+        # Read ahead now, before the runner takes t0: one-time costs (the prompt corpus,
+        # opening a trace) and the first requests' prompt building stay off the runner's hot
+        # path, so they never show up as send lag. Errors in the first lines surface here,
+        # before any load. Bounded in count and text so endless streams stay cheap.
         it = iter(specs)
-        self._first = next(it, None)
-        self._it = itertools.chain([self._first], it) if self._first is not None else it
+        ahead: list[RequestSpec] = []
+        chars = 0
+        while len(ahead) < prefetch and chars < prefetch_chars:
+            spec = next(it, None)
+            if spec is None:
+                break
+            ahead.append(spec)
+            chars += len(spec.prompt)
+        self._it = itertools.chain(ahead, it)
 
     def __next__(self) -> RequestSpec:
         return next(self._it)
@@ -137,3 +156,8 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         if "chars_per_token" in params:
             raise WorkloadError("workload: give chars_per_token or tokenizer, not both")
         resolve_path(str(params["tokenizer"]), "workload.tokenizer", tuple(bases))
+        if importlib.util.find_spec("tokenizers") is None:
+            raise WorkloadError(
+                "workload.tokenizer needs the 'tokenizers' package: pip install tokenizers "
+                "(or set chars_per_token, or calibrate against the endpoint)"
+            )

@@ -79,7 +79,8 @@ class Dist:
 
     kind: str
     params: Mapping[str, float] = field(default_factory=dict)
-    values: tuple[float, ...] = ()  # empirical sample (already scaled)
+    # empirical sample (already scaled; read-only float64 array, not compared)
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0), compare=False)
     min: float | None = None
     max: float | None = None
     floor: float = 1.0  # lengths: 1 token; times: 0 s
@@ -108,7 +109,7 @@ class Dist:
         elif self.kind == "exponential":
             x = rng.exponential(p["mean"], n)
         else:
-            x = _as_array(self.values)[rng.integers(0, len(self.values), n)]
+            x = self.values[rng.integers(0, len(self.values), n)]
         return np.clip(x, self.lower, self.max if self.max is not None else np.inf)
 
     def sample_int(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -129,11 +130,6 @@ class Dist:
         if self.kind == "lognormal":
             return math.exp(p["mu"] + p["sigma"] ** 2 / 2)
         return float(np.mean(self.values))
-
-
-@lru_cache(maxsize=16)
-def _as_array(values: tuple[float, ...]) -> np.ndarray:
-    return np.asarray(values, dtype=float)
 
 
 def _truncated_normal(
@@ -209,7 +205,7 @@ def parse_dist(spec: Any, key: str, *, integer: bool = True, bases: Sequence[Pat
     if lo is not None and hi is not None and lo > hi:
         raise WorkloadError(f"workload.{key}: min ({lo:g}) must be <= max ({hi:g})")
     params = _dist_params(kind, spec, key, prefix)
-    values: tuple[float, ...] = ()
+    values = np.zeros(0)
     if kind == "empirical":
         file = spec.get("file", "sharegpt")
         column = spec.get("column", PROMPT_COLUMN)
@@ -221,7 +217,7 @@ def parse_dist(spec: Any, key: str, *, integer: bool = True, bases: Sequence[Pat
             raw = _read_column(path, column)
         except WorkloadError as exc:
             raise WorkloadError(f"workload.{key}.column = {column!r}: {exc}") from None
-        values = tuple((raw * scale).tolist())
+        values = raw * scale if scale != 1.0 else raw
     return Dist(kind, params, values, lo, hi, floor)
 
 

@@ -139,3 +139,20 @@ def test_missing_key_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) 
     ep = EndpointConfig("http://127.0.0.1:1", api_key_env="LOADLAB_TEST_NO_SUCH_KEY")
     with pytest.raises(ValueError, match="LOADLAB_TEST_NO_SUCH_KEY is empty or unset"):
         OpenAIClient(ep)
+
+
+def test_odd_chunk_shapes_are_protocol_errors_not_exceptions() -> None:
+    for body in (
+        b'data: {"choices": {"a": 1}}\n\n',
+        b'data: {"choices": ["x"]}\n\n',
+        b"data: [1, 2]\n\n",
+        b'data: {"choices": [{"delta": "x"}]}\n\n',
+    ):
+        s = _chat_state()
+        assert s.on_bytes(body, 2000) is True
+        s.finish(3000)
+        assert s.record.outcome == "protocol_error", body
+    s = _chat_state()
+    s.on_bytes(b'data: {"choices": [{"delta": {"content": 5}}]}\n\ndata: [DONE]\n\n', 2000)
+    s.finish(3000)
+    assert (s.record.outcome, s.text) == ("ok", "5")

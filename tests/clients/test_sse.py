@@ -161,7 +161,7 @@ def transcripts(draw: st.DrawFn) -> tuple[bytes, list[SSEEvent]]:
     return "".join(out).encode(), expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(transcripts(), st.lists(st.integers(min_value=0, max_value=400), max_size=8))
 def test_resplit_at_random_offsets_gives_identical_events(
     tr: tuple[bytes, list[SSEEvent]], cuts: list[int]

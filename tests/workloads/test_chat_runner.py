@@ -25,7 +25,7 @@ def fake_server() -> Iterator[str]:
 
 def test_20_sessions_of_5_turns_send_the_growing_history(fake_server):
     cfg = RunConfig(
-        rate_rps=20,
+        rate_rps=50,
         requests=100,
         seed=2,
         progress=False,
@@ -35,7 +35,7 @@ def test_20_sessions_of_5_turns_send_the_growing_history(fake_server):
             "turns": 5,
             "prompt_tokens": {"dist": "uniform", "low": 10, "high": 40},
             "output_tokens": {"dist": "uniform", "low": 5, "high": 15},
-            "think_time_s": {"dist": "exponential", "mean": 0.05},
+            "think_time_s": {"dist": "exponential", "mean": 0.02},
         },
     )
     endpoint = EndpointConfig(url=fake_server, model="loadlab-ref")

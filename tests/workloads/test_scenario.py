@@ -118,3 +118,14 @@ def test_malformed_trace_line_fails_the_scenario_before_any_load(tmp_path):
     unknown.write_text("a,b\n1,2\n")
     p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "u.csv"\n')
     assert "unknown trace format" in error_of(p)
+
+
+def test_tokenizer_file_without_the_package_fails_up_front(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\ntokenizer = "tokenizer.json"\n')
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        assert "pip install tokenizers" in error_of(p)
+    else:
+        pytest.skip("tokenizers is installed")
