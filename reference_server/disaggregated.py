@@ -305,6 +305,8 @@ class DisaggregatedEngine:
                  out: list[tuple[str, int, str | None]]) -> None:  # fmt: skip
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
+        # One cross-thread call per step and event loop, not one per token.
+        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Req, TokenEvent]]] = {}
         for seq_id, token, reason in out:
             with self._lock:
                 req = self._requests.get(seq_id)
@@ -315,11 +317,14 @@ class DisaggregatedEngine:
                     del self._requests[seq_id]
             text = req.text.push(token, reason is not None)
             kv = req.kv_transfer if reason is not None else None
-            event = TokenEvent(text, len(req.tokens), reason, kv_transfer=kv)
+            outbox.setdefault(req.loop, []).append(
+                (req, TokenEvent(text, len(req.tokens), reason, kv_transfer=kv))
+            )
             if reason is not None:
                 self.stats.record_finished(reason)
+        for loop, items in outbox.items():
             try:
-                req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+                loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:  # the API loop has closed
                 pass
 
@@ -337,6 +342,11 @@ class DisaggregatedEngine:
             s = req.seq
             offer = Sequence(s.seq_id, s.prompt_token_ids, s.params, s.arrival_ns, list(req.tokens))
             self.inboxes[rank].put(("offer", offer, req.prefill_rank))
+
+
+def _put_all(items: list[tuple[_Req, TokenEvent]]) -> None:
+    for req, event in items:
+        req.queue.put_nowait(event)
 
 
 def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[str, Any]]:
