@@ -67,6 +67,7 @@ class WorkerConfig:
     device: str | None
     backend: str  # "gloo" | "nccl"
     max_held: int  # prefill: requests whose KV waits for a pull before prefill pauses
+    api_pid: int = 0  # the API process: the worker exits when it is gone (0: the parent)
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -125,10 +126,25 @@ def _pin(cfg: WorkerConfig) -> None:
     torch.set_num_threads(threads)
 
 
-def _watchdog(parent_pid: int) -> None:
-    """Exit when the API process dies (the worker was re-parented), so no worker outlives it."""
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # killed but not yet reaped by its own parent
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _watchdog(api_pid: int) -> None:
+    """Exit when the API process dies, so no worker outlives it. Workers are children of the
+    fork server, not of the API process, so the API's pid is watched, not the parent's."""
     while True:
-        if os.getppid() != parent_pid:
+        if _gone(api_pid):
             os._exit(3)
         time.sleep(0.5)
 
@@ -136,8 +152,8 @@ def _watchdog(parent_pid: int) -> None:
 def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any, peers: list[Any]) -> None:
     """A worker's whole life. ``peers``: prefill workers' inboxes (decode side) or decode
     workers' inboxes (prefill side), indexed by rank within the other pool."""
-    parent = os.getppid()
-    threading.Thread(target=_watchdog, args=(parent,), daemon=True, name="watchdog").start()
+    api_pid = cfg.api_pid or os.getppid()
+    threading.Thread(target=_watchdog, args=(api_pid,), daemon=True, name="watchdog").start()
     try:
         _pin(cfg)
         if cfg.device and cfg.device.startswith("cuda"):

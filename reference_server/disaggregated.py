@@ -387,7 +387,7 @@ def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[
             kv_cache_bytes=kv_bytes, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
             max_model_len=max_len, max_batched_tokens=args.max_batched_tokens, cpus=cpus,
             threads=threads, device=f"cuda:{rank % ndev}" if ndev else None, backend=backend,
-            max_held=args.max_held or args.max_num_seqs))  # fmt: skip
+            max_held=args.max_held or args.max_num_seqs, api_pid=os.getpid()))  # fmt: skip
     engine = DisaggregatedEngine(configs, max_num_seqs=args.max_num_seqs)
     workers = engine.launch()
     max_len = min(max_len, *(int(w["num_kv_blocks"]) * args.block_size for w in workers.values()))

@@ -6,6 +6,7 @@ workers stop with the server."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from loadlab.clients.openai import OpenAIClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from reference_server.cli import build_app, parse_args
+from reference_server.disagg_worker import _gone
 from reference_server.disaggregated import parse_cpus, split_cpus
 from tests.server._http import label, metrics, post, session, stream
 
@@ -156,3 +158,18 @@ def test_stopping_the_engine_ends_every_worker() -> None:
     finally:
         engine.stop()
     assert all(not p.is_alive() and p.exitcode is not None for p in engine.procs)
+
+
+def test_watchdog_sees_a_dead_api_process_even_before_it_is_reaped() -> None:
+    """Workers watch the API process's pid (they are the fork server's children)."""
+    proc = subprocess.Popen(["sleep", "30"])  # a stand-in for the API process
+    try:
+        assert not _gone(proc.pid)
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while not _gone(proc.pid) and time.monotonic() < deadline:  # a zombie until reaped
+            time.sleep(0.01)
+        assert _gone(proc.pid)
+    finally:
+        proc.wait(10)
+    assert _gone(proc.pid)
