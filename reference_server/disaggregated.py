@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import atexit
 import bisect
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -38,6 +39,8 @@ from reference_server.metrics import PREFIX, ServerStats
 from reference_server.sequence import Sequence
 
 __all__ = ["DisaggregatedEngine", "TransferStats", "build_app", "parse_cpus", "split_cpus"]
+
+log = logging.getLogger("reference_server.disaggregated")
 
 TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -176,6 +179,7 @@ class DisaggregatedEngine:
         self._lock = threading.Lock()
         self._requests: dict[str, _Req] = {}
         self._stopping = threading.Event()
+        self._dead: str | None = None  # why no request can be served any more
         self._thread: threading.Thread | None = None
         atexit.register(self.stop)
 
@@ -236,6 +240,10 @@ class DisaggregatedEngine:
     # -- called from the API thread -----------------------------------------------------------
 
     def submit(self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[TokenEvent]) -> None:  # fmt: skip
+        if self._dead is not None:
+            event = TokenEvent("", 0, "error", error=self._dead)
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+            return
         with self._lock:
             load = dict.fromkeys(range(self.num_prefill), 0)
             for r in self._requests.values():
@@ -285,6 +293,7 @@ class DisaggregatedEngine:
             try:
                 msg = self.outbox.get(timeout=0.1)
             except (queue.Empty, OSError, ValueError):
+                self._check_workers()
                 continue
             kind = msg[0]
             if kind == "step":
@@ -300,6 +309,26 @@ class DisaggregatedEngine:
                         req.kv_transfer = {"bytes": nbytes, "seconds": seconds}
             elif kind == "state":
                 self.blocks_used[msg[1]], self.preemptions[msg[1]] = msg[2], msg[3]
+
+    def _check_workers(self) -> None:
+        """A worker that died (a bug, the OOM killer) fails every request in flight with an
+        error event instead of leaving its clients waiting; the server keeps answering."""
+        dead = [p.name for p in self.procs if p.pid is not None and not p.is_alive()]
+        if not dead or self._stopping.is_set():
+            return
+        with self._lock:
+            failed, self._requests = list(self._requests.values()), {}
+        message = f"disaggregated worker {', '.join(dead)} exited; restart the server"
+        self._dead = message
+        if failed:
+            log.error("%s: failing %d requests", message, len(failed))
+        for req in failed:
+            self.stats.record_finished("error")
+            event = TokenEvent("", len(req.tokens), "error", error=message)
+            try:
+                req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+            except RuntimeError:
+                pass
 
     def _on_step(self, rank: int, role: str, seconds: float, prefill: int, decode: int,
                  out: list[tuple[str, int, str | None]]) -> None:  # fmt: skip
