@@ -28,6 +28,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -170,7 +171,13 @@ def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any, peers: list[Any]) ->
     info = {**runner.info(), "cpus": list(cfg.cpus), "threads": torch.get_num_threads()}
     outbox.put(("up", cfg.rank, info))
     worker = (_Prefill if cfg.role == "prefill" else _Decode)(cfg, runner, inbox, outbox, peers)
-    worker.loop()
+    try:
+        worker.loop()
+    except Exception:  # report it: the API process fails requests in flight and logs this
+        outbox.put(("crashed", cfg.rank, traceback.format_exc()))
+        outbox.close()
+        outbox.join_thread()
+        os._exit(1)
     # Exit without tearing the process group down: a peer may already be gone, and gloo's
     # teardown can wait on it. Flush the outbox first so the last block counts arrive.
     outbox.close()
@@ -298,6 +305,16 @@ class _Decode(_Worker):
         self.aborted: set[str] = set()  # aborted while pulling: free on arrival
         self.srcs: dict[str, int] = {}  # prefill rank each pulled request comes from
         self.next_tag = 1
+        self.recvs: queue.Queue[tuple[Any, str, torch.Tensor, float]] = queue.Queue()
+        self.arrived: queue.Queue[tuple[str, torch.Tensor, float, float]] = queue.Queue()
+        # A thread waits for each receive, so decode steps go on while the KV streams in.
+        threading.Thread(target=self._wait_recvs, daemon=True, name="kv-recv").start()
+
+    def _wait_recvs(self) -> None:
+        while True:
+            work, seq_id, buf, t0 = self.recvs.get()
+            work.wait(_TRANSFER_TIMEOUT)
+            self.arrived.put((seq_id, buf, t0, time.perf_counter()))
 
     def handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -308,6 +325,7 @@ class _Decode(_Worker):
         elif kind == "gone":
             seq = self.pulling.pop(msg[1], None)
             self.aborted.discard(msg[1])
+            self.srcs.pop(msg[1], None)
             if seq is not None:
                 self.bm.free(seq)
         elif kind == "abort":
@@ -326,30 +344,47 @@ class _Decode(_Worker):
         self.sched.abort(seq_id)
 
     def _receive(self, seq_id: str, tag: int, n: int) -> None:
-        seq = self.pulling.pop(seq_id)
+        """The prefill side has posted its send: post the receive and let the thread wait."""
         a, r = self.runner.args, self.runner
         dev = "cpu" if self.stage_cpu else r.device
         buf = torch.empty((a.n_layers, 2, n, a.n_kv_heads, a.head_dim), dtype=r.dtype, device=dev)
-        src = self.srcs[seq_id]
         t0 = time.perf_counter()
-        dist.irecv(buf, src, tag=tag).wait(_TRANSFER_TIMEOUT)
-        r.import_kv(seq, buf)
-        seconds = time.perf_counter() - t0
-        del self.srcs[seq_id]
-        nbytes = buf.numel() * buf.element_size()
-        if seq_id in self.aborted:
-            self.aborted.discard(seq_id)
-            self.bm.free(seq)
+        work = dist.irecv(buf, self.srcs.pop(seq_id), tag=tag)
+        self.recvs.put((work, seq_id, buf, t0))
+
+    def _admit_arrived(self, timeout_s: float | None) -> None:
+        """Write each received KV into its blocks and start decoding it."""
+        try:
+            item = self.arrived.get(timeout=timeout_s) if timeout_s else self.arrived.get_nowait()
+        except queue.Empty:
             return
-        seq.num_computed_tokens = n
-        seq.status = SeqStatus.RUNNING
-        self.sched.running.append(seq)
-        self.outbox.put(("transfer", self.cfg.rank, seq_id, nbytes, seconds))
+        while True:
+            seq_id, buf, t0, t1 = item
+            seq = self.pulling.pop(seq_id)
+            if seq_id in self.aborted:
+                self.aborted.discard(seq_id)
+                self.bm.free(seq)
+            else:
+                t2 = time.perf_counter()
+                self.runner.import_kv(seq, buf)
+                seconds = (t1 - t0) + (time.perf_counter() - t2)  # receive + copy into blocks
+                seq.num_computed_tokens = int(buf.shape[2])
+                seq.status = SeqStatus.RUNNING
+                self.sched.running.append(seq)
+                nbytes = buf.numel() * buf.element_size()
+                self.outbox.put(("transfer", self.cfg.rank, seq_id, nbytes, seconds))
+            try:
+                item = self.arrived.get_nowait()
+            except queue.Empty:
+                return
 
     def busy(self) -> bool:
         return self.sched.has_work or bool(self.pulling)
 
     def work(self) -> None:
+        # Only waiting for KV to arrive: sleep on the arrivals instead of spinning.
+        waiting_only = bool(self.pulling) and not self.sched.has_work
+        self._admit_arrived(0.005 if waiting_only else None)
         self._pull()
         self.step()
 

@@ -180,6 +180,7 @@ class DisaggregatedEngine:
         self._requests: dict[str, _Req] = {}
         self._stopping = threading.Event()
         self._dead: str | None = None  # why no request can be served any more
+        self.crashes: list[str] = []  # worker tracebacks
         self._thread: threading.Thread | None = None
         atexit.register(self.stop)
 
@@ -307,6 +308,9 @@ class DisaggregatedEngine:
                     if (req := self._requests.get(seq_id)) is not None:
                         req.phase = "decode"
                         req.kv_transfer = {"bytes": nbytes, "seconds": seconds}
+            elif kind == "crashed":
+                log.error("disaggregated worker rank %d crashed:\n%s", msg[1], msg[2])
+                self.crashes.append(msg[2])
             elif kind == "state":
                 self.blocks_used[msg[1]], self.preemptions[msg[1]] = msg[2], msg[3]
 
