@@ -221,7 +221,11 @@ class _Shape:
         if not self.messages:
             return b""
         msg: dict[str, Any] = {"id": "f", "type": "message", "role": "assistant", "content": []}
-        msg |= {"model": "fault", "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+        msg |= {
+            "model": "fault",
+            "stop_reason": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
         block = {"type": "text", "text": ""}
         return self._sse({"type": "message_start", "message": msg}) + self._sse(
             {"type": "content_block_start", "index": 0, "content_block": block}
