@@ -337,7 +337,7 @@ def _run(cfg: RunConfig) -> int:
 
 def _comparison(all_results: list[Results], names: list[str], first: Path) -> str:
     """Side by side against the first endpoint (``loadlab.compare``), printed and written next
-    to the results files as ``<out>-compare.md`` and ``<out>-compare.json``."""
+    to the results files as ``<out>.compare.md`` and ``<out>.compare.json``."""
     try:
         from loadlab.compare import compare  # type: ignore[import-not-found,unused-ignore]
         from loadlab.report.comparison import (  # type: ignore[import-not-found,unused-ignore]
@@ -348,7 +348,8 @@ def _comparison(all_results: list[Results], names: list[str], first: Path) -> st
         return "compare the files with: loadlab compare " + " ".join(names)
     cmp = compare(all_results, names[: len(all_results)])
     stem = first.stem.removesuffix(f"-{names[0]}")
-    md, js = first.with_name(f"{stem}-compare.md"), first.with_name(f"{stem}-compare.json")
+    # ".compare", not "-compare": out-*.json globs the results files only
+    md, js = first.with_name(f"{stem}.compare.md"), first.with_name(f"{stem}.compare.json")
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(render_comparison_markdown(cmp), encoding="utf-8")
     js.write_text(json.dumps(cmp.to_dict(), indent=2) + "\n", encoding="utf-8")

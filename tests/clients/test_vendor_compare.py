@@ -55,6 +55,21 @@ def test_each_endpoint_takes_its_own_model_api_and_key(monkeypatch: pytest.Monke
         config_from_args(_parse([*argv, "--endpoint-api", "anthropic"]))
 
 
+def test_scenario_endpoints_take_their_own_model_api_and_key(tmp_path: Path) -> None:
+    scenario = tmp_path / "vendors.toml"
+    scenario.write_text(
+        'concurrency = 1\nrequests = 1\n[[endpoints]]\nname = "ours"\nurl = "http://h:1"\n'
+        '[[endpoints]]\nname = "claude"\nurl = "https://h:2"\napi = "anthropic"\n'
+        'model = "claude-x"\napi_key_env = "C_KEY"\n'
+    )
+    ours, claude = config_from_args(_parse(["--scenario", str(scenario)])).endpoints
+    assert (ours.api, ours.model) == ("chat", "loadlab-ref")
+    assert (claude.api, claude.model, claude.api_key_env) == ("anthropic", "claude-x", "C_KEY")
+    # a flag for one endpoint wins over its table
+    argv = ["--scenario", str(scenario), "--endpoint-model", "claude=claude-y"]
+    assert config_from_args(_parse(argv)).endpoints[1].model == "claude-y"
+
+
 def test_reference_vs_anthropic_in_one_command(
     reference_url: str,
     fixed_server: FixedScheduleServer,
@@ -88,9 +103,9 @@ def test_reference_vs_anthropic_in_one_command(
     assert all(r.request_id in fixed_server.truth for r in claude.records)
     # the comparison, printed and written
     assert "ttft_ms.p50" in printed and "claude" in printed
-    md = (tmp_path / "vs-compare.md").read_text()
+    md = (tmp_path / "vs.compare.md").read_text()
     assert "ttft_ms.p50" in md
-    cmp = json.loads((tmp_path / "vs-compare.json").read_text())
+    cmp = json.loads((tmp_path / "vs.compare.json").read_text())
     assert cmp["labels"] == ["ref", "claude"]
     assert {row["metric"] for row in cmp["rows"]} >= {"ttft_ms.p50", "error_rate"}
     for path in tmp_path.iterdir():
