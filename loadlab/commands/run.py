@@ -327,6 +327,10 @@ def _run(cfg: RunConfig) -> int:
             warn(line)
         print(f"results: {path}")
         code = max(code, _slo_exit(cfg, results))
+        if not any(r.ok for r in results.records):
+            # a load test in which nothing succeeded must not look green in CI
+            warn(f"loadlab run: no request succeeded ({path}): exit code 3")
+            code = max(code, 3)
     if len(all_results) > 1:
         print(_comparison(all_results, names, paths[0]))
     if any(r.extra.get("interrupted") for r in all_results):
