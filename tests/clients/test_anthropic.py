@@ -287,3 +287,26 @@ def test_headers_and_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
         AnthropicClient(ep)
     with pytest.raises(ValueError, match="speaks api anthropic, not 'chat'"):
         AnthropicClient(EndpointConfig("http://127.0.0.1:1"))
+
+
+def test_sse_event_plus_data_fast_path_matches_the_spec() -> None:
+    from loadlab.clients.sse import SSEDecoder, SSEEvent
+
+    body = (
+        b"event: a\ndata: x\n\nevent:\ndata:y\n\nevent: b\ndata\n\nevent: c\ndata:\n\n"
+        b"event: d\ndata: 1\ndata: 2\n\nevent: e\ndatum: z\n\nid: 7\nevent: f\ndata: q\n\n"
+        b"event: g\ndata:  two spaces\n\n"
+    )
+    expected = [
+        SSEEvent("x", "a"),
+        SSEEvent("y", "message"),  # an empty event name is "message"
+        SSEEvent("", "b"),  # "data" without a colon: an empty data line
+        SSEEvent("", "c"),
+        SSEEvent("1\n2", "d"),
+        # "datum" is an unknown field: no data, so nothing is dispatched for "e"
+        SSEEvent("q", "f", id="7"),
+        SSEEvent(" two spaces", "g", id="7"),  # one space after the colon is dropped, no more
+    ]
+    assert SSEDecoder().feed(body) == expected
+    dec = SSEDecoder()  # byte by byte goes through the slow path: same events
+    assert [e for i in range(len(body)) for e in dec.feed(body[i : i + 1])] == expected
