@@ -1,4 +1,4 @@
-"""How the OpenAI client moves bytes: two interchangeable transports for one sans-IO state.
+"""How a client moves bytes: two interchangeable transports for one sans-IO state.
 
 Both feed a sans-IO ``StreamState`` (``on_sent``, ``on_headers``, ``on_bytes``, then ``finish`` or
 ``fail``) and turn every network failure into an outcome, never an exception (a cancellation
