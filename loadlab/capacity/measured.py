@@ -8,10 +8,10 @@ predictions beside each measurement:
 - **roofline**: ``roofline.py`` with "this-machine" calibrated by a square matmul and a memory
   copy (``calibrate.py``): the first-principles estimate, as one would make it for a GPU;
 - **shaped**: the same physics priced with kernels shaped like the model's own
-  (``kernels.py``): its weight matrices at the step's token count (matmuls), a copy for the
-  K/V gather the server's attention does (3 passes over the K/V bytes: read and write the
-  gathered copy, then read it in attention), causal attention at the model's head shape and
-  the prompt's length, and
+  (``kernels.py``): its weight matrices at the step's token count (matmuls); decode
+  attention done as the server does it (gather each sequence's K/V out of the paged cache,
+  then masked grouped-query attention) at the step's batch and context; causal prefill
+  attention at the model's head shape and the prompt's length; and
   the per-step overhead (Python dispatch, index building, sampling) measured on a *twin*:
   the same runner with every width shrunk to a few units, so FLOPs and bytes vanish and only
   the fixed costs remain. None of these runs the measured model, and nothing is fitted to
@@ -157,15 +157,15 @@ def measure_reference(
     copy_bps = kernels.copy_bytes_per_s()
     rows: list[Comparison] = []
     for b in batches:
-        mm, overhead, measured = _interleaved(
+        mm, attn_s, overhead, measured = _interleaved(
             rounds,
             partial(kernels.matmul_s, b, repeats),
+            partial(kernels.decode_attention_s, b, context_tokens, repeats),
             partial(twin_decode_s, b, context_tokens),
             partial(decode_s, b, context_tokens),
         )
-        kv_s = 3.0 * b * context_tokens * model.kv_bytes_per_token / copy_bps
         est = roofline.decode_step(model, hw, b, context_tokens - 1)
-        parts = {"matmul_s": mm, "kv_gather_s": kv_s, "overhead_s": overhead}
+        parts = {"matmul_s": mm, "attention_s": attn_s, "overhead_s": overhead}
         rows.append(Comparison("decode", b, context_tokens, measured, est.time_s,
                                sum(parts.values()), est.flops, est.bytes, parts))  # fmt: skip
         say(_row_text(rows[-1]))
