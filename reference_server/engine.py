@@ -185,8 +185,7 @@ class Engine:
         seconds = (self.clock() - t0) / 1e9
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
-        for seq in updated:
-            self._emit(seq)
+        self._emit(updated)
         return True
 
     def _drain_inbox(self) -> None:
@@ -199,17 +198,24 @@ class Engine:
                 self._requests.pop(item, None)
                 self.stats.record_finished("abort")
 
-    def _emit(self, seq: Sequence) -> None:
-        req = self._requests.get(seq.seq_id)
-        if req is None:
-            return
-        final = seq.is_finished
-        text = req.text.push(seq.output_token_ids[-1], final)
-        event = TokenEvent(text, len(seq.output_token_ids), seq.finish_reason if final else None)
-        if final:
-            del self._requests[seq.seq_id]
-            self.stats.record_finished(seq.finish_reason or "length")
-        _deliver(req, event)
+    def _emit(self, updated: list[Sequence]) -> None:
+        """Hand each updated request its event: one cross-thread call per step and event loop,
+        not one per token, so the API thread wakes once and the GIL changes hands less often."""
+        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
+        for seq in updated:
+            req = self._requests.get(seq.seq_id)
+            if req is None:
+                continue
+            final = seq.is_finished
+            text = req.text.push(seq.output_token_ids[-1], final)
+            n = len(seq.output_token_ids)
+            event = TokenEvent(text, n, seq.finish_reason if final else None)
+            if final:
+                del self._requests[seq.seq_id]
+                self.stats.record_finished(seq.finish_reason or "length")
+            outbox.setdefault(req.loop, []).append((req, event))
+        for loop, items in outbox.items():
+            _deliver_all(loop, items)
 
     def _fail(self, batch: ScheduledBatch, message: str) -> None:
         for item in batch.items:
@@ -223,7 +229,16 @@ class Engine:
 
 
 def _deliver(req: _Request, event: TokenEvent) -> None:
+    _deliver_all(req.loop, [(req, event)])
+
+
+def _put_all(items: list[tuple[_Request, TokenEvent]]) -> None:
+    for req, event in items:
+        req.queue.put_nowait(event)
+
+
+def _deliver_all(loop: asyncio.AbstractEventLoop, items: list[tuple[_Request, TokenEvent]]) -> None:
     try:
-        req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+        loop.call_soon_threadsafe(_put_all, items)
     except RuntimeError:  # the API loop has closed (shutdown): nobody is listening
         pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -35,14 +36,13 @@ HELP = "run a load test and write a results file"
 # minute on 2 CPU cores against the embedded reference server, big enough to show percentiles.
 DEMO_DEFAULTS: dict[str, Any] = {
     "concurrency": 4,
-    "duration_s": 40.0,
-    "requests": 48,
-    "warmup_s": 2.0,
+    "requests": 24,
+    "duration_s": 45.0,  # a cap on a slow machine; 24 requests usually end it sooner
     "prompt_tokens": 64,
     "max_tokens": 32,
     "workload": {
         "kind": "chat",
-        "turns": 3,
+        "turns": 2,
         "think_time_s": 0.5,
         "prompt_tokens": 64,
         "output_tokens": 32,
@@ -204,7 +204,12 @@ def _embedded_server() -> Iterator[str]:
         ) from exc
     print("loadlab run: starting the embedded reference server (CPU preset) ...", file=sys.stderr)
     try:
-        server_cm = start_server(mode="continuous", preset="cpu", port=None)
+        # leave a core to loadlab: a server whose torch threads take every core would delay
+        # loadlab's own timestamps (the run would be flagged saturated)
+        threads = str(max(1, (os.cpu_count() or 2) - 1))
+        server_cm = start_server(
+            mode="continuous", preset="cpu", port=None, env={"OMP_NUM_THREADS": threads}
+        )
         server = server_cm.__enter__()
     except RuntimeError as exc:
         raise SystemExit(
@@ -267,16 +272,21 @@ def _run(cfg: RunConfig) -> int:
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
-    if cfg.interleave and len(cfg.endpoints) > 1:
-        all_results = _interleaved(cfg, build)
-    else:
-        all_results = []
-        for ep in cfg.endpoints:
-            if len(cfg.endpoints) > 1:
-                print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
-            all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
-            if all_results[-1].extra.get("interrupted"):
-                break
+    all_results: list[Results] = []
+    try:
+        if cfg.interleave and len(cfg.endpoints) > 1:
+            all_results = _interleaved(cfg, build)
+        else:
+            for ep in cfg.endpoints:
+                if len(cfg.endpoints) > 1:
+                    print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
+                all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
+                if all_results[-1].extra.get("interrupted"):
+                    break
+    except ValueError as exc:  # a setting only the client or the workers can check
+        print(f"loadlab run: {exc}", file=sys.stderr)
+        if not all_results:
+            return 2
     code = 0
     for results, path in zip(all_results, paths, strict=False):
         write_results(results, path)
