@@ -104,8 +104,9 @@ def _step_timer(runner: Any, clock: str, repeats: int) -> tuple[Any, Any]:
             lambda b, c: bench.decode_step_time_s(runner, b, c, repeats),
             lambda p: bench.prefill_time_s(runner, p, 1, repeats),
         )
-    from reference_server.sequence import SamplingParams, ScheduledBatch, ScheduledSeq
-    from reference_server.sequence import Sequence as Seq
+    seqmod = importlib.import_module("reference_server.sequence")
+    SamplingParams, ScheduledBatch = seqmod.SamplingParams, seqmod.ScheduledBatch
+    ScheduledSeq, Seq = seqmod.ScheduledSeq, seqmod.Sequence
 
     def batch(n: int, tokens: int, computed: int) -> Any:
         per_seq = -(-(tokens + 1) // runner.block_size)
@@ -135,7 +136,7 @@ def measure_reference(
     rounds: int = 2,
 ) -> tuple[ModelSpec, Hardware, list[Comparison], dict[str, Any]]:
     """Measure the reference model here and predict each point; see the module docstring."""
-    from reference_server.model_runner import ModelRunner
+    ModelRunner = importlib.import_module("reference_server.model_runner").ModelRunner  # torch
 
     if clock not in CLOCKS:
         raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
