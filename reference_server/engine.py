@@ -177,10 +177,9 @@ class Engine:
         t0 = self.clock()
         try:
             tokens = self.runner.run(batch)
-        except Exception as exc:  # the model failed: fail this batch's requests, keep serving
+        except Exception:  # the model failed: find the culprit, keep serving the others
             log.exception("model runner failed on a batch of %d", len(batch.items))
-            self._fail(batch, f"model runner error: {type(exc).__name__}")
-            return True
+            tokens = self._run_one_by_one(batch)
         updated = self.scheduler.postprocess(batch, tokens)
         seconds = (self.clock() - t0) / 1e9
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
@@ -216,6 +215,18 @@ class Engine:
             outbox.setdefault(req.loop, []).append((req, event))
         for loop, items in outbox.items():
             _deliver_all(loop, items)
+
+    def _run_one_by_one(self, batch: ScheduledBatch) -> list[int | None]:
+        """Rerun each item alone (rewriting its K/V is idempotent); only the items that fail
+        again are failed, so one bad request does not take its batch-mates down with it."""
+        tokens: list[int | None] = []
+        for item in batch.items:
+            try:
+                tokens += self.runner.run(ScheduledBatch([item]))
+            except Exception as exc:
+                self._fail(ScheduledBatch([item]), f"model runner error: {type(exc).__name__}")
+                tokens.append(None)  # postprocess skips it: it is finished (aborted)
+        return tokens
 
     def _fail(self, batch: ScheduledBatch, message: str) -> None:
         for item in batch.items:

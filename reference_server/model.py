@@ -215,6 +215,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    rope_cos: Tensor  # [max_seq_len, head_dim] buffers, registered in __init__
+    rope_sin: Tensor
+
     def __init__(self, args: ModelArgs, device: Device = None) -> None:
         super().__init__()
         self.args = args

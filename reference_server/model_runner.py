@@ -46,6 +46,9 @@ _GPU_KV_FRACTION = 0.8  # of the free memory left after the weights are loaded
 _SMALL_MODEL_PARAMS = 5_000_000  # below this, default to one torch thread
 
 
+TEXT_OUTPUT_IDS = [10, *range(32, 127)]  # "\n" and printable ASCII
+
+
 def resolve_args(preset: str | ModelArgs) -> ModelArgs:
     """ModelArgs of a preset name (or the args themselves)."""
     if isinstance(preset, ModelArgs):
@@ -132,6 +135,10 @@ class ModelRunner:
             vocab_size=a.vocab_size,
             seed=seed,
             device=self.device,
+            # Generated text is printable ASCII (and newlines): one token is one character,
+            # so every token becomes exactly one streamed chunk and clients' chunk counts
+            # equal usage.completion_tokens (a random byte could be half a UTF-8 character).
+            output_ids=TEXT_OUTPUT_IDS,
         )
 
     # ---------------------------------------------------------------- setup

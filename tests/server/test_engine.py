@@ -8,7 +8,7 @@ from reference_server.engine import Engine, TextStream, TokenEvent
 from reference_server.fake_runner import FakeClock, FakeModelRunner
 from reference_server.kv_cache import BlockManager
 from reference_server.scheduler import ChunkedScheduler
-from reference_server.sequence import SamplingParams, Sequence
+from reference_server.sequence import SamplingParams, ScheduledBatch, Sequence
 
 
 def test_text_stream_never_splits_a_utf8_character() -> None:
@@ -88,20 +88,30 @@ def test_abort_through_the_inbox_frees_blocks_and_sends_nothing_more() -> None:
     assert 'requests_total{finish_reason="abort"} 1' in engine.stats.render(gauges={}, counters={})
 
 
-def test_a_failing_runner_fails_its_batch_and_the_engine_goes_on() -> None:
+def test_a_failing_request_fails_alone_and_the_engine_goes_on() -> None:
     clock = FakeClock()
     engine, runner = _engine(clock)
+    real_run = runner.run
+
+    def run(batch: ScheduledBatch) -> list[int | None]:
+        if any(i.seq.seq_id == "bad" for i in batch.items):
+            raise RuntimeError("boom")
+        return real_run(batch)
+
+    runner.run = run  # type: ignore[method-assign]
     loop = asyncio.new_event_loop()
     try:
-        q: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=5)), loop, q)
-        real_run = runner.run
-        runner.run = lambda batch: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
-        assert engine.step()
-        runner.run = real_run  # type: ignore[method-assign]
+        q_bad: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        q_ok: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        engine.submit(Sequence("bad", [1] * 3, SamplingParams(max_tokens=5)), loop, q_bad)
+        engine.submit(Sequence("ok", [1] * 3, SamplingParams(max_tokens=2)), loop, q_ok)
+        while engine.step():
+            pass
         loop.run_until_complete(asyncio.sleep(0))
-        event = q.get_nowait()
+        bad = [q_bad.get_nowait() for _ in range(q_bad.qsize())]
+        ok = [q_ok.get_nowait() for _ in range(q_ok.qsize())]
     finally:
         loop.close()
-    assert event.finish_reason == "error" and event.error and "RuntimeError" in event.error
+    assert len(bad) == 1 and bad[0].finish_reason == "error" and "RuntimeError" in str(bad[0].error)
+    assert [e.completion_tokens for e in ok] == [1, 2] and ok[-1].finish_reason == "length"
     assert engine.scheduler.block_manager.num_used_blocks == 0 and not engine.scheduler.has_work
