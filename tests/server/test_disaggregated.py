@@ -68,6 +68,10 @@ def test_transfer_stats_in_metrics_stream_and_client_record(disaggregated_server
             async with OpenAIClient(ep) as client:
                 spec = RequestSpec("kv-1", "b" * 50, 3, prompt_tokens=50)
                 done = await client.send(spec, t0_ns=time.perf_counter_ns())
+            async with OpenAIClient(ep, stream=False) as whole:
+                spec = RequestSpec("kv-2", "c" * 20, 2, prompt_tokens=20)
+                body = await whole.send(spec, t0_ns=time.perf_counter_ns())
+            assert body.record.server["kv_transfer_bytes"] == 20 * 512
             return before, events, done.record, await metrics(s, url), info
 
     before, events, record, after, info = asyncio.run(go())
@@ -82,8 +86,8 @@ def test_transfer_stats_in_metrics_stream_and_client_record(disaggregated_server
     assert record.outcome == "ok" and record.output_tokens == 3
     assert record.server["kv_transfer_bytes"] == 50 * 512
     assert 0 < record.server["kv_transfer_s"] < 30
-    assert after["kv_transfers_total"] - before["kv_transfers_total"] == 2
-    assert after["kv_transfer_bytes_total"] - before["kv_transfer_bytes_total"] == 83 * 512
+    assert after["kv_transfers_total"] - before["kv_transfers_total"] == 3
+    assert after["kv_transfer_bytes_total"] - before["kv_transfer_bytes_total"] == 103 * 512
     assert after["kv_transfer_seconds_count"] == after["kv_transfers_total"]
     assert after["kv_transfer_seconds_total"] > before["kv_transfer_seconds_total"]
 
