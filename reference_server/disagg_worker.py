@@ -258,7 +258,10 @@ class _Prefill(_Worker):
     def _reap(self) -> None:
         while True:
             work, _kv = self.sends.get()  # _kv: keep the tensor alive until the send is done
-            work.wait(_TRANSFER_TIMEOUT)
+            try:
+                work.wait(_TRANSFER_TIMEOUT)
+            except RuntimeError:  # the decode side is gone or timed out; its side reports it
+                pass
 
     def handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -305,15 +308,18 @@ class _Decode(_Worker):
         self.aborted: set[str] = set()  # aborted while pulling: free on arrival
         self.srcs: dict[str, int] = {}  # prefill rank each pulled request comes from
         self.next_tag = 1
-        self.recvs: queue.Queue[tuple[Any, str, torch.Tensor, float]] = queue.Queue()
-        self.arrived: queue.Queue[tuple[str, torch.Tensor, float, float]] = queue.Queue()
+        self.recvs: queue.Queue[tuple[Any, str, torch.Tensor | None, float]] = queue.Queue()
+        self.arrived: queue.Queue[tuple[str, torch.Tensor | None, float, float]] = queue.Queue()
         # A thread waits for each receive, so decode steps go on while the KV streams in.
         threading.Thread(target=self._wait_recvs, daemon=True, name="kv-recv").start()
 
     def _wait_recvs(self) -> None:
         while True:
             work, seq_id, buf, t0 = self.recvs.get()
-            work.wait(_TRANSFER_TIMEOUT)
+            try:
+                work.wait(_TRANSFER_TIMEOUT)
+            except RuntimeError:  # the prefill side died or timed out: fail this request
+                buf = None
             self.arrived.put((seq_id, buf, t0, time.perf_counter()))
 
     def handle(self, msg: tuple[Any, ...]) -> None:
@@ -361,9 +367,11 @@ class _Decode(_Worker):
         while True:
             seq_id, buf, t0, t1 = item
             seq = self.pulling.pop(seq_id)
-            if seq_id in self.aborted:
+            if seq_id in self.aborted or buf is None:
                 self.aborted.discard(seq_id)
                 self.bm.free(seq)
+                if buf is None:
+                    self.outbox.put(("lost", self.cfg.rank, seq_id))
             else:
                 t2 = time.perf_counter()
                 self.runner.import_kv(seq, buf)

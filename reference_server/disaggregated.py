@@ -308,11 +308,25 @@ class DisaggregatedEngine:
                     if (req := self._requests.get(seq_id)) is not None:
                         req.phase = "decode"
                         req.kv_transfer = {"bytes": nbytes, "seconds": seconds}
+            elif kind == "lost":  # its KV transfer failed: an error event, not a hang
+                self._fail_request(msg[2], "KV transfer from the prefill worker failed")
             elif kind == "crashed":
                 log.error("disaggregated worker rank %d crashed:\n%s", msg[1], msg[2])
                 self.crashes.append(msg[2])
             elif kind == "state":
                 self.blocks_used[msg[1]], self.preemptions[msg[1]] = msg[2], msg[3]
+
+    def _fail_request(self, seq_id: str, message: str) -> None:
+        with self._lock:
+            req = self._requests.pop(seq_id, None)
+        if req is None:
+            return
+        self.stats.record_finished("error")
+        event = TokenEvent("", len(req.tokens), "error", error=message)
+        try:
+            req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+        except RuntimeError:
+            pass
 
     def _check_workers(self) -> None:
         """A worker that died (a bug, the OOM killer) fails every request in flight with an
