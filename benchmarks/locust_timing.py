@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -214,7 +213,6 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
             "--itl-rows",
             "gaps",
         ]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         proc = subprocess.run(
             cmd,
@@ -224,7 +222,6 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
             cwd=ROOT,
             env=env,
         )
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if not out.exists():
             raise RuntimeError(
                 f"locust wrote no results:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
@@ -243,7 +240,6 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
         s_ttft.append(s)
         paired.append(c - s)
         lag += [(a + t0 - b) / 1e6 for a, b in zip(r["chunk_ns"], tr["chunk_ns"], strict=True)]
-    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {
         "users": users,
         "requests": len(c_ttft),
@@ -254,7 +250,12 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
         "paired_p99_ms": pct(paired, 99),
         "lag_p50_ms": pct(lag, 50),
         "lag_p99_ms": pct(lag, 99),
-        "cpu_percent": 100 * cpu_s / duration_s,
+        "cpu_percent": res["generator"].get("cpu_percent_mean", float("nan")),
+        "cpu_us_per_token": res["generator"].get("cpu_percent_mean", float("nan"))
+        / 100
+        * duration_s
+        / max(1, len(lag))
+        * 1e6,
         "saturated": res["generator"].get("saturated"),
         "loop_lag_p99_ms": res["generator"].get("loop_lag_ms_p99"),
     }
@@ -285,7 +286,8 @@ def main() -> int:
         )
         print(
             f"{'users':>5s} {'reqs':>5s} {'tok/s':>6s} {'TTFT p99':>8s} {'truth':>6s} "
-            f"{'err':>6s} {'paired':>7s} {'lag p50/p99':>13s} {'CPU %':>6s} {'loop p99':>8s}"
+            f"{'err':>6s} {'paired':>7s} {'lag p50/p99':>13s} {'CPU %':>6s} {'µs/tok':>6s} "
+            f"{'loop p99':>8s}"
         )
         for users in [int(u) for u in args.users.split(",")]:
             m = locust_level(url, users, args.duration, args.tokens)
@@ -294,6 +296,7 @@ def main() -> int:
                 f"{m['ttft_p99_ms']:8.1f} {m['truth_ttft_p99_ms']:6.1f} "
                 f"{m['ttft_p99_error_ms']:6.2f} {m['paired_p99_ms']:7.2f} "
                 f"{m['lag_p50_ms']:6.2f}/{m['lag_p99_ms']:6.2f} {m['cpu_percent']:6.0f} "
+                f"{m['cpu_us_per_token']:6.0f} "
                 f"{m['loop_lag_p99_ms']:8.1f}{'  SATURATED' if m['saturated'] else ''}",
                 flush=True,
             )

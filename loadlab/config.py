@@ -58,6 +58,7 @@ class RunConfig:
     stream: bool = True
     include_usage: bool = True
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    transport: str = "raw"  # "raw" (lowest overhead, exact read times) | "aiohttp" (proxies)
     timeout_s: float = 120.0  # whole request
     read_timeout_s: float = 30.0  # longest silence inside a stream
     seed: int = 0
@@ -94,6 +95,8 @@ class RunConfig:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.prompt_tokens < 1 or self.max_tokens < 1:
             raise ValueError("--prompt-tokens and --max-tokens must be >= 1")
+        if self.transport not in ("raw", "aiohttp"):
+            raise ValueError(f"--transport must be raw or aiohttp, got {self.transport!r}")
         if self.warmup_s < 0 or self.cooldown_s < 0:
             raise ValueError("--warmup and --cooldown must be >= 0 seconds")
 

@@ -38,8 +38,10 @@ from typing import Any
 
 import gevent
 import locust.stats
+import numpy as np
 from greenlet import GreenletExit
 from locust import User, events, task
+from locust.exception import StopUser
 
 from loadlab import locust_hooks, metrics
 from loadlab.clients.base import Message
@@ -86,12 +88,15 @@ def workload_specs(workload: Mapping[str, Any], seed: int) -> Iterator[RequestSp
     >>> [(s.turn, s.think_time_s) for s in itertools.islice(specs, 3)]
     [(0, 0.0), (1, 0.5), (0, 0.0)]
     """
+    out = workload.get("output_tokens")
     for round_ in itertools.count():
+        # Round k's seed is mixed from (seed, k): seed + k would replay the next user's traffic.
+        mixed = np.random.SeedSequence([seed, round_]).generate_state(1, np.uint64)[0]
         cfg = RunConfig(
             concurrency=1,
             duration_s=_ENDLESS_S,
-            seed=seed + round_,
-            max_tokens=int(workload.get("output_tokens", 64)),
+            seed=seed if round_ == 0 else int(mixed),
+            max_tokens=out if isinstance(out, int) else RunConfig.max_tokens,
             workload=dict(workload),
         )
         produced = False
@@ -169,8 +174,7 @@ class LLMUser(User):
     def send_next(self) -> None:
         spec = self._take()
         if spec is None:  # this user's workload is exhausted
-            self.stop()
-            return
+            raise StopUser()
         if spec.turn == 0:
             self._history = []
         try:

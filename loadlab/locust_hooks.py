@@ -56,6 +56,8 @@ class _State:
         self.lag = LogHistogram()
         self.lag_max_ms = 0.0
         self.measuring_lag = False
+        self.cpu = (0.0, 0.0)  # (process CPU s, monotonic s) at test_start
+        self.cpu_percent = 0.0  # CPU used while users ran, % of one core
 
 
 _S = _State()
@@ -139,13 +141,20 @@ def _on_test_start(environment: Any, **_: Any) -> None:
     if _S.role in ("local", "worker"):
         _S.shipper = RecordShipper.start_now(_worker_index(environment), _S.host)
         _S.lag, _S.lag_max_ms, _S.measuring_lag = LogHistogram(), 0.0, True
+        _S.cpu, _S.cpu_percent = (time.process_time(), time.monotonic()), 0.0
         gevent.spawn(_lag_monitor, _S.shipper)
     if _S.role == "worker":  # hello: the master now expects a final batch from this worker
         _send(environment, final=False)
 
 
 def _on_test_stopping(environment: Any, **_: Any) -> None:
+    if _S.role in ("local", "master") and _S.stop_ns is None:
+        # The load ends when stopping starts; the window still reaches the last token of a
+        # stream that finishes during --stop-timeout (Results.measurement_window_ns).
+        _S.stop_ns = time.perf_counter_ns()
     _S.measuring_lag = False  # shutdown work (killing users, printing stats) is not load
+    cpu0, t0 = _S.cpu
+    _S.cpu_percent = 100 * (time.process_time() - cpu0) / max(time.monotonic() - t0, 1e-9)
 
 
 def _on_test_stop(environment: Any, **_: Any) -> None:
@@ -167,6 +176,8 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         _drain_workers(environment)
     else:
         _on_test_stop(environment)
+    if _S.collector is None:  # no test ever started (web UI opened and closed): no file
+        return
     if not _S.finalised:
         _S.finalised = True
         _finish(environment, _results(environment))
@@ -181,6 +192,7 @@ def _batch(*, final: bool) -> dict[str, Any]:
         "loop_lag_ms_max": _S.lag_max_ms,
         "loop_lag_ms_p99": _S.lag.quantile(0.99) or 0.0,
         "samples": _S.lag.total,
+        "cpu_percent_mean": _S.cpu_percent,
     }
     return batch
 
@@ -297,10 +309,10 @@ def _finish(environment: Any, results: Results) -> None:
 
     print(render_summary(results), flush=True)
     slo_path = getattr(environment.parsed_options, "slo", "")
-    if info["workers_missing_final"]:
-        environment.process_exit_code = 3
     if slo_path:
         environment.process_exit_code = _slo_exit_code(results, slo_path)
+    if info["workers_missing_final"] and not environment.process_exit_code:
+        environment.process_exit_code = 3  # incomplete records never pass silently
 
 
 def _slo_exit_code(results: Results, slo_path: str) -> int:

@@ -21,7 +21,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,9 +45,9 @@ from reference_server.sequence import Sequence
 
 __all__ = ["ServerSettings", "create_app"]
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class _Guard:
                 return await _send_json(send, 413, _too_large(limit))
         replayed = False
 
-        async def replay() -> dict[str, Any]:
+        async def replay() -> MutableMapping[str, Any]:
             nonlocal replayed
             if not replayed:
                 replayed = True
@@ -144,15 +144,39 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
+class _Release:
+    """Runs once, however the response ends: frees the in-flight slot and aborts the request
+    in the engine unless it finished (a client that went away frees its KV blocks)."""
+
+    def __init__(self, state: dict[str, int], engine: Engine, seq_id: str) -> None:
+        self.state, self.engine, self.seq_id = state, engine, seq_id
+        self.finished = False
+        self._released = False
+
+    def __call__(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self.state["in_flight"] -= 1
+        if not self.finished:
+            self.engine.abort(self.seq_id)
+
+
 class _SSE(StreamingResponse):
-    """Closes the event generator however the response ends, so its cleanup (abort) runs
-    at once when the client disconnects instead of whenever the generator is collected."""
+    """Releases the request however the stream ends, even when the client hangs up before
+    the first event (the generator may then never start, so its own ``finally`` never runs)."""
+
+    def __init__(self, events: AsyncIterator[str], release: _Release) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._events, self._release = events, release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()  # type: ignore[attr-defined]
+            self._release()
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> Any:
@@ -234,11 +258,11 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
         seq = _admit(kind, body, prompt)
         queue: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
         state["in_flight"] += 1
+        release = _Release(state, engine, seq.seq_id)
         engine.submit(seq, asyncio.get_running_loop(), queue)  # type: ignore[arg-type]
         if body.stream:
-            return _SSE(_events(kind, seq, body.include_usage, queue), media_type="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
-        return await _whole(kind, seq, queue, request)
+            return _SSE(_events(kind, seq, body.include_usage, queue, release), release)
+        return await _whole(kind, seq, queue, request, release)
 
     def _admit(kind: Kind, body: ChatRequest | CompletionRequest, prompt: str) -> Sequence:
         if body.model != settings.model_name:
@@ -269,24 +293,28 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
         )
 
     async def _events(
-        kind: Kind, seq: Sequence, include_usage: bool, queue: asyncio.Queue[TokenEvent | None]
+        kind: Kind,
+        seq: Sequence,
+        include_usage: bool,
+        queue: asyncio.Queue[TokenEvent | None],
+        release: _Release,
     ) -> AsyncIterator[str]:
         created, model, rid = int(time.time()), settings.model_name, seq.seq_id
-        done, first = False, True
+        first = True
         try:
             while True:
                 ev = await queue.get()
                 if ev is None:  # only the non-streaming watcher sends None
                     continue
                 if ev.error is not None:
-                    done = True
+                    release.finished = True
                     yield _sse(error_body(ev.error, "server_error", None, "engine_error"))
                     break
                 if ev.completion_tokens > 0 and ev.finish_reason != "error":
                     yield _sse(stream_chunk(kind, rid, model, created, text=ev.text, role=first))
                     first = False
                 if ev.finish_reason is not None:
-                    done = True
+                    release.finished = True
                     yield _sse(
                         stream_chunk(
                             kind,
@@ -302,16 +330,17 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
                     break
             yield "data: [DONE]\n\n"
         finally:
-            state["in_flight"] -= 1
-            if not done:
-                engine.abort(seq.seq_id)
+            release()
 
     async def _whole(
-        kind: Kind, seq: Sequence, queue: asyncio.Queue[TokenEvent | None], request: Request
+        kind: Kind,
+        seq: Sequence,
+        queue: asyncio.Queue[TokenEvent | None],
+        request: Request,
+        release: _Release,
     ) -> Response:
         watcher = asyncio.create_task(_watch_disconnect(request, queue))
         parts: list[str] = []
-        done = False
         try:
             while True:
                 ev = await queue.get()
@@ -319,12 +348,12 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
                     return Response(status_code=499)
                 parts.append(ev.text)
                 if ev.error is not None:
-                    done = True
+                    release.finished = True
                     return JSONResponse(
                         error_body(ev.error, "server_error", None, "engine_error"), status_code=500
                     )
                 if ev.finish_reason is not None:
-                    done = True
+                    release.finished = True
                     body = whole_response(
                         kind,
                         seq.seq_id,
@@ -336,9 +365,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
                     return JSONResponse(body)
         finally:
             watcher.cancel()
-            state["in_flight"] -= 1
-            if not done:
-                engine.abort(seq.seq_id)
+            release()
 
     return _Guard(app, settings)
 

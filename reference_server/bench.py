@@ -87,10 +87,11 @@ def _make_seqs(
     return seqs
 
 
-def _time_step(runner: ModelRunner, batch: ScheduledBatch, repeats: int) -> float:
+def _time_step(runner: ModelRunner, batch: ScheduledBatch, repeats: int, warmup: bool) -> float:
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    runner.run(batch)  # warm-up: allocator, kernels, caches
+    if warmup:
+        runner.run(batch)  # allocator, kernels, caches
     times = []
     for _ in range(repeats):
         if runner.device.type == "cuda":
@@ -103,22 +104,27 @@ def _time_step(runner: ModelRunner, batch: ScheduledBatch, repeats: int) -> floa
 
 
 def decode_step_time_s(
-    runner: ModelRunner, batch: int, context_tokens: int, repeats: int = 5
+    runner: ModelRunner, batch: int, context_tokens: int, repeats: int = 5, *, warmup: bool = True
 ) -> float:
     """Seconds (fastest of ``repeats``) of one decode step: ``batch`` sequences each holding ``context_tokens``
     tokens of K/V make one token each (the same step is re-run; the cache contents do not
     change the cost, so the context is not prefilled)."""
     seqs = _make_seqs(runner, batch, context_tokens, computed=context_tokens - 1)
-    return _time_step(runner, ScheduledBatch([ScheduledSeq(s, 1) for s in seqs]), repeats)
+    return _time_step(runner, ScheduledBatch([ScheduledSeq(s, 1) for s in seqs]), repeats, warmup)
 
 
 def prefill_time_s(
-    runner: ModelRunner, prompt_tokens: int, batch: int = 1, repeats: int = 3
+    runner: ModelRunner,
+    prompt_tokens: int,
+    batch: int = 1,
+    repeats: int = 3,
+    *,
+    warmup: bool = True,
 ) -> float:
     """Seconds (fastest of ``repeats``) of one step that prefills ``batch`` whole prompts of ``prompt_tokens``."""
     seqs = _make_seqs(runner, batch, prompt_tokens, computed=0)
     items = [ScheduledSeq(s, prompt_tokens) for s in seqs]
-    return _time_step(runner, ScheduledBatch(items), repeats)
+    return _time_step(runner, ScheduledBatch(items), repeats, warmup)
 
 
 def machine_peaks(device: torch.device | str = "cpu", size_mb: int = 256) -> dict[str, float]:

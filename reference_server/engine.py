@@ -177,16 +177,14 @@ class Engine:
         t0 = self.clock()
         try:
             tokens = self.runner.run(batch)
-        except Exception as exc:  # the model failed: fail this batch's requests, keep serving
+        except Exception:  # the model failed: find the culprit, keep serving the others
             log.exception("model runner failed on a batch of %d", len(batch.items))
-            self._fail(batch, f"model runner error: {type(exc).__name__}")
-            return True
+            tokens = self._run_one_by_one(batch)
         updated = self.scheduler.postprocess(batch, tokens)
         seconds = (self.clock() - t0) / 1e9
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
-        for seq in updated:
-            self._emit(seq)
+        self._emit(updated)
         return True
 
     def _drain_inbox(self) -> None:
@@ -199,17 +197,36 @@ class Engine:
                 self._requests.pop(item, None)
                 self.stats.record_finished("abort")
 
-    def _emit(self, seq: Sequence) -> None:
-        req = self._requests.get(seq.seq_id)
-        if req is None:
-            return
-        final = seq.is_finished
-        text = req.text.push(seq.output_token_ids[-1], final)
-        event = TokenEvent(text, len(seq.output_token_ids), seq.finish_reason if final else None)
-        if final:
-            del self._requests[seq.seq_id]
-            self.stats.record_finished(seq.finish_reason or "length")
-        _deliver(req, event)
+    def _emit(self, updated: list[Sequence]) -> None:
+        """Hand each updated request its event: one cross-thread call per step and event loop,
+        not one per token, so the API thread wakes once and the GIL changes hands less often."""
+        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
+        for seq in updated:
+            req = self._requests.get(seq.seq_id)
+            if req is None:
+                continue
+            final = seq.is_finished
+            text = req.text.push(seq.output_token_ids[-1], final)
+            n = len(seq.output_token_ids)
+            event = TokenEvent(text, n, seq.finish_reason if final else None)
+            if final:
+                del self._requests[seq.seq_id]
+                self.stats.record_finished(seq.finish_reason or "length")
+            outbox.setdefault(req.loop, []).append((req, event))
+        for loop, items in outbox.items():
+            _deliver_all(loop, items)
+
+    def _run_one_by_one(self, batch: ScheduledBatch) -> list[int | None]:
+        """Rerun each item alone (rewriting its K/V is idempotent); only the items that fail
+        again are failed, so one bad request does not take its batch-mates down with it."""
+        tokens: list[int | None] = []
+        for item in batch.items:
+            try:
+                tokens += self.runner.run(ScheduledBatch([item]))
+            except Exception as exc:
+                self._fail(ScheduledBatch([item]), f"model runner error: {type(exc).__name__}")
+                tokens.append(None)  # postprocess skips it: it is finished (aborted)
+        return tokens
 
     def _fail(self, batch: ScheduledBatch, message: str) -> None:
         for item in batch.items:
@@ -223,7 +240,16 @@ class Engine:
 
 
 def _deliver(req: _Request, event: TokenEvent) -> None:
+    _deliver_all(req.loop, [(req, event)])
+
+
+def _put_all(items: list[tuple[_Request, TokenEvent]]) -> None:
+    for req, event in items:
+        req.queue.put_nowait(event)
+
+
+def _deliver_all(loop: asyncio.AbstractEventLoop, items: list[tuple[_Request, TokenEvent]]) -> None:
     try:
-        req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+        loop.call_soon_threadsafe(_put_all, items)
     except RuntimeError:  # the API loop has closed (shutdown): nobody is listening
         pass

@@ -42,8 +42,11 @@ from reference_server.tokenizer import ByteTokenizer
 __all__ = ["ModelRunner", "resolve_args"]
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: thousands of 4k-token contexts for the cpu preset
-_GPU_KV_FRACTION = 0.8
-_SMALL_MODEL_PARAMS = 5_000_000  # below this, default to one torch thread  # of the free memory left after the weights are loaded
+_GPU_KV_FRACTION = 0.8  # of the free memory left after the weights are loaded
+_SMALL_MODEL_PARAMS = 5_000_000  # below this, default to one torch thread
+
+
+TEXT_OUTPUT_IDS = [10, *range(32, 127)]  # "\n" and printable ASCII
 
 
 def resolve_args(preset: str | ModelArgs) -> ModelArgs:
@@ -62,10 +65,10 @@ class _StepMeta:
     slots: Tensor  # [T] cache slot of each new token
     decode_rows: Tensor | None  # [Bd] rows of single-token items (None: no such item)
     decode_all: bool  # every item is a single token, rows 0..T-1 in order
-    decode_gather: Tensor | None  # [Bd, Lmax] cache slots of each decode item's keys
-    decode_mask: Tensor | None  # [Bd, 1, 1, Lmax] True where a key is attended
+    decode_blocks: Tensor | None  # [Bd * nb] block ids of each decode item, padded to nb
+    decode_mask: Tensor | None  # [Bd, 1, 1, nb * block_size] additive: 0 attended, -inf not
     prefills: list[tuple[int, int, Tensor | None, Tensor | None]]
-    # (first row, n_new, gather [start + n_new] or None, mask [n_new, start + n_new] or None)
+    # (first row, n_new, blocks [nblk] or None, mask [n_new, nblk * block_size] or None)
 
 
 class ModelRunner:
@@ -124,12 +127,18 @@ class ModelRunner:
         flat = self.kv_cache.view(a.n_layers, 2, -1, a.n_kv_heads, a.head_dim)
         self._k = [flat[i, 0] for i in range(a.n_layers)]  # [num_slots, KVH, hd] each
         self._v = [flat[i, 1] for i in range(a.n_layers)]
+        self._kb = [self.kv_cache[i, 0] for i in range(a.n_layers)]  # [blocks, bs, KVH, hd]
+        self._vb = [self.kv_cache[i, 1] for i in range(a.n_layers)]
         self.sampler = Sampler(
             eos_id=self.tokenizer.eos_id,
             num_byte_tokens=self.tokenizer.num_byte_tokens,
             vocab_size=a.vocab_size,
             seed=seed,
             device=self.device,
+            # Generated text is printable ASCII (and newlines): one token is one character,
+            # so every token becomes exactly one streamed chunk and clients' chunk counts
+            # equal usage.completion_tokens (a random byte could be half a UTF-8 character).
+            output_ids=TEXT_OUTPUT_IDS,
         )
 
     # ---------------------------------------------------------------- setup
@@ -264,56 +273,58 @@ class ModelRunner:
             elif start == 0:
                 prefills.append((row, n, None, None))  # attends to its own fresh K/V only
             else:
-                total = start + n
-                pos = torch.arange(total, device=dev)
-                bt = torch.tensor(seq.block_table[: (total + bs - 1) // bs], device=dev)
-                gather = bt[pos // bs] * bs + pos % bs  # [start + n]
-                q_pos = torch.arange(start, total, device=dev)
-                mask = pos[None, :] <= q_pos[:, None]  # [n, start + n], causal with offset
-                prefills.append((row, n, gather, mask))
+                nblk = (start + n + bs - 1) // bs
+                blocks = torch.tensor(seq.block_table[:nblk], device=dev)
+                pos = torch.arange(nblk * bs, device=dev)
+                q_pos = torch.arange(start, start + n, device=dev)
+                mask = pos[None, :] <= q_pos[:, None]  # [n, nblk * bs], causal with offset
+                prefills.append((row, n, blocks, mask))
             row += n
         meta = _StepMeta(slots, None, False, None, None, prefills)
         if dec_rows:
-            lmax = max(dec_lens)
-            nb = (lmax + bs - 1) // bs
-            table = torch.tensor([t + [0] * (nb - len(t)) for t in dec_tables], device=dev)
-            j = torch.arange(lmax, device=dev)
-            meta.decode_gather = table[:, j // bs] * bs + j % bs  # [Bd, Lmax]
+            nb = (max(dec_lens) + bs - 1) // bs
+            padded = [b for t in dec_tables for b in (*t, *[0] * (nb - len(t)))]
+            meta.decode_blocks = torch.tensor(padded, device=dev)  # [Bd * nb]
+            j = torch.arange(nb * bs, device=dev)
             lens = torch.tensor(dec_lens, device=dev)
-            meta.decode_mask = (j[None, :] < lens[:, None])[:, None, None, :]  # [Bd, 1, 1, Lmax]
+            # Additive float mask built once per step (a bool mask is converted in every layer).
+            bias = torch.zeros(len(dec_lens), nb * bs, device=dev, dtype=self.dtype)
+            bias.masked_fill_(j[None, :] >= lens[:, None], float("-inf"))
+            meta.decode_mask = bias[:, None, None, :]  # [Bd, 1, 1, nb * bs]
             meta.decode_all = len(dec_rows) == row
             meta.decode_rows = None if meta.decode_all else torch.tensor(dec_rows, device=dev)
         return meta
 
     def _attend(self, meta: _StepMeta, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q: [T, H, hd]; k, v: [T, KVH, hd] -> [T, H, hd]
-        kc, vc = self._k[layer], self._v[layer]  # [num_slots, KVH, hd]
-        kc.index_copy_(0, meta.slots, k)
-        vc.index_copy_(0, meta.slots, v)
-        gather, mask, rows = meta.decode_gather, meta.decode_mask, meta.decode_rows
-        if meta.decode_all and gather is not None:
-            return _attend_decode(q, kc, vc, gather, mask)
+        self._k[layer].index_copy_(0, meta.slots, k)  # [num_slots, KVH, hd]
+        self._v[layer].index_copy_(0, meta.slots, v)
+        kb, vb = self._kb[layer], self._vb[layer]  # [num_blocks, block_size, KVH, hd]
+        blocks, mask, rows = meta.decode_blocks, meta.decode_mask, meta.decode_rows
+        if meta.decode_all and blocks is not None:
+            return _attend_decode(q, kb, vb, blocks, mask)
         out = torch.empty_like(q)
-        if gather is not None and rows is not None:
-            out[rows] = _attend_decode(q[rows], kc, vc, gather, mask)
-        for row, n, gather, mask in meta.prefills:
-            qi = q[row : row + n].transpose(0, 1)  # [H, n, hd]
-            if gather is None:  # a whole prompt from position 0: its own K/V, plain causal
+        if blocks is not None and rows is not None:
+            out[rows] = _attend_decode(q[rows], kb, vb, blocks, mask)
+        for row, n, blocks, mask in meta.prefills:
+            # 4-D inputs: with 3-D ones torch's CPU SDPA falls back to the math kernel, which
+            # materialises [H, n, n] scores (6x slower at 1,024 tokens, measured).
+            qi = q[row : row + n].transpose(0, 1)[None]  # [1, H, n, hd]
+            if blocks is None:  # a whole prompt from position 0: its own K/V, plain causal
                 ki, vi = k[row : row + n], v[row : row + n]
-            else:  # a later slice: all earlier K/V come from the cache
-                ki, vi = (
-                    kc.index_select(0, gather),
-                    vc.index_select(0, gather),
-                )  # [start+n, KVH, hd]
+            else:  # a later slice: all earlier K/V come from the cache, whole blocks
+                ki = kb.index_select(0, blocks).flatten(0, 1)
+                vi = vb.index_select(0, blocks).flatten(0, 1)
+            # ki, vi: [n or nblk * block_size, KVH, hd]
             o = F.scaled_dot_product_attention(
                 qi,
-                ki.transpose(0, 1),
-                vi.transpose(0, 1),
-                attn_mask=mask,
-                is_causal=gather is None,
+                ki.transpose(0, 1)[None],
+                vi.transpose(0, 1)[None],
+                attn_mask=None if mask is None else mask[None, None],
+                is_causal=blocks is None,
                 enable_gqa=True,
-            )  # [H, n, hd]
-            out[row : row + n] = o.transpose(0, 1)
+            )  # [1, H, n, hd]
+            out[row : row + n] = o[0].transpose(0, 1)
         return out
 
     # ---------------------------------------------------------------- KV transfer
@@ -353,18 +364,19 @@ class ModelRunner:
 
 
 def _attend_decode(
-    q: Tensor, kc: Tensor, vc: Tensor, gather: Tensor, mask: Tensor | None
+    q: Tensor, kb: Tensor, vb: Tensor, blocks: Tensor, mask: Tensor | None
 ) -> Tensor:
     """One query per sequence against its keys gathered from the cache, padded to the longest.
 
-    q: [Bd, H, hd]; kc, vc: [num_slots, KVH, hd]; gather: [Bd, Lmax]; mask: [Bd, 1, 1, Lmax].
+    q: [Bd, H, hd]; kb, vb: [num_blocks, block_size, KVH, hd]; blocks: [Bd * nb];
+    mask: [Bd, 1, 1, nb * block_size].
     """
-    # index_select on the flat slots: ~9x faster on CPU than advanced indexing kc[gather]
-    bd, lmax = gather.shape
-    flat = gather.view(-1)
-    keys = kc.index_select(0, flat).view(bd, lmax, *kc.shape[1:]).transpose(1, 2)
-    vals = vc.index_select(0, flat).view(bd, lmax, *vc.shape[1:]).transpose(1, 2)
-    # keys, vals: [Bd, KVH, Lmax, hd]
+    # Gather whole blocks with index_select: contiguous block_size-row copies (advanced
+    # indexing per slot, kc[slots], was 9x slower on CPU, and per-slot index_select 2x).
+    bd = q.shape[0]
+    keys = kb.index_select(0, blocks).view(bd, -1, *kb.shape[2:]).transpose(1, 2)
+    vals = vb.index_select(0, blocks).view(bd, -1, *vb.shape[2:]).transpose(1, 2)
+    # keys, vals: [Bd, KVH, nb * block_size, hd]
     o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, attn_mask=mask, enable_gqa=True)
     return o.squeeze(2)  # [Bd, H, hd]
 

@@ -4,6 +4,9 @@ Only what the reference server serves: one choice (``n`` = 1), text in and text 
 fields are accepted and ignored, as OpenAI-compatible servers do, so real clients work.
 ``ignore_eos`` defaults to true: a request generates exactly ``max_tokens`` tokens unless a
 stop string (or ``ignore_eos: false`` and the model's end-of-sequence token) ends it sooner.
+``temperature`` defaults to 0 (greedy), unlike OpenAI's 1: greedy picks a whole batch's tokens
+in one vectorized argmax, while seeded temperature sampling costs a few small ops per request,
+which on a CPU would blur the batching effects the server exists to show.
 
 Usage::
 
@@ -30,6 +33,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+SAMPLING_EPS = 1e-5
 
 
 class _Loose(BaseModel):
@@ -53,7 +57,7 @@ class ChatMessage(_Loose):
 class _Request(_Loose):
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)  # greedy unless asked: see module doc
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = Field(default=None)
@@ -66,7 +70,8 @@ class _Request(_Loose):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=self.temperature,
+            # As vLLM does: below 1e-5 is greedy (logits / 1e-300 overflow to inf, then NaN).
+            temperature=0.0 if self.temperature < SAMPLING_EPS else self.temperature,
             top_p=self.top_p,
             seed=self.seed,
             stop=tuple(s for s in stop if s),

@@ -38,10 +38,14 @@ class Sampler:
         vocab_size: int,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        output_ids: list[int] | None = None,
     ) -> None:
         self.eos_id = eos_id
         allowed = torch.full((vocab_size,), float("-inf"), device=device)
-        allowed[:num_byte_tokens] = 0.0
+        if output_ids is None:
+            allowed[:num_byte_tokens] = 0.0
+        else:
+            allowed[torch.tensor(output_ids, dtype=torch.long, device=device)] = 0.0
         self._bias_no_eos = allowed.clone()  # [V]: 0 where a token may be drawn, else -inf
         allowed[eos_id] = 0.0
         self._bias_eos = allowed

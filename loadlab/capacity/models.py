@@ -34,6 +34,7 @@ __all__ = [
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
                                "float16": 2, "fp8": 1, "int8": 1}  # fmt: skip
 REFERENCE_PREFIX = "ref-"  # "ref-cpu" names the reference server's "cpu" preset
+REFERENCE_NAMES = ("tiny", "cpu", "1b")  # also accepted bare
 
 
 @dataclass(frozen=True)
@@ -205,10 +206,13 @@ def get_model(name: str, dtype_bytes: int | None = None) -> ModelSpec:
         spec = MODELS[key]
         return spec if dtype_bytes is None else spec.with_dtype_bytes(dtype_bytes)
     ref = key.removeprefix(REFERENCE_PREFIX)
+    if not key.startswith(REFERENCE_PREFIX) and ref not in REFERENCE_NAMES:
+        # no torch import for a plain typo
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
     presets, why_not = _reference_presets()
     if ref in presets:
         return from_model_args(REFERENCE_PREFIX + ref, presets[ref], dtype_bytes or 4)
-    if why_not and key.startswith(REFERENCE_PREFIX):
+    if why_not:
         raise ValueError(
             f"{name!r} is a reference server preset, which needs torch and reference_server "
             f"({why_not}); or use one of {', '.join(MODELS)}"
@@ -217,5 +221,5 @@ def get_model(name: str, dtype_bytes: int | None = None) -> ModelSpec:
 
 
 def model_names(reference_presets: dict[str, Any] | None = None) -> list[str]:
-    refs = reference_presets if reference_presets is not None else {}
+    refs = reference_presets if reference_presets is not None else REFERENCE_NAMES
     return [*MODELS, *(REFERENCE_PREFIX + p for p in refs)]

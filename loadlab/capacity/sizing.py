@@ -122,7 +122,7 @@ class Plan:
 def _fmt(x: float) -> str:
     if x == int(x) and abs(x) < 1e15:
         return f"{int(x):,}"
-    return f"{x:,.3g}" if abs(x) < 100 else f"{x:,.1f}"
+    return f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}"
 
 
 def _check_traffic(completion_tokens: float, peak_rps: float, headroom: float) -> None:
@@ -160,8 +160,12 @@ def size_from_figures(
         f"{_fmt(tps)} / {_fmt(completion_tokens)}",
     )
     plan.add("peak completions per second needed", peak_rps)
-    plan.decode_gpus = ceil_gpus(peak_rps / cps)
-    plan.add("GPUs for decode", plan.decode_gpus, "", f"{_fmt(peak_rps)} / {_fmt(cps)}")
+    raw = peak_rps / cps
+    plan.decode_gpus = ceil_gpus(raw)
+    how = f"{_fmt(peak_rps)} / {_fmt(cps)}"
+    if plan.decode_gpus != raw:
+        how += f" = {_fmt(raw)}, rounded up"
+    plan.add("GPUs for decode", plan.decode_gpus, "", how)
     plan.throughput_gpus = ceil_gpus(plan.decode_gpus * (1 + headroom))
     plan.add(
         f"add prefill capacity and headroom (+{headroom:.0%})",

@@ -1,6 +1,7 @@
 """Protocol adapters: turn a ``RequestSpec`` into a timed ``RequestRecord``.
 
-``make_client(endpoint, cfg)`` picks the adapter for ``endpoint.api`` and sizes it for the run::
+``make_client(endpoint, cfg)`` picks the adapter for ``endpoint.api`` (``chat`` and
+``completions``: ``OpenAIClient``; ``anthropic``: ``AnthropicClient``) and sizes it for the run::
 
     async with make_client(cfg.endpoints[0], cfg) as client:
         done = await client.send(spec, t0_ns=t0)
@@ -8,12 +9,15 @@
 
 from __future__ import annotations
 
+from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
 from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.config import EndpointConfig, RunConfig
 
 __all__ = [
+    "AnthropicClient",
+    "AnthropicStreamState",
     "Client",
     "Completion",
     "Message",
@@ -32,17 +36,23 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
     The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
     unlimited (an open loop without a cap must never wait for a connection).
     """
-    if endpoint.api in ("chat", "completions"):
-        return OpenAIClient(
-            endpoint,
-            stream=cfg.stream,
-            include_usage=cfg.include_usage,
-            extra_body=cfg.extra_body,
-            timeout_s=cfg.timeout_s,
-            read_timeout_s=cfg.read_timeout_s,
-            max_connections=cfg.concurrency or cfg.max_in_flight or 0,
+    kind: type[OpenAIClient]
+    if endpoint.api in OpenAIClient.APIS:
+        kind = OpenAIClient
+    elif endpoint.api in AnthropicClient.APIS:
+        kind = AnthropicClient
+    else:
+        raise ValueError(
+            f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client; "
+            "use api = 'chat', 'completions' or 'anthropic'"
         )
-    raise ValueError(
-        f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client yet; "
-        "use api = 'chat' or 'completions'"
+    return kind(
+        endpoint,
+        stream=cfg.stream,
+        include_usage=cfg.include_usage,
+        extra_body=cfg.extra_body,
+        timeout_s=cfg.timeout_s,
+        read_timeout_s=cfg.read_timeout_s,
+        max_connections=cfg.concurrency or cfg.max_in_flight or 0,
+        transport=cfg.transport,
     )

@@ -33,37 +33,22 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from email.utils import parsedate_to_datetime
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadlab import __version__
 from loadlab.clients.base import Completion, Message
-from loadlab.clients.sse import SSEDecoder
+from loadlab.clients.state import StreamState
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.records import (
     OUTCOME_CANCELLED,
-    OUTCOME_INCOMPLETE,
-    OUTCOME_OK,
     OUTCOME_PROTOCOL_ERROR,
-    OUTCOME_STREAM_ERROR,
     RequestRecord,
     RequestSpec,
-    http_outcome,
 )
 
-_loads: Callable[[str | bytes], Any]
-try:  # a faster JSON parser when present (~4x on small chunks); same results
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover
-    _loads = json.loads
-
 __all__ = ["OpenAIClient", "OpenAIStreamState", "api_url", "build_body", "read_api_key"]
-
-_EXCERPT_CHARS = 200
-_BODY_KEEP_BYTES = 4096  # of an error body, for the excerpt
-_SSE_STARTS = (b"data", b"event", b"id", b"retry", b":")
 
 
 def api_url(endpoint: EndpointConfig) -> str:
@@ -117,50 +102,17 @@ def build_body(
     return body
 
 
-def _excerpt(text: str, secrets: Sequence[str] = ()) -> str:
-    for s in secrets:
-        text = text.replace(s, "***")
-    text = " ".join(text.split())
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+class OpenAIStreamState(StreamState):
+    """Interprets one OpenAI-dialect response; no I/O (``StreamState`` has the protocol).
 
-
-def _retry_after_s(value: str) -> float | None:
-    """``Retry-After``: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
-class OpenAIStreamState:
-    """Interprets one response; no I/O. All ``t_ns`` are raw ``time.perf_counter_ns()``.
-
-    Call ``on_headers`` once, ``on_bytes`` for each read (it returns True once the outcome is
-    decided and reading may stop), then ``finish`` at EOF (``eof=True``) or ``fail`` when the
-    transport failed. ``text`` is the answer's content (for a chat session's history).
+    Complete: ``[DONE]``, or a ``finish_reason`` before EOF. Token-carrying chunks: a chat
+    delta with non-empty ``content`` (or reasoning), a completions choice with non-empty
+    ``text``.
     """
 
-    __slots__ = (
-        "_any_event",
-        "_body",
-        "_chat",
-        "_decoder",
-        "_head",
-        "_outcome",
-        "_parts",
-        "_sse",
-        "_t0",
-        "api",
-        "done",
-        "record",
-        "secrets",
-        "stream",
-        "usage",
-    )
+    __slots__ = ("_chat", "api")
+
+    INCOMPLETE = "stream ended before [DONE] or a finish_reason"
 
     def __init__(
         self,
@@ -171,78 +123,24 @@ class OpenAIStreamState:
         t0_ns: int = 0,
         secrets: Sequence[str] = (),
     ) -> None:
-        self.record = record
+        super().__init__(record, stream=stream, t0_ns=t0_ns, secrets=secrets)
         self.api = api
         self._chat = api == "chat"
-        self.stream = stream
-        self.secrets = tuple(s for s in secrets if s)
-        self.done = False  # [DONE] seen
-        self.usage: dict[str, Any] | None = None
-        self._t0 = t0_ns
-        self._decoder = SSEDecoder()
-        self._sse = stream  # False: collect the body (non-streaming, an error, a non-SSE 200)
-        self._body: list[bytes] = []
-        self._parts: list[str] = []
-        self._outcome: str | None = None
-        self._any_event = False
-        self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
 
-    @property
-    def text(self) -> str:
-        return "".join(p if isinstance(p, str) else str(p) for p in self._parts)
-
-    def on_sent(self, t_ns: int) -> None:
-        """The request bytes are about to go to the socket."""
-        self.record.sent_ns = t_ns - self._t0
-
-    def on_headers(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
-        rec = self.record
-        rec.http_status = status
-        rec.headers_ns = t_ns - self._t0
-        if not 200 <= status < 300:
-            self._outcome = http_outcome(status)
-            self._sse = False
-            retry = headers.get("Retry-After")
-            if retry is not None and (seconds := _retry_after_s(retry)) is not None:
-                rec.server["retry_after_s"] = seconds
-        elif self.stream and "text/event-stream" not in headers.get(
-            "Content-Type", "text/event-stream"
-        ):
-            self._sse = False
-            rec.error = f"expected text/event-stream, got {headers.get('Content-Type')}"
-
-    def on_bytes(self, data: bytes, t_ns: int) -> bool:
-        if not self._sse:
-            if sum(map(len, self._body)) < _BODY_KEEP_BYTES or self.record.http_status == 200:
-                self._body.append(data)
-            return False
-        if not self._any_event and len(self._head) < 256:
-            self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
-        events = self._decoder.feed_raw(data)
-        if events:
-            self._any_event = True
-            t_rel = t_ns - self._t0
-            for ev_data, ev_type, _, _ in events:
-                if self._event(ev_data, ev_type, t_rel):
-                    return True
-        return False
+    def _complete(self) -> bool:
+        return bool(self.record.finish_reason)
 
     def _event(self, data: str, event: str, t_rel: int) -> bool:
         """One SSE event; True when it decided a failure."""
         if data == "[DONE]":
             self.done = True
             return False
-        try:
-            obj = _loads(data)
-        except ValueError:
-            return self._set(OUTCOME_PROTOCOL_ERROR, "bad JSON in event: " + data)
-        if type(obj) is not dict:
-            return self._set(OUTCOME_PROTOCOL_ERROR, "event is not a JSON object: " + data)
+        obj = self._json_event(data)
+        if obj is None:
+            return True
         if event != "message" or "error" in obj:
             if event == "error" or obj.get("error"):
-                err = obj.get("error", obj)
-                msg = err.get("message", data) if isinstance(err, dict) else str(err)
-                return self._set(OUTCOME_STREAM_ERROR, f"error in stream: {msg}")
+                return self._error(obj, data)
         choices = obj.get("choices")
         if choices:
             try:
@@ -265,55 +163,7 @@ class OpenAIStreamState:
             self.usage = obj["usage"]
         return False
 
-    def _set(self, outcome: str, message: str) -> bool:
-        if self._outcome is None:
-            self._outcome = outcome
-            self.record.error = _excerpt(message, self.secrets)
-        return True
-
-    def fail(self, outcome: str, message: str, t_ns: int) -> None:
-        """The transport failed (reset, timeout, cancel). A stream that already sent [DONE]
-        stays ok; an outcome already decided (an error event, an HTTP status) is kept."""
-        if not self.done:
-            self._set(outcome, message)
-        self.finish(t_ns, eof=False)
-
-    def finish(self, t_ns: int, eof: bool = True) -> None:
-        rec = self.record
-        rec.end_ns = t_ns - self._t0
-        if self._outcome is None and not self.done:
-            if not self.stream or not self._sse:
-                self._parse_body(t_ns)
-            elif not self._any_event and self._head and not self._head.startswith(_SSE_STARTS):
-                text = self._head.decode("utf-8", "replace")
-                self._set(OUTCOME_PROTOCOL_ERROR, f"body is not an SSE stream: {text}")
-            elif not rec.finish_reason:
-                self._decoder.close()
-                self._set(OUTCOME_INCOMPLETE, "stream ended before [DONE] or a finish_reason")
-        elif self._outcome is not None and rec.http_status is not None and rec.http_status >= 300:
-            body = b"".join(self._body).decode("utf-8", "replace")
-            rec.error = _excerpt(f"HTTP {rec.http_status}: {body}", self.secrets)
-        rec.outcome = self._outcome or OUTCOME_OK
-        self._count_tokens()
-
-    def _parse_body(self, t_ns: int) -> None:
-        raw = b"".join(self._body)
-        try:
-            obj = _loads(raw)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict):
-            what = self.record.error or "response is not JSON"
-            self._set(OUTCOME_PROTOCOL_ERROR, f"{what}: {raw.decode('utf-8', 'replace')}")
-            return
-        if obj.get("error"):
-            err = obj["error"]
-            msg = err.get("message", "") if isinstance(err, dict) else str(err)
-            self._set(OUTCOME_STREAM_ERROR, f"error in 200 body: {msg}")
-            return
-        if self.stream:  # JSON where a stream was asked for
-            self._set(OUTCOME_PROTOCOL_ERROR, f"{self.record.error}: {raw.decode()}")
-            return
+    def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
         try:
             c = obj["choices"][0]
             text = (c.get("message") or {}).get("content") if self.api == "chat" else c.get("text")
@@ -326,21 +176,6 @@ class OpenAIStreamState:
             self._parts.append(text)
             self.record.chunk_ns.append(t_ns - self._t0)  # the whole answer is one chunk
 
-    def _count_tokens(self) -> None:
-        rec = self.record
-        rec.output_tokens_chunks = len(rec.chunk_ns) if self.stream else 0
-        usage = self.usage if isinstance(self.usage, dict) else {}
-        if isinstance(usage.get("prompt_tokens"), int):
-            rec.prompt_tokens = usage["prompt_tokens"]
-        completion = usage.get("completion_tokens")
-        if isinstance(completion, int):
-            rec.output_tokens, rec.output_tokens_source = completion, "usage"
-            rec.output_tokens_disagree = self.stream and rec.output_tokens_chunks != completion
-            if not self.stream and rec.chunk_ns:
-                rec.chunk_tokens = [completion]
-        elif rec.output_tokens_chunks:
-            rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
-
 
 class OpenAIClient:
     """Async OpenAI-compatible client (see module docstring). Use as ``async with``.
@@ -349,7 +184,12 @@ class OpenAIClient:
     concurrency. ``transport`` is ``"raw"`` (default, lowest overhead) or ``"aiohttp"``
     (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
     ``cancelled``) in ``cancelled_records`` and re-raises.
+
+    Another dialect over the same transports subclasses it and overrides the hooks
+    ``APIS``, ``_url``, ``_auth``, ``_body`` and ``_state`` (``AnthropicClient``).
     """
+
+    APIS: tuple[str, ...] = ("chat", "completions")
 
     def __init__(
         self,
@@ -363,14 +203,16 @@ class OpenAIClient:
         max_connections: int = 0,
         transport: str = "raw",
     ) -> None:
-        if endpoint.api not in ("chat", "completions"):
-            raise ValueError(f"OpenAIClient speaks api chat or completions, not {endpoint.api!r}")
+        if endpoint.api not in self.APIS:
+            raise ValueError(
+                f"{type(self).__name__} speaks api {' or '.join(self.APIS)}, not {endpoint.api!r}"
+            )
         if timeout_s <= 0 or read_timeout_s <= 0:
             raise ValueError("--timeout and --read-timeout must be > 0 seconds")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         self.endpoint = endpoint
-        self.url = api_url(endpoint)
+        self.url = self._url()
         self.stream = stream
         self.include_usage = include_usage
         self.extra_body = dict(extra_body or {})
@@ -387,9 +229,30 @@ class OpenAIClient:
             **endpoint.headers,
         }
         if key:
-            self._headers["Authorization"] = f"Bearer {key}"
+            self._headers.update(self._auth(key))
         self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
+
+    def _url(self) -> str:
+        return api_url(self.endpoint)
+
+    def _auth(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
+        return build_body(
+            spec,
+            self.endpoint,
+            history=history,
+            stream=self.stream,
+            include_usage=self.include_usage,
+            extra_body=self.extra_body,
+        )
+
+    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
+        return OpenAIStreamState(
+            rec, self.endpoint.api, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets
+        )
 
     async def __aenter__(self) -> OpenAIClient:
         self._transport = make_transport(
@@ -416,7 +279,8 @@ class OpenAIClient:
         intended_ns: int | None = None,
     ) -> Completion:
         if self._transport is None:
-            raise RuntimeError("use OpenAIClient as `async with OpenAIClient(...) as client`")
+            name = type(self).__name__
+            raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
         rec = RequestRecord(
             request_id=spec.request_id,
             session_id=spec.session_id,
@@ -427,17 +291,8 @@ class OpenAIClient:
             prompt_tokens_requested=spec.prompt_tokens,
             max_tokens=spec.max_tokens,
         )
-        state = OpenAIStreamState(
-            rec, self.endpoint.api, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets
-        )
-        body = build_body(
-            spec,
-            self.endpoint,
-            history=history,
-            stream=self.stream,
-            include_usage=self.include_usage,
-            extra_body=self.extra_body,
-        )
+        state = self._state(rec, t0_ns)
+        body = self._body(spec, history)
         attempt_ns = time.perf_counter_ns()
         try:
             await self._transport.exchange(json.dumps(body).encode(), spec.request_id, state)

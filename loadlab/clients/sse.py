@@ -109,7 +109,8 @@ class SSEDecoder:
             self._pending_cr = text[-1] == "\r" and not self._buf
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         out: list[RawEvent] = []
-        # Blocks end with an empty line; most blocks of an LLM stream are one "data:" line.
+        # Blocks end with an empty line; most blocks of an LLM stream are one "data:" line
+        # (OpenAI) or an "event:" line and one "data:" line (Anthropic): both skip _lines.
         blocks = text.split("\n\n")
         tail = blocks.pop()  # the lines after the last empty line (each ends with "\n")
         for block in blocks:
@@ -122,6 +123,18 @@ class SSEDecoder:
             ):
                 value = block[6:] if block.startswith("data: ") else block[5:]
                 out.append((value, "message", self._last_id, None))
+            elif (
+                block.startswith("event:")
+                and block.count("\n") == 1
+                and (nl := block.index("\n")) + 5 < len(block)
+                and block.startswith("data:", nl + 1)
+                and not self._data
+                and not self._event
+                and self._retry is None
+            ):  # "event: X\ndata: Y", every event of an Anthropic stream
+                name = block[7:nl] if block.startswith("event: ") else block[6:nl]
+                value = block[nl + 7 :] if block.startswith("data: ", nl + 1) else block[nl + 6 :]
+                out.append((value, name or "message", self._last_id, None))
             else:
                 self._lines(block.split("\n"), out)
                 self._lines(("",), out)

@@ -1,6 +1,6 @@
-"""How the OpenAI client moves bytes: two interchangeable transports for one sans-IO state.
+"""How a client moves bytes: two interchangeable transports for one sans-IO state.
 
-Both feed an ``OpenAIStreamState`` (``on_sent``, ``on_headers``, ``on_bytes``, then ``finish`` or
+Both feed a sans-IO ``StreamState`` (``on_sent``, ``on_headers``, ``on_bytes``, then ``finish`` or
 ``fail``) and turn every network failure into an outcome, never an exception (a cancellation
 propagates; the client records it).
 
@@ -37,7 +37,7 @@ from loadlab.records import (
 )
 
 if TYPE_CHECKING:
-    from loadlab.clients.openai import OpenAIStreamState
+    from loadlab.clients.state import StreamState
 
 __all__ = ["TRANSPORTS", "AiohttpTransport", "RawTransport", "Transport", "make_transport"]
 
@@ -51,7 +51,7 @@ _RAW_ERRORS = {
 
 
 class Transport(Protocol):
-    async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None: ...
+    async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -75,7 +75,7 @@ class RawTransport:
         self._pool = RawPool(max_connections)
         self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
 
-    async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None:
+    async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
         head = self._head + f"X-Request-Id: {_header_value(request_id)}\r\n".encode(
             "latin-1", "replace"
         )
@@ -132,7 +132,7 @@ class AiohttpTransport:
         connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=tls)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
 
-    async def exchange(self, body: bytes, request_id: str, state: OpenAIStreamState) -> None:
+    async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
         payload = _StampedBody(body, content_type="application/json")
         headers = {**self._headers, "X-Request-Id": _header_value(request_id)}
         clock = time.perf_counter_ns

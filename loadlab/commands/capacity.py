@@ -8,6 +8,8 @@ Examples::
     loadlab capacity --model llama-3-8b --hardware h200          # roofline table only
     loadlab capacity --hardware this-machine --calibrate
     loadlab capacity --vs-measured --preset cpu
+    loadlab capacity --results reports/run.json --url http://127.0.0.1:8000
+    loadlab capacity --results reports/vendor.json --model llama-3-8b --hardware h100
 """
 
 from __future__ import annotations
@@ -58,12 +60,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--calibrate", action="store_true", help="(re)measure this machine now")
     c.add_argument("--vs-measured", action="store_true", help="estimate vs measurement table")
     c.add_argument("--preset", default="cpu", help="reference preset measured (--vs-measured)")
-    c.add_argument("--results", help="results file whose measurements to compare")
+    c.add_argument("--results", help="results file: its TTFT/TPOT against the roofline")
     c.add_argument("--url", help="reference server base URL (reads /v1/server_info)")
     c.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes measured")
     c.add_argument("--prompts", default="128,256,512,1024,2048", help="prompt lengths measured")
     c.add_argument("--context-tokens", type=int, default=256, help="context of decode steps")
     c.add_argument("--repeats", type=int, default=3, help="repeats per measurement")
+    c.add_argument("--rounds", type=int, default=2, help="interleaved rounds per point")
+    c.add_argument("--threads", type=int, help="torch threads for --vs-measured")
+    c.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this thread's CPU time (with --threads 1, on a busy machine)")  # fmt: skip
     p.add_argument("--list", action="store_true", help="list model and hardware presets")
     p.add_argument("--json", dest="json_out", help="also write the result as JSON here")
 
@@ -127,6 +133,37 @@ def roofline_table(m: ModelSpec, hw: Hardware, context_tokens: int = 1024) -> st
     return "\n".join(lines)
 
 
+def _vs_run(args: argparse.Namespace) -> int:
+    """A results file's TTFT and TPOT against the roofline (model from server_info or --model)."""
+    from loadlab.capacity.vs_run import (
+        compare_run,
+        fetch_server_info,
+        format_run_table,
+        model_from_info,
+    )
+    from loadlab.results import read_results
+
+    results = read_results(args.results)
+    if args.model:
+        hw = _hardware(args)
+        m = _model(args, hw)
+    else:
+        info = results.extra.get("server_info")
+        if args.url:
+            info = fetch_server_info(args.url)
+        if not info:
+            raise ValueError(
+                "which model served this run? give --url of the reference server, or "
+                "--model and --hardware"
+            )
+        m = model_from_info(dict(info))
+        if args.hardware is None:
+            args.hardware = THIS_MACHINE  # the reference server ran here
+        hw = _hardware(args)
+    print(format_run_table(compare_run(results, m, hw), m, hw))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -139,6 +176,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.list:
         _print_list()
         return 0
+    if args.results:
+        return _vs_run(args)
     if args.vs_measured:
         from loadlab.capacity.measured import run_vs_measured
 

@@ -5,6 +5,9 @@
         --prompt-tokens 512 --max-tokens 128 --out reports/r.json
     loadlab run --scenario scenarios/chat.toml --rate 8      # flags override the scenario
     loadlab run --endpoint a=http://h1:8000 --endpoint b=http://h2:8000 --concurrency 8 --requests 200
+    loadlab run --endpoint ours=http://h1:8000 --endpoint claude=https://api.anthropic.com \
+        --endpoint-api claude=anthropic --endpoint-model claude=claude-x \
+        --endpoint-key-env claude=ANTHROPIC_API_KEY --rate 2 --requests 100   # vendor comparison
 
 Every flag maps to a ``RunConfig`` field; a flag that is not given leaves the scenario's value
 (argparse defaults are None so "given" is known).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -35,14 +39,13 @@ HELP = "run a load test and write a results file"
 # minute on 2 CPU cores against the embedded reference server, big enough to show percentiles.
 DEMO_DEFAULTS: dict[str, Any] = {
     "concurrency": 4,
-    "duration_s": 40.0,
-    "requests": 48,
-    "warmup_s": 2.0,
+    "requests": 24,
+    "duration_s": 45.0,  # a cap on a slow machine; 24 requests usually end it sooner
     "prompt_tokens": 64,
     "max_tokens": 32,
     "workload": {
         "kind": "chat",
-        "turns": 3,
+        "turns": 2,
         "think_time_s": 0.5,
         "prompt_tokens": 64,
         "output_tokens": 32,
@@ -57,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--api", choices=["chat", "completions", "anthropic"], help="API flavour (default chat)")
     a("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     a("--header", action="append", metavar="K:V", help="extra HTTP header (repeatable)")
+    a("--endpoint-model", action="append", metavar="NAME=MODEL", help="one endpoint's model")
+    a("--endpoint-api", action="append", metavar="NAME=API", help="one endpoint's API flavour")
+    a("--endpoint-key-env", action="append", metavar="NAME=VAR", help="one endpoint's key variable")
     a("--rate", type=float, metavar="RPS", help="open loop: requests per second")
     a("--arrival", choices=["poisson", "constant", "gamma"], help="open-loop arrival process")
     a("--cv", type=float, help="gamma arrivals: coefficient of variation (burstiness)")
@@ -130,14 +136,39 @@ def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> li
         for k, v in {"model": args.model, "api": args.api, "api_key_env": args.api_key_env}.items()
         if v is not None
     }
+    per = _per_endpoint(args, {ep.name for ep in eps})
     out = []
     for ep in eps:
-        d = {**vars(ep), **changes}
+        d = {**vars(ep), **changes, **per.get(ep.name, {})}
         if headers:
             d["headers"] = {**ep.headers, **headers}
         out.append(EndpointConfig(**d))
     if len({ep.name for ep in out}) != len(out):
         raise ValueError("endpoint names must differ: use --endpoint NAME=URL for each")
+    return out
+
+
+# --endpoint-<flag> NAME=VALUE -> EndpointConfig field (a vendor comparison: each its own)
+_PER_ENDPOINT = {
+    "endpoint_model": "model",
+    "endpoint_api": "api",
+    "endpoint_key_env": "api_key_env",
+}
+
+
+def _per_endpoint(args: argparse.Namespace, names: set[str]) -> dict[str, dict[str, str]]:
+    """``{endpoint name: {field: value}}`` from the ``--endpoint-model/-api/-key-env`` flags."""
+    out: dict[str, dict[str, str]] = {}
+    for attr, field_name in _PER_ENDPOINT.items():
+        flag = "--" + attr.replace("_", "-")
+        for text in getattr(args, attr, None) or []:
+            name, sep, value = text.partition("=")
+            if not sep or not value:
+                raise ValueError(f"{flag} must look like NAME=VALUE, got {text!r}")
+            if name not in names:
+                known = ", ".join(sorted(names)) or "none (give --endpoint NAME=URL)"
+                raise ValueError(f"{flag} {text!r}: no endpoint named {name!r}; endpoints: {known}")
+            out.setdefault(name, {})[field_name] = value
     return out
 
 
@@ -204,7 +235,12 @@ def _embedded_server() -> Iterator[str]:
         ) from exc
     print("loadlab run: starting the embedded reference server (CPU preset) ...", file=sys.stderr)
     try:
-        server_cm = start_server(mode="continuous", preset="cpu", port=None)
+        # leave a core to loadlab: a server whose torch threads take every core would delay
+        # loadlab's own timestamps (the run would be flagged saturated)
+        threads = str(max(1, (os.cpu_count() or 2) - 1))
+        server_cm = start_server(
+            mode="continuous", preset="cpu", port=None, env={"OMP_NUM_THREADS": threads}
+        )
         server = server_cm.__enter__()
     except RuntimeError as exc:
         raise SystemExit(
@@ -267,16 +303,21 @@ def _run(cfg: RunConfig) -> int:
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
-    if cfg.interleave and len(cfg.endpoints) > 1:
-        all_results = _interleaved(cfg, build)
-    else:
-        all_results = []
-        for ep in cfg.endpoints:
-            if len(cfg.endpoints) > 1:
-                print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
-            all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
-            if all_results[-1].extra.get("interrupted"):
-                break
+    all_results: list[Results] = []
+    try:
+        if cfg.interleave and len(cfg.endpoints) > 1:
+            all_results = _interleaved(cfg, build)
+        else:
+            for ep in cfg.endpoints:
+                if len(cfg.endpoints) > 1:
+                    print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
+                all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
+                if all_results[-1].extra.get("interrupted"):
+                    break
+    except ValueError as exc:  # a setting only the client or the workers can check
+        print(f"loadlab run: {exc}", file=sys.stderr)
+        if not all_results:
+            return 2
     code = 0
     for results, path in zip(all_results, paths, strict=False):
         write_results(results, path)
@@ -286,24 +327,37 @@ def _run(cfg: RunConfig) -> int:
             warn(line)
         print(f"results: {path}")
         code = max(code, _slo_exit(cfg, results))
+        if not any(r.ok for r in results.records):
+            # a load test in which nothing succeeded must not look green in CI
+            warn(f"loadlab run: no request succeeded ({path}): exit code 3")
+            code = max(code, 3)
     if len(all_results) > 1:
-        print(_comparison(all_results, names))
+        print(_comparison(all_results, names, paths[0]))
     if any(r.extra.get("interrupted") for r in all_results):
         warn("loadlab run: interrupted; the results so far were written")
         return 130
     return code
 
 
-def _comparison(all_results: list[Results], names: list[str]) -> str:
-    """Side by side against the first endpoint (``loadlab.compare``), when it is installed."""
+def _comparison(all_results: list[Results], names: list[str], first: Path) -> str:
+    """Side by side against the first endpoint (``loadlab.compare``), printed and written next
+    to the results files as ``<out>.compare.md`` and ``<out>.compare.json``."""
     try:
         from loadlab.compare import compare  # type: ignore[import-not-found,unused-ignore]
         from loadlab.report.comparison import (  # type: ignore[import-not-found,unused-ignore]
             render_comparison,
+            render_comparison_markdown,
         )
     except ImportError:
         return "compare the files with: loadlab compare " + " ".join(names)
-    return str(render_comparison(compare(all_results, names[: len(all_results)])))
+    cmp = compare(all_results, names[: len(all_results)])
+    stem = first.stem.removesuffix(f"-{names[0]}")
+    # ".compare", not "-compare": out-*.json globs the results files only
+    md, js = first.with_name(f"{stem}.compare.md"), first.with_name(f"{stem}.compare.json")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(render_comparison_markdown(cmp), encoding="utf-8")
+    js.write_text(json.dumps(cmp.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return f"{render_comparison(cmp)}comparison: {md} {js}"
 
 
 def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:

@@ -93,8 +93,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"tolerance: {tol}")
     print(f"highest load within tolerance: {f'{best} streams' if best else 'none'}")
     print(f"results: {path}")
-    if any(lv["saturated"] for lv in levels):
+    saturated = [lv for lv in levels if lv["saturated"]]
+    if saturated:
         from loadlab.commands.run import warn
 
-        warn("GENERATOR SATURATED at some level: see the lag column; try --workers 2")
+        streams = ", ".join(str(lv["streams"]) for lv in saturated)
+        busy = any((lv.get("cpu_percent_mean") or 0.0) >= 50.0 * sc.workers for lv in saturated)
+        cause = (
+            "loadlab's CPU was the limit: try --workers 2"
+            if busy
+            else "loadlab itself was mostly idle: other processes kept it waiting for a CPU"
+        )
+        warn(f"GENERATOR SATURATED at {streams} streams (see the lag column); {cause}")
     return 0 if levels[0]["within_tolerance"] else 1

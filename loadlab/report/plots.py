@@ -22,6 +22,7 @@ matplotlib.use("Agg")  # before any figure: never try to open a window
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from loadlab import metrics
 from loadlab.scrape import server_series
@@ -93,6 +94,10 @@ def _ecdf(ax: Axes, x: np.ndarray, label: str | None = None, **kw: Any) -> None:
     lo, hi = float(xs[0]), float(xs[-1])
     if lo > 0 and hi / lo > 30:
         ax.set_xscale("log")
+        # The default log labels are mathtext ("$10^{2}$"), which parse_math=False would print
+        # raw: plain numbers instead.
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _sample(n: int, k: int, seed: int = 0) -> np.ndarray:

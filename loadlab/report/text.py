@@ -125,7 +125,7 @@ def render_summary(results: Results) -> str:
     parts.append(
         f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
         f"FAILED {c['failed']:,}{err_pct}  dropped {c['dropped']:,}  late {c['late']:,}\n"
-        f"            failures by class: {by}"
+        f"            not ok, by outcome: {by}"
         if c["failed"] or c["dropped"]
         else f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
         f"failed 0  dropped 0  late {c['late']:,}"

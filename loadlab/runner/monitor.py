@@ -123,10 +123,16 @@ def saturation_warning(generator: dict[str, Any]) -> str | None:
         return None
     cpu = generator.get("cpu_percent_mean")
     cpu_text = f", CPU {cpu:.0f}% of one core" if isinstance(cpu, int | float) else ""
+    if isinstance(cpu, int | float) and cpu < 50:
+        cause = (
+            "loadlab itself was not busy: other processes on this machine (a server on the "
+            "same host, other jobs) kept it waiting for a CPU. Run loadlab where it has a core."
+        )
+    else:
+        cause = "use --workers N, lower the load, or run loadlab on another machine."
     return (
         "GENERATOR SATURATED: loadlab's own event loop lagged "
         f"p99 {generator.get('loop_lag_ms_p99', 0.0):.1f} ms "
         f"(threshold {generator.get('threshold_ms', 0.0):.0f} ms{cpu_text}). "
-        "Latencies include the generator's own delay: use --workers N, lower the load, "
-        "or run loadlab on another machine."
+        f"Latencies include that delay; {cause}"
     )

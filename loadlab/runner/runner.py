@@ -152,6 +152,8 @@ class Runner:
         self._prepared = False
         self._units: Iterator[list[RequestSpec]] = iter(())
         self._send_tasks: set[asyncio.Task[Completion]] = set()
+        self._unit_tasks: set[asyncio.Task[None]] = set()
+        self._unit_errors: list[BaseException] = []
         self._stop_sending: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ control
@@ -200,6 +202,8 @@ class Runner:
     async def run(self) -> Results:
         loop = asyncio.get_running_loop()
         self._stop_sending = loop.create_future()
+        if self.interrupted:  # stop() came before the run started
+            self._stop_sending.set_result(None)
         self.prepare()
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
@@ -213,10 +217,10 @@ class Runner:
         try:
             await self._sleep_until(self.t0_ns)  # worker processes share a t0 in the future
             if self.cfg.rate_rps is not None:
-                units = await self._open_loop()
+                await self._open_loop()
             else:
-                units = await self._closed_loop()
-            await self._drain(units)
+                self._closed_loop()
+            await self._drain()
         finally:
             if deadline is not None:
                 deadline.cancel()
@@ -258,9 +262,18 @@ class Runner:
         hi = last - int(self.cfg.cooldown_s * NS_PER_S)
         return (lo, max(lo, hi))
 
-    async def _open_loop(self) -> list[asyncio.Task[None]]:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._unit_tasks.add(task)
+        task.add_done_callback(self._unit_done)
+
+    def _unit_done(self, task: asyncio.Task[None]) -> None:
+        self._unit_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._unit_errors.append(task.exception())  # type: ignore[arg-type]
+
+    async def _open_loop(self) -> None:
         assert self.t0_ns is not None  # noqa: S101 - set by run()
-        units: list[asyncio.Task[None]] = []
         cap = self.max_in_flight
         for unit in self._units:
             first = unit[0]
@@ -281,14 +294,11 @@ class Runner:
                 self._record_dropped(first, intended_rel, f"in-flight cap {cap} reached")
                 continue
             self.stats.in_flight += 1  # reserve the slot now: the task starts next iteration
-            units.append(asyncio.create_task(self._run_unit(unit, intended_rel)))
-            if len(units) > 256:
-                units = [t for t in units if not t.done()]
-        return units
+            self._spawn(self._run_unit(unit, intended_rel))
 
-    async def _closed_loop(self) -> list[asyncio.Task[None]]:
-        n = self.concurrency or 1
-        return [asyncio.create_task(self._closed_worker()) for _ in range(n)]
+    def _closed_loop(self) -> None:
+        for _ in range(self.concurrency or 1):
+            self._spawn(self._closed_worker())
 
     async def _closed_worker(self) -> None:
         while not self._sending_over():
@@ -384,25 +394,23 @@ class Runner:
         self.stats.scheduled += 1
         self.stats.dropped += 1
 
-    async def _drain(self, units: list[asyncio.Task[None]]) -> None:
+    async def _drain(self) -> None:
         """Let in-flight requests finish (bounded in a duration run), then cancel the rest."""
-        pending = [t for t in units if not t.done()]
+        pending = set(self._unit_tasks)
         if pending and not self.interrupted:
             timeout = None
             if self.cfg.duration_s is not None:
                 assert self.t0_ns is not None  # noqa: S101 - set by run()
                 end_ns = self.t0_ns + int((self.cfg.duration_s + self.drain_s) * NS_PER_S)
                 timeout = max(0.0, (end_ns - time.perf_counter_ns()) / NS_PER_S)
-            _, still = await asyncio.wait(pending, timeout=timeout)
-            pending = list(still)
+            _, pending = await asyncio.wait(pending, timeout=timeout)
         if pending:
             self._end_sending()
             for task in list(self._send_tasks):
                 task.cancel()
             await asyncio.wait(pending)
-        for t in units:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+        if self._unit_errors:
+            raise self._unit_errors[0]
 
 
 def _record_for(spec: RequestSpec, outcome: str, error: str) -> RequestRecord:

@@ -211,10 +211,12 @@ def _run_processes(
             msg = conn.recv()
             if msg[0] != "ready":
                 errors.append(msg[1])
-        if errors:
+        if errors or interrupted:
             for conn in pipes:
                 with contextlib.suppress(OSError):
                     conn.send(None)
+            if not errors:  # Ctrl-C before anything was sent: nothing to write
+                raise KeyboardInterrupt
             raise RuntimeError("a worker failed to start:\n" + "\n".join(errors))
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
         for conn in pipes:

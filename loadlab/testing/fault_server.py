@@ -3,8 +3,11 @@
 The fault is picked by a path prefix, ``/fault/<mode>/v1/chat/completions`` (so an endpoint URL
 ``http://127.0.0.1:P/fault/<mode>`` makes every request of a client misbehave the same way),
 or by an ``X-Fault: <mode>`` header or a ``"fault": "<mode>"`` body field (a request's
-``extra_body``) on a plain ``/v1/...`` path. Chat or completions chunks
-follow the path. Every fault is real bytes on a real socket (a reset is a TCP RST).
+``extra_body``) on a plain ``/v1/...`` path. The dialect follows the path: OpenAI chat or
+completions chunks, or Anthropic Messages events on ``/v1/messages`` (there the errors are
+Anthropic-shaped, ``{"type": "error", "error": {...}}``, a stream error is an ``event: error``,
+``eof`` sends the stop reason and usage but no ``message_stop``, and ``echo_auth`` echoes
+``x-api-key``). Every fault is real bytes on a real socket (a reset is a TCP RST).
 
 =============  ==============================================================  ================
 mode           what the server does                                            client outcome
@@ -112,32 +115,18 @@ class FaultServer:
             path = "/" + path
         body = parse_json_body(req) or {}
         mode = str(body.get("fault", mode))
-        if path not in ("/v1/chat/completions", "/v1/completions") or mode not in MODES:
+        if path not in _DIALECTS or mode not in MODES:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
             return
-        task = asyncio.ensure_future(
-            self._serve(conn, req, mode, path.endswith("chat/completions"), body)
-        )
+        task = asyncio.ensure_future(self._serve(conn, req, mode, _DIALECTS[path], body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(
-        self, conn: HTTPConnection, req: Request, mode: str, chat: bool, body: dict[str, Any]
+        self, conn: HTTPConnection, req: Request, mode: str, dialect: str, body: dict[str, Any]
     ) -> None:
-        def event(text: str | None = None, finish: str | None = None, **more: Any) -> bytes:
-            if chat:
-                choice = {"index": 0, "delta": {} if text is None else {"content": text}}
-            else:
-                choice = {"index": 0, "text": text or ""}
-            obj = {"id": "f", "model": "fault", "choices": [choice | {"finish_reason": finish}]}
-            return b"data: " + json_bytes(obj | more) + b"\n\n"
-
-        async def tokens(n: int) -> None:
-            for _ in range(n):
-                await asyncio.sleep(0.005)
-                conn.write(chunk_frame(event(" tok")))
-
-        error = {"error": {"message": "model overloaded", "type": "server_error"}}
+        d = _Shape(dialect)
+        error = d.error_body("model overloaded")
         if mode == "reset_early":
             _rst(conn)
         elif mode == "429":
@@ -147,44 +136,38 @@ class FaultServer:
                 500, b"<html><body><h1>500 Internal Server Error</h1></body></html>", "text/html"
             )
         elif mode == "echo_auth":
-            auth = req.headers.get("authorization", "")
-            conn.respond(401, json_bytes({"error": {"message": f"bad key: {auth}"}}))
+            auth = req.headers.get("x-api-key" if dialect == "messages" else "authorization", "")
+            conn.respond(401, json_bytes(d.error_body(f"bad key: {auth}")))
         elif mode == "non_json":
             conn.respond(200, b"hello, world", "text/plain")
         elif mode == "not_sse":
             conn.start_stream(first=b"<html><body>maintenance</body></html>")
             conn.end_stream()
         elif mode == "ok" and not body.get("stream"):
-            text = " tok" * 3
-            choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
-            out = {
-                "id": "f",
-                "choices": [{"index": 0, "finish_reason": "stop"} | choice],
-                "usage": usage,
-            }
-            conn.respond(200, json_bytes(out))
+            conn.respond(200, json_bytes(d.whole(" tok" * 3)))
         else:
-            await self._stream(conn, mode, event, tokens, error)
+            await self._stream(conn, mode, d)
 
-    async def _stream(
-        self, conn: HTTPConnection, mode: str, event: Any, tokens: Any, error: Any
-    ) -> None:
-        conn.start_stream()
+    async def _stream(self, conn: HTTPConnection, mode: str, d: _Shape) -> None:
+        async def tokens(n: int) -> None:
+            for _ in range(n):
+                await asyncio.sleep(0.005)
+                conn.write(chunk_frame(d.token(" tok")))
+
+        conn.start_stream(first=d.start())
         if mode == "ok":
             await tokens(3)
-            usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
-            conn.end_stream(event(finish="stop") + event(usage=usage) + b"data: [DONE]\n\n")
+            conn.end_stream(d.end())
         elif mode == "malformed":
             await tokens(1)
-            conn.write(chunk_frame(b'data: {"choices": [{"delta": \n\n'))
+            conn.write(chunk_frame(d.malformed()))
             conn.end_stream()
         elif mode == "stream_error":
             await tokens(1)
-            conn.end_stream(b"data: " + json_bytes(error) + b"\n\n")
+            conn.end_stream(d.error_event("model overloaded"))
         elif mode == "eof":
             await tokens(2)
-            conn.end_stream()
+            conn.end_stream(d.before_end())
         elif mode == "close":
             await tokens(2)
             conn.close()
@@ -200,3 +183,101 @@ class FaultServer:
             while time.monotonic() < deadline and not conn.closed:
                 await tokens(1)
                 await asyncio.sleep(0.1)
+
+
+_DIALECTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/messages": "messages",
+}
+
+
+class _Shape:
+    """The bytes of one dialect: OpenAI chat, OpenAI completions, or Anthropic Messages."""
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        self.messages = dialect == "messages"
+
+    def _sse(self, obj: dict[str, Any]) -> bytes:
+        if self.messages:  # Anthropic names every event, and repeats the name as "type"
+            return b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), json_bytes(obj))
+        return b"data: " + json_bytes(obj) + b"\n\n"
+
+    def _chunk(self, text: str | None = None, finish: str | None = None, **more: Any) -> bytes:
+        if self.dialect == "chat":
+            choice = {"index": 0, "delta": {} if text is None else {"content": text}}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        obj = {"id": "f", "model": "fault", "choices": [choice | {"finish_reason": finish}]}
+        return self._sse(obj | more)
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        if self.messages:
+            return {"type": "error", "error": {"type": "overloaded_error", "message": message}}
+        return {"error": {"message": message, "type": "server_error"}}
+
+    def start(self) -> bytes:
+        if not self.messages:
+            return b""
+        msg: dict[str, Any] = {"id": "f", "type": "message", "role": "assistant", "content": []}
+        msg |= {
+            "model": "fault",
+            "stop_reason": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+        block = {"type": "text", "text": ""}
+        return self._sse({"type": "message_start", "message": msg}) + self._sse(
+            {"type": "content_block_start", "index": 0, "content_block": block}
+        )
+
+    def token(self, text: str) -> bytes:
+        if self.messages:
+            delta = {"type": "text_delta", "text": text}
+            return self._sse({"type": "content_block_delta", "index": 0, "delta": delta})
+        return self._chunk(text)
+
+    def before_end(self) -> bytes:
+        """What comes after the last token but before the end marker (Anthropic: the stop
+        reason and usage; so an EOF here proves that only message_stop completes)."""
+        if not self.messages:
+            return b""
+        return self._sse({"type": "content_block_stop", "index": 0}) + self._sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            }
+        )
+
+    def end(self) -> bytes:
+        if self.messages:
+            return self.before_end() + self._sse({"type": "message_stop"})
+        usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+        return self._chunk(finish="stop") + self._chunk(usage=usage) + b"data: [DONE]\n\n"
+
+    def malformed(self) -> bytes:
+        if self.messages:
+            return b'event: content_block_delta\ndata: {"type": "content_block_delta", \n\n'
+        return b'data: {"choices": [{"delta": \n\n'
+
+    def error_event(self, message: str) -> bytes:
+        if self.messages:
+            return self._sse(self.error_body(message))
+        return b"data: " + json_bytes(self.error_body(message)) + b"\n\n"
+
+    def whole(self, text: str) -> dict[str, Any]:
+        """The non-streaming answer."""
+        if self.messages:
+            usage = {"input_tokens": 1, "output_tokens": 3}
+            return {"id": "f", "type": "message", "role": "assistant", "model": "fault"} | {
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn",
+                "usage": usage,
+            }
+        chat = self.dialect == "chat"
+        choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+        return {"id": "f", "choices": [{"index": 0, "finish_reason": "stop"} | choice]} | {
+            "usage": usage
+        }

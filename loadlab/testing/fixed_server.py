@@ -18,6 +18,12 @@ carries exactly one token (``" tok"``), and a chat stream starts with a role-onl
 real servers do; it is not a token). ``prompt_tokens`` in usage counts whitespace-separated
 words of the prompt (a stand-in; this server has no tokenizer).
 
+It also speaks the Anthropic Messages API on ``/v1/messages`` with the same schedule and
+truth: ``message_start`` (``usage.input_tokens``), ``content_block_start`` and a ``ping``
+before the first token, one ``content_block_delta`` (``text_delta`` ``" tok"``) per token,
+then ``content_block_stop``, ``message_delta`` (``stop_reason``, ``usage.output_tokens``) and
+``message_stop``; or one Message JSON when not streaming.
+
 Truth, keyed by the request's ``X-Request-Id`` header (else ``r<n>`` from a counter)::
 
     GET  /truth        {"<request_id>": {"recv_ns": int, "chunk_ns": [int, ...]}, ...}
@@ -139,6 +145,8 @@ class FixedScheduleServer:
             conn.respond(200, b'{"ok":true}')
         elif req.path in ("/v1/chat/completions", "/v1/completions") and req.method == "POST":
             self._completion(conn, req, chat=req.path == "/v1/chat/completions")
+        elif req.path == "/v1/messages" and req.method == "POST":
+            self._completion(conn, req, chat=True, anthropic=True)
         else:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
 
@@ -150,7 +158,9 @@ class FixedScheduleServer:
     def connection_lost(self, conn: HTTPConnection) -> None:
         self._conns.discard(conn)  # its stream, if any, is skipped when it comes due
 
-    def _completion(self, conn: HTTPConnection, req: Request, *, chat: bool) -> None:
+    def _completion(
+        self, conn: HTTPConnection, req: Request, *, chat: bool, anthropic: bool = False
+    ) -> None:
         body = parse_json_body(req)
         if body is None:
             conn.respond(400, json_bytes({"error": {"message": "body must be a JSON object"}}))
@@ -167,7 +177,17 @@ class FixedScheduleServer:
         usage = {"prompt_tokens": words, "completion_tokens": n, "total_tokens": words + n}
         finish = "length" if n >= int(max_tokens) else "stop"
         first_due = req.recv_ns + self.ttft_ns
-        if body.get("stream"):
+        if anthropic:
+            usage = {"input_tokens": words, "output_tokens": n}
+            stop = "max_tokens" if finish == "length" else "end_turn"
+            if body.get("stream"):
+                frame, tail, start = _messages_stream(rid, self.model, stop, usage)
+                conn.start_stream(first=start)
+                st = _Stream(conn, frame, tail, chunk_ns, first_due, self.itl_ns, n)
+            else:
+                st = _Stream(conn, b"", b"", chunk_ns, first_due + (n - 1) * self.itl_ns, 0, n)
+                st.body = json_bytes(_message(rid, self.model, " tok" * n, stop, usage))
+        elif body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             frame, tail, role = self._stream_bytes(
                 rid, chat, finish, usage if include_usage else None
@@ -257,6 +277,45 @@ class FixedScheduleServer:
             heapq.heappush(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))
         if heap:
             self._arm(max(heap[0][0], horizon - _SLACK_NS + _MIN_TICK_NS))
+
+
+def _message(rid: str, model: str, text: str, stop: str | None, usage: dict[str, int]) -> Any:
+    """An Anthropic Message object (the non-streaming answer, and message_start's payload)."""
+    return {
+        "id": f"msg_{rid}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}] if text else [],
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def _messages_stream(
+    rid: str, model: str, stop: str, usage: dict[str, int]
+) -> tuple[bytes, bytes, bytes]:
+    """(one token frame, HTTP-framed; the tail after the last token, framed and terminated;
+    the events before the first token) of an Anthropic Messages stream."""
+
+    def event(kind: str, **obj: Any) -> bytes:
+        return b"event: %s\ndata: %s\n\n" % (kind.encode(), json_bytes({"type": kind} | obj))
+
+    start_usage = {"input_tokens": usage["input_tokens"], "output_tokens": 1}
+    start = event("message_start", message=_message(rid, model, "", None, start_usage))
+    start += event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    start += event("ping")
+    delta = {"type": "text_delta", "text": " tok"}
+    frame = chunk_frame(event("content_block_delta", index=0, delta=delta))
+    tail = event("content_block_stop", index=0)
+    tail += event(
+        "message_delta",
+        delta={"stop_reason": stop, "stop_sequence": None},
+        usage={"output_tokens": usage["output_tokens"]},
+    )
+    tail += event("message_stop")
+    return frame, chunk_frame(tail) + b"0\r\n\r\n", start
 
 
 class FixedServerProcess:

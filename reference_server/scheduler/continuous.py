@@ -1,10 +1,12 @@
 """Continuous batching (Orca, OSDI'22; vLLM): batch membership is decided every step.
 
 A finished request leaves the batch at once and a waiting one takes its slot on the next step.
-A new request's whole prompt is prefilled in one step (no chunking): while it runs, every
-other stream waits for that step, which is the stall ``chunked`` mode removes. As in
-nano-vllm, a step either admits waiting prompts (a prefill step) or decodes every running
-sequence (a decode step).
+Each step decodes every running sequence and, in the same forward pass, prefills the whole
+prompt of each request admitted this step (no chunking): a long prompt makes that step long
+for every stream in it, which is the stall ``chunked`` mode removes. (Mixing the admissions
+into the decode step, as vLLM v1 does, rather than running them as prefill-only steps as
+nano-vllm does, means a busy server with frequent admissions does not lose a decode step
+to each one.)
 
 Usage::
 
@@ -24,18 +26,19 @@ class ContinuousScheduler(Scheduler):
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        self._schedule_running(batch, self.max_num_seqs, chunk_size=1)  # decodes, oldest first
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        admitted = False
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = seq.num_tokens - seq.num_computed_tokens  # the whole prompt (or recompute)
-            if (batch and n > budget) or not bm.can_allocate(seq, seq.num_tokens):
+            # Budget bounds the prompts of one step, but one prompt always fits alone.
+            if (admitted and n > budget) or not bm.can_allocate(seq, seq.num_tokens):
                 break
             bm.allocate(seq, seq.num_tokens)
             self._admit(seq)
             batch.items.append(ScheduledSeq(seq, n))
             budget -= n
-        if batch:
-            return batch
-        self._schedule_running(batch, self.max_num_seqs, chunk_size=1)
+            admitted = True
         return batch

@@ -16,6 +16,9 @@ pytestmark = pytest.mark.locust
 
 MET = 'min_requests = 1\nobjectives = ["ttft_ms.p50 <= 5000", "itl_ms.p50 <= 1000"]\n'
 MISSED = 'min_requests = 1\nobjectives = ["ttft_ms.p50 <= 1"]\n'  # the server's TTFT is 50 ms
+# These tests check the exit-code plumbing, not this machine's speed: a busy CI box must not
+# turn the verdict into "generator saturated" (exit 2).
+LENIENT = ("--saturation-lag-ms", "100000")
 
 
 def test_slo_met_exits_0_and_stop_timeout_completes_streams(
@@ -96,18 +99,21 @@ def test_web_ui_lists_ttft_and_itl_rows_and_missed_slo_exits_nonzero(
         tmp_path / "locust.log",
     )
     rows: set[tuple[str, str]] = set()
+    last_error = ""
     try:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not {"TTFT", "ITL"} <= {m for m, _ in rows}:
             time.sleep(0.5)
             try:
                 stats = get_json(f"http://127.0.0.1:{port}/stats/requests")["stats"]
-            except OSError:
-                continue  # not listening yet
+            except OSError as exc:  # not listening yet
+                last_error = repr(exc)
+                continue
             rows = {(s["method"], s["name"]) for s in stats}
     finally:
         code = finish([proc], timeout_s=60)[0]
     log = (tmp_path / "locust.log").read_text()
-    assert {("TTFT", "default"), ("ITL", "default"), ("E2E", "default")} <= rows, log[-3000:]
+    wanted = {("TTFT", "default"), ("ITL", "default"), ("E2E", "default")}
+    assert wanted <= rows, (rows, last_error, log[-3000:])
     assert code == 1 and "verdict: FAIL" in log, log[-3000:]
     assert len(read_results(out).records) > 0

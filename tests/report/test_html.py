@@ -181,3 +181,20 @@ def test_comparison_page_escapes_labels() -> None:
         assert raw not in html, raw
     assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in html
     assert "No significant regression" in html
+
+
+def test_log_axes_label_plain_numbers() -> None:
+    """Mathtext is off (a "$" in a label stays a dollar sign), so log axes must not use the
+    default "$10^{2}$" labels, which would be printed raw."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from loadlab.report import plots
+
+    fig = Figure()
+    ax = fig.subplots()
+    plots._ecdf(ax, np.geomspace(1, 1000, 50))
+    assert ax.get_xscale() == "log"
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and not any("$" in t or "mathdefault" in t for t in labels), labels

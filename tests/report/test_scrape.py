@@ -111,7 +111,8 @@ def test_scraper_against_a_real_server() -> None:
         site = web.TCPSite(runner, "127.0.0.1", port)
         await site.start()
         t0 = time.perf_counter_ns()
-        scraper = PrometheusScraper(f"http://127.0.0.1:{port}/metrics", 0.05, t0)
+        # A generous timeout: on a busy machine a slow answer must not turn into a lost sample.
+        scraper = PrometheusScraper(f"http://127.0.0.1:{port}/metrics", 0.05, t0, timeout_s=10)
         try:
             await scraper.start()
             deadline = time.monotonic() + 10

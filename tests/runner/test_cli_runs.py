@@ -26,6 +26,12 @@ def fixed_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def fast_url() -> Iterator[str]:
+    with FixedServerProcess(ttft_ms=10, itl_ms=2, tokens=8) as url:
+        yield url
+
+
 def _http(url: str, method: str = "GET") -> bytes:
     req = urllib.request.Request(url, method=method)  # noqa: S310 - the fixture's loopback URL
     with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the fixture's loopback URL
@@ -81,11 +87,11 @@ def test_ctrl_c_cancels_in_flight_and_writes_results(fixed_url: str, tmp_path: P
     assert res.extra["interrupted"] is True
 
 
-def test_two_workers_write_one_file_with_every_request(fixed_url: str, tmp_path: Path) -> None:
+def test_two_workers_write_one_file_with_every_request(fast_url: str, tmp_path: Path) -> None:
     out = tmp_path / "w.json"
     proc = _loadlab(
         "--endpoint",
-        f"fx={fixed_url}",
+        f"fx={fast_url}",
         "--concurrency",
         "8",
         "--requests",
@@ -106,4 +112,26 @@ def test_two_workers_write_one_file_with_every_request(fixed_url: str, tmp_path:
     assert {r.worker for r in res.records} == {0, 1}
     assert {r.endpoint for r in res.records} == {"fx"}
     assert len({r.request_id for r in res.records}) == 16
-    assert all(r.ok and r.output_tokens == 64 for r in res.records)  # the server fixes 64
+    assert all(r.ok and r.output_tokens == 8 for r in res.records)
+
+
+def test_interleave_sends_the_same_requests_to_each_endpoint_at_once(
+    fast_url: str, tmp_path: Path
+) -> None:
+    import argparse
+
+    from loadlab.commands import run as run_cmd
+
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    out = tmp_path / "x.json"
+    args = p.parse_args(
+        ["--endpoint", f"a={fast_url}", "--endpoint", f"b={fast_url}", "--interleave",
+         "--concurrency", "2", "--requests", "6", "--prompt-tokens", "8", "--no-progress",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert run_cmd.run(args) == 0
+    a, b = read_results(tmp_path / "x-a.json"), read_results(tmp_path / "x-b.json")
+    assert sorted(r.request_id for r in a.records) == sorted(r.request_id for r in b.records)
+    assert len(a.records) == 6 and {r.endpoint for r in b.records} == {"b"}
+    assert a.extra["t0_ns"] == b.extra["t0_ns"]  # one schedule for both

@@ -233,3 +233,10 @@ def test_non_streaming_client_that_gives_up_is_aborted(small_server: Any) -> Non
 async def _post(url: str, body: Any) -> tuple[int, Any, Any]:
     async with session() as s:
         return await post(s, url, body)
+
+
+def test_tiny_temperatures_sample_greedily_instead_of_failing(continuous_server: Any) -> None:
+    """Found by the fuzz: temperature 1e-300 made the sampler's probabilities NaN (a 500)."""
+    body = {"model": MODEL, "prompt": "tiny t", "max_tokens": 4, "temperature": 1e-300}
+    status, got, _ = asyncio.run(_post(continuous_server.url + COMPLETIONS, body))
+    assert status == 200 and got["usage"]["completion_tokens"] == 4

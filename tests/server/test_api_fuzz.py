@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.server.conftest import AUTH
 
-EXAMPLES = {schemathesis.GenerationMode.POSITIVE: 10, schemathesis.GenerationMode.NEGATIVE: 10}
+EXAMPLES = {schemathesis.GenerationMode.POSITIVE: 8, schemathesis.GenerationMode.NEGATIVE: 10}
 
 
 def _schema(url: str) -> Any:

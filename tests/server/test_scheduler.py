@@ -46,9 +46,8 @@ def test_continuous_refills_a_finished_slot_on_the_next_step() -> None:
     for s in (_seq("a", 4, 3), _seq("b", 4, 1), _seq("c", 4, 2)):
         sched.add(s)
     assert _step(sched, runner) == [("a", 4), ("b", 4)]  # b finishes (max_tokens 1)
-    assert _step(sched, runner) == [("c", 4)]  # c takes b's slot at once, whole prompt
-    assert _step(sched, runner) == [("a", 1), ("c", 1)]  # c finishes
-    assert _step(sched, runner) == [("a", 1)]  # a finishes with 3 tokens
+    assert _step(sched, runner) == [("a", 1), ("c", 4)]  # c takes b's slot at once, whole prompt
+    assert _step(sched, runner) == [("a", 1), ("c", 1)]  # both finish (3 and 2 tokens)
     assert _step(sched, runner) == [] and not sched.has_work
     assert bm.num_free_blocks == 64 and sched.num_finished == 3
 

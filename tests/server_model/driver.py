@@ -8,7 +8,7 @@ import random
 import torch
 
 from reference_server.model import dense_attention
-from reference_server.model_runner import ModelRunner
+from reference_server.model_runner import TEXT_OUTPUT_IDS, ModelRunner
 from reference_server.sequence import SamplingParams, ScheduledBatch, ScheduledSeq, Sequence
 
 
@@ -78,9 +78,11 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
 
 def greedy_from_dense(runner: ModelRunner, s: Sequence) -> list[int]:
     """What greedy decoding with the dense reference would have produced for ``s``, checked by
-    teacher forcing: one dense forward over prompt + outputs gives the argmax (byte ids only,
+    teacher forcing: one dense forward over prompt + outputs gives the argmax (over the ids the runner may generate,
     as with ignore_eos) after each prefix. Equal to s.output_token_ids iff step-by-step dense
     greedy generation gives the same tokens (by induction on the position)."""
     logits, _ = dense_forward(runner, s.token_ids)
     p = s.num_prompt_tokens
-    return logits[p - 1 : s.num_tokens - 1, :256].argmax(dim=-1).tolist()
+    allowed = torch.tensor(TEXT_OUTPUT_IDS)  # the ids the runner may generate
+    best = logits[p - 1 : s.num_tokens - 1].index_select(-1, allowed).argmax(dim=-1)
+    return allowed[best].tolist()

@@ -60,3 +60,14 @@ def test_temperature_flattens_the_distribution() -> None:
     hot = sum(s.sample(logits, [make(temperature=100.0, seed=k)])[0] for k in range(400))
     assert 260 < cold < 340  # expected 300, sd 8.7
     assert 160 < hot < 240  # expected ~201
+
+
+def test_output_ids_limit_what_can_be_drawn() -> None:
+    # the model runner restricts output to "\n" and printable ASCII: one token, one character
+    s = Sampler(eos_id=256, num_byte_tokens=256, vocab_size=320, output_ids=[10, 65, 66])
+    logits = torch.zeros(2, 320)
+    logits[:, 200] = 9.0  # a byte outside the allowed set
+    logits[:, 66] = 1.0
+    assert s.sample(logits, [make(), make(temperature=1.0, seed=1)])[0] == 66
+    drawn = {s.sample(logits, [make(temperature=5.0, seed=k)])[0] for k in range(30)}
+    assert drawn <= {10, 65, 66}

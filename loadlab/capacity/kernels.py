@@ -1,0 +1,155 @@
+"""Calibration with kernels shaped like one model's: what this machine achieves on *its* work.
+
+A datasheet roofline (or the square-matmul / memory-copy calibration of ``calibrate.py``)
+assumes every matmul runs at one FLOP/s and every byte moves at one bandwidth. On a CPU the
+achieved rate depends strongly on the shape: a [1, 768] x [768, 4096] product streams the
+matrix at memory speed, a [2048, 768] x [768, 4096] one runs near the GEMM peak, and the
+range between them is neither. So this module times, on this machine:
+
+- ``matmul_s[m]``: every weight matrix of the model (all layers, distinct copies, so they
+  stream from memory as in a real forward pass) applied to ``m`` token rows with
+  ``torch.nn.functional.linear`` (the call ``nn.Linear`` makes): the achieved cost of the
+  2 * N * m matmul FLOPs over the N * bytes weights;
+- ``copy_bytes_per_s``: a large copy (read + write bytes per second), which prices the K/V
+  gather the reference server's attention does before it attends;
+- ``attention_flops_per_s``: causal ``scaled_dot_product_attention`` at the model's head
+  shape and one length, priced per FLOP and extrapolated to other lengths by the FLOP count.
+
+None of these runs the model; ``measured.py`` compares their sum with the model's step time.
+
+Example::
+
+    cal = calibrate_shapes(get_model("ref-cpu"), token_counts=[1, 8, 512])
+    cal.matmul_s[8]      # seconds of all matmuls of a forward pass over 8 tokens
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadlab.capacity.calibrate import best_time_s
+from loadlab.capacity.models import ModelSpec
+
+__all__ = ["ShapeCalibration", "ShapedKernels", "calibrate_shapes", "weight_shapes"]
+
+
+@dataclass(frozen=True)
+class ShapeCalibration:
+    matmul_s: dict[int, float]  # token rows -> seconds for one forward pass's matmuls
+    copy_bytes_per_s: float
+    attention_flops_per_s: float
+    attention_tokens: int  # the length attention was measured at
+    threads: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def matmul_flops_per_s(self, model: ModelSpec, tokens: int) -> float:
+        """Achieved matmul FLOP/s at ``tokens`` rows (2 * N * tokens over the measured time)."""
+        return 2.0 * model.matmul_params * tokens / self.matmul_s[tokens]
+
+    def matmul_bytes_per_s(self, model: ModelSpec, tokens: int) -> float:
+        """Achieved weight-streaming bytes/s at ``tokens`` rows."""
+        return model.weight_bytes_read_per_step / self.matmul_s[tokens]
+
+
+def weight_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of every matmul weight of one layer, as the reference model stores them:
+    fused wqkv, wo, fused w13 (gate and up), w2."""
+    d, hd = model.hidden_dim, model.head_dim
+    qkv = (model.n_heads + 2 * model.n_kv_heads) * hd
+    return [(qkv, d), (d, model.attn_dim), (2 * model.ffn_dim, d), (d, model.ffn_dim)]
+
+
+class ShapedKernels:
+    """The model's weights (random, distinct per layer) and kernels to time on them.
+
+    Built once, then timed point by point, so a caller can interleave these timings with the
+    measurement they predict (on a shared machine both then see the same load).
+    """
+
+    def __init__(
+        self, model: ModelSpec, device: str = "cpu", clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        self.torch, self.F, self.model, self.device = torch, F, model, device
+        self.clock = clock
+        self.dtype = torch.float32 if model.dtype_bytes == 4 else torch.bfloat16
+        self._gen = torch.Generator().manual_seed(0)
+        # n_layers distinct copies of each layer's matrices, + the output head: [out, in] each.
+        self.weights = [
+            self._rand(o, i) for _ in range(model.n_layers) for o, i in weight_shapes(model)
+        ]
+        self.weights.append(self._rand(model.vocab_size, model.hidden_dim))
+
+    def _rand(self, *shape: int) -> Any:
+        return (self.torch.randn(*shape, generator=self._gen) * 0.02).to(self.device, self.dtype)
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def matmul_s(self, tokens: int, repeats: int = 5) -> float:
+        """Fastest time of every matmul of one forward pass over ``tokens`` rows."""
+        xs = {w.shape[1]: self._rand(tokens, w.shape[1]) for w in self.weights}  # [m, in]
+
+        def forward() -> None:
+            for w in self.weights:
+                self.F.linear(xs[w.shape[1]], w)  # [m, in] x [in, out] -> [m, out]
+            self._sync()
+
+        with self.torch.inference_mode():
+            return best_time_s(forward, repeats, clock=self.clock)
+
+    def copy_bytes_per_s(self, repeats: int = 5) -> float:
+        """Bytes read + written per second copying an array as large as the weights."""
+        src = self.torch.ones(
+            sum(w.numel() for w in self.weights), dtype=self.dtype, device=self.device
+        )
+        dst = self.torch.empty_like(src)
+
+        def run() -> None:
+            dst.copy_(src)
+            self._sync()
+
+        return 2.0 * src.numel() * src.element_size() / best_time_s(run, repeats, clock=self.clock)
+
+    def attention_flops_per_s(self, tokens: int = 512, repeats: int = 5) -> float:
+        """Causal attention FLOP/s at the model's head shape over ``tokens`` tokens."""
+        m, torch = self.model, self.torch
+        # laid out as the model hands them over: [T, heads, hd] viewed as [heads, T, hd]
+        q = self._rand(tokens, m.n_heads, m.head_dim).transpose(0, 1)  # [H, T, hd]
+        k = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)  # [KVH, T, hd]
+        v = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)
+
+        def run() -> None:
+            for _ in range(m.n_layers):
+                self.F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            self._sync()
+
+        with torch.inference_mode():
+            t = best_time_s(run, repeats, clock=self.clock)
+        # causal QK^T and AV: 4 * d_attn FLOPs per (query, key) pair, T(T+1)/2 pairs, per layer
+        return 4.0 * m.n_layers * m.attn_dim * tokens * (tokens + 1) / 2 / t
+
+
+def calibrate_shapes(
+    model: ModelSpec,
+    token_counts: Iterable[int],
+    attention_tokens: int = 512,
+    repeats: int = 5,
+    device: str = "cpu",
+) -> ShapeCalibration:
+    """Time this model's matmul shapes at each token count, a copy, and causal attention."""
+    k = ShapedKernels(model, device)
+    return ShapeCalibration(
+        matmul_s={m: k.matmul_s(m, repeats) for m in sorted(set(token_counts))},
+        copy_bytes_per_s=k.copy_bytes_per_s(),
+        attention_flops_per_s=k.attention_flops_per_s(attention_tokens, repeats),
+        attention_tokens=attention_tokens,
+        threads=k.torch.get_num_threads(),
+        extra={"device": device, "dtype": str(k.dtype).removeprefix("torch.")},
+    )

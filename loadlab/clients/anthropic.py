@@ -1,0 +1,171 @@
+"""The Anthropic Messages API client: ``POST /v1/messages``, streamed or not.
+
+Same two layers, transports, SSE decoder, record type and outcome classes as the OpenAI client
+(``loadlab.clients.openai``); only the dialect differs:
+
+- request: ``x-api-key: <key>`` (from ``endpoint.api_key_env``) and
+  ``anthropic-version: 2023-06-01`` headers; body ``{model, max_tokens, messages, stream}``
+  (the chat session so far plus the new user message), then the run's and the request's
+  ``extra_body``;
+- stream events (Anthropic, "Streaming Messages"): ``message_start`` (``usage.input_tokens``:
+  the prompt tokens), ``content_block_start``, ``content_block_delta`` (a ``text_delta`` with
+  non-empty text or a ``thinking_delta`` carries tokens: its read time goes into
+  ``chunk_ns``), ``content_block_stop``, ``message_delta`` (``usage.output_tokens``, the
+  cumulative output count; ``delta.stop_reason`` becomes the record's ``finish_reason``
+  unchanged: ``end_turn``, ``max_tokens``, ``stop_sequence``, ...), ``message_stop`` (the
+  stream is complete), ``ping`` (ignored), ``error`` (``stream_error``);
+- complete: only ``message_stop``; EOF before it is ``incomplete`` even after a stop reason.
+
+The event's JSON ``type`` field is what is read, not the SSE ``event:`` line (proxies that
+drop ``event:`` lines still work); an SSE ``event: error`` is an error whatever its data says.
+
+Example::
+
+    ep = EndpointConfig("https://api.anthropic.com", model="claude-...", api="anthropic",
+                        api_key_env="ANTHROPIC_API_KEY")
+    async with AnthropicClient(ep) as client:
+        done = await client.send(spec, t0_ns=time.perf_counter_ns())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from loadlab.clients.base import Message
+from loadlab.clients.openai import OpenAIClient
+from loadlab.clients.state import StreamState
+from loadlab.config import EndpointConfig
+from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "AnthropicClient",
+    "AnthropicStreamState",
+    "build_messages_body",
+    "messages_url",
+]
+
+ANTHROPIC_VERSION = "2023-06-01"
+_TOKEN_DELTAS = ("text_delta", "thinking_delta")
+
+
+def messages_url(endpoint: EndpointConfig) -> str:
+    """The request URL: a base URL gets ``/v1/messages`` (``/v1`` is not doubled).
+
+    >>> messages_url(EndpointConfig("http://h:8000/v1", api="anthropic"))
+    'http://h:8000/v1/messages'
+    """
+    url = endpoint.url.rstrip("/")
+    if url.endswith("/v1/messages"):
+        return url
+    return url + "/messages" if url.endswith("/v1") else url + "/v1/messages"
+
+
+def build_messages_body(
+    spec: RequestSpec,
+    endpoint: EndpointConfig,
+    *,
+    history: Sequence[Message] = (),
+    stream: bool = True,
+    extra_body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The Messages request JSON; ``extra_body`` then ``spec.extra_body`` are merged last
+    (``{"temperature": 0}``, ``{"thinking": {...}}``, ``{"system": "..."}``)."""
+    body: dict[str, Any] = {
+        "model": endpoint.model,
+        "max_tokens": spec.max_tokens,
+        "messages": [*history, {"role": "user", "content": spec.prompt}],
+        "stream": stream,
+    }
+    body.update(extra_body or {})
+    body.update(spec.extra_body)
+    return body
+
+
+class AnthropicStreamState(StreamState):
+    """Interprets one Messages API response; no I/O (``StreamState`` has the protocol)."""
+
+    __slots__ = ()
+
+    PROMPT_KEY = "input_tokens"
+    OUTPUT_KEY = "output_tokens"
+    INCOMPLETE = "stream ended before message_stop"
+
+    def _event(self, data: str, event: str, t_rel: int) -> bool:
+        """One SSE event; True when it decided a failure."""
+        obj = self._json_event(data)
+        if obj is None:
+            return True
+        kind = obj.get("type")
+        try:
+            if kind == "content_block_delta":  # first: nearly every event is one
+                d = obj["delta"]
+                if d.get("type") in _TOKEN_DELTAS:
+                    text = d.get("text")
+                    if text or d.get("thinking"):
+                        self.record.chunk_ns.append(t_rel)
+                        if text:
+                            self._parts.append(text)
+            elif event == "error" or kind == "error":
+                return self._error(obj, data)
+            elif kind == "message_start":
+                usage = obj["message"].get("usage")
+                if isinstance(usage, dict):
+                    self.usage = {**(self.usage or {}), **usage}
+            elif kind == "message_delta":
+                if sr := obj["delta"].get("stop_reason"):
+                    self.record.finish_reason = sr
+                usage = obj.get("usage")
+                if isinstance(usage, dict):  # output_tokens is cumulative: the last one wins
+                    self.usage = {**(self.usage or {}), **usage}
+            elif kind == "message_stop":
+                self.done = True
+            # ping, content_block_start/stop and unknown future types carry nothing we time
+        except (AttributeError, KeyError, TypeError):
+            return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
+        return False
+
+    def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
+        """A non-streaming Message: text blocks joined; the whole answer is one chunk."""
+        try:
+            blocks = obj["content"]
+            text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
+            thought = any(b.get("type") == "thinking" for b in blocks)
+        except (KeyError, TypeError, AttributeError):
+            self._set(OUTCOME_PROTOCOL_ERROR, "no content blocks in body: " + raw.decode())
+            return
+        self.record.finish_reason = obj.get("stop_reason")
+        self.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        if text or thought:
+            self._parts.append(text)
+            self.record.chunk_ns.append(t_ns - self._t0)
+
+
+class AnthropicClient(OpenAIClient):
+    """Async Messages API client over the OpenAI client's transports and bookkeeping.
+
+    Same arguments as ``OpenAIClient``; ``include_usage`` is ignored (the Messages stream
+    always reports usage).
+    """
+
+    APIS = ("anthropic",)
+
+    def __init__(self, endpoint: EndpointConfig, **kw: Any) -> None:
+        super().__init__(endpoint, **kw)
+        if not any(k.lower() == "anthropic-version" for k in self._headers):  # a --header wins
+            self._headers["anthropic-version"] = ANTHROPIC_VERSION
+
+    def _url(self) -> str:
+        return messages_url(self.endpoint)
+
+    def _auth(self, key: str) -> dict[str, str]:
+        return {"x-api-key": key}
+
+    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
+        return build_messages_body(
+            spec, self.endpoint, history=history, stream=self.stream, extra_body=self.extra_body
+        )
+
+    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
+        return AnthropicStreamState(rec, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets)

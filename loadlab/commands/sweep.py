@@ -1,0 +1,125 @@
+"""``loadlab sweep``: the highest load at which the SLOs still hold.
+
+    loadlab sweep --endpoint http://127.0.0.1:8000 --model m --slo slo.toml \\
+        --rates 1,2,4,8 --duration 30 --prompt-tokens 256 --max-tokens 64
+    loadlab sweep --slo slo.toml --concurrencies 1,2,4,8,16 --duration 20   # embedded server
+
+Each level is one ``loadlab run`` (every ``run`` flag applies: workload, scenario, warm-up,
+seed...) judged by the SLO file; rising levels until one fails, then bisection between the
+last pass and the first fail. Writes one results file per level, ``sweep.json`` (the
+summary) and ``sweep.html`` (the curve) into ``--out-dir``, and prints the latency-throughput curve with its knee. Exit code:
+0 when some level met the SLOs, 1 when none did, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from loadlab.commands import run as run_command
+from loadlab.config import EndpointConfig
+
+__all__ = ["HELP", "add_arguments", "parse_levels", "run"]
+
+HELP = "find the highest load that meets the SLOs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    run_command.add_arguments(p)  # every run flag: the levels are runs
+    s = p.add_argument_group("sweep")
+    s.add_argument("--rates", metavar="R1,R2,..", help="open-loop levels, requests/s, rising")
+    s.add_argument("--concurrencies", metavar="C1,C2,..", help="closed-loop levels, rising")
+    s.add_argument("--bisect-steps", type=int, default=3, help="bisections after the coarse pass")
+    s.add_argument("--out-dir", help="folder for level results and sweep.json")
+    s.add_argument("--inconclusive", choices=("fail", "pass"), default="fail",
+                   help="an objective whose interval straddles its threshold (default: fail)")  # fmt: skip
+    s.add_argument("--preset", default="cpu", help="embedded reference server preset")
+    s.add_argument("--mode", default="continuous", help="embedded reference server mode")
+
+
+def parse_levels(text: str, integer: bool) -> list[float]:
+    """``"1,2,4"`` -> [1.0, 2.0, 4.0]; rising and > 0, integers for concurrencies."""
+    try:
+        levels = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ValueError(f"load levels must be comma-separated numbers, got {text!r}") from exc
+    if integer and any(x != int(x) for x in levels):
+        raise ValueError(f"--concurrencies must be whole numbers, got {text!r}")
+    if not levels or any(b <= a for a, b in itertools.pairwise(levels)):
+        raise ValueError(f"load levels must be rising, e.g. 1,2,4,8; got {text!r}")
+    if levels[0] <= 0:
+        raise ValueError(f"load levels must be > 0, got {text!r}")
+    return levels
+
+
+@contextlib.contextmanager
+def _server(mode: str, preset: str) -> Iterator[str]:
+    from reference_server.launch import start_server
+
+    print(f"loadlab sweep: starting the reference server ({mode}, {preset}) ...", file=sys.stderr)
+    with start_server(mode=mode, preset=preset, port=None) as server:
+        yield str(server.url)
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadlab.sweep import Level, find_max_load, render_html, run_level
+
+    try:
+        if (args.rates is None) == (args.concurrencies is None):
+            raise ValueError("give exactly one of --rates R1,R2,.. or --concurrencies C1,C2,..")
+        if args.rate is not None or args.concurrency is not None:
+            raise ValueError("a sweep sets the load itself: use --rates / --concurrencies")
+        if not args.slo:
+            raise ValueError("a sweep needs --slo FILE: the SLOs decide each level")
+        if args.bisect_steps < 0:
+            raise ValueError(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
+        mode = "rate" if args.rates is not None else "concurrency"
+        levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
+        from loadlab.slo import load_slo  # scipy: only once the flags are right
+
+        spec = load_slo(args.slo)
+        if mode == "rate":
+            args.rate = levels[0]
+        else:
+            args.concurrency = int(levels[0])
+        base = run_command.config_from_args(args)
+    except ValueError as exc:
+        print(f"loadlab sweep: {exc}", file=sys.stderr)
+        return 2
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(args.out_dir or Path("reports") / f"sweep-{stamp}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def sweep(endpoint: EndpointConfig) -> int:
+        def evaluate(load: float) -> Level:
+            print(f"loadlab sweep: {mode} {load:g} ...", file=sys.stderr, flush=True)
+            lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)
+            verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
+            print(f"  -> {verdict} {lv.path}", file=sys.stderr)
+            for why in lv.failed_objectives:
+                print(f"     {why}", file=sys.stderr)
+            return lv
+
+        result = find_max_load(evaluate, levels, args.bisect_steps, mode == "concurrency", mode)
+        summary = out_dir / "sweep.json"
+        summary.write_text(json.dumps(result.to_dict(), indent=2), encoding="utf-8")
+        page = out_dir / "sweep.html"
+        page.write_text(render_html(result), encoding="utf-8")
+        print(result.to_text())
+        print(f"summary: {summary}; plot: {page}")
+        return 0 if result.max_passing_load is not None else 1
+
+    if base.endpoints:
+        return sweep(base.endpoints[0])
+    with _server(args.mode, args.preset) as url:
+        return sweep(EndpointConfig(url=url, name="reference", model=base_model(args)))
+
+
+def base_model(args: argparse.Namespace) -> str:
+    return str(args.model or "loadlab-ref")

@@ -1,0 +1,275 @@
+"""The max-load-under-SLO sweep: rising load levels, then bisection, and the curve's knee.
+
+``find_max_load`` is pure: it asks an ``evaluate(load) -> Level`` callable for each level in
+rising order until one fails, then bisects between the last pass and the first fail
+(``bisect_steps`` times, or until the gap is one unit for concurrencies). ``run_level`` is the
+real evaluator: one ``loadlab run`` at that load (``loadlab.runner.workers.run_load``) judged by
+``loadlab.slo.evaluate``. The knee of the latency-throughput curve is found with Kneedle
+(Satopää et al. 2011, "Finding a 'Kneedle' in a Haystack"): on the curve normalised to the unit
+square, the point farthest below the diagonal.
+
+Example::
+
+    result = find_max_load(lambda x: Level(x, passed=x <= 5), [1, 2, 4, 8], bisect_steps=3)
+    result.max_passing_load      # 5.0 (4 passed, 8 failed; bisection: 6 fail, 5 pass, 5.5 fail)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.slo import SLOSpec
+
+__all__ = ["Level", "SweepResult", "find_max_load", "knee", "render_html", "run_level"]
+
+MODES = ("rate", "concurrency")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One load level and what it did."""
+
+    load: float
+    passed: bool
+    exit_code: int = 0  # the SLO verdict's: 0 pass, 1 fail, 2 not valid evidence
+    phase: str = "coarse"  # "coarse" | "bisect"
+    throughput_rps: float = 0.0
+    output_tokens_per_s: float = 0.0
+    ttft_p95_ms: float | None = None
+    e2e_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    error_rate: float = 0.0
+    path: str | None = None  # this level's results file
+    failed_objectives: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__, failed_objectives=list(self.failed_objectives))
+
+
+@dataclass
+class SweepResult:
+    mode: str  # "rate" | "concurrency"
+    levels: list[Level] = field(default_factory=list)  # in the order they ran
+    max_passing_load: float | None = None
+    first_failing_load: float | None = None
+    knee_load: float | None = None
+    note: str = ""
+
+    def curve(self) -> list[Level]:
+        """Every level, by load (a bisected load measured twice keeps the later run)."""
+        by_load = {lv.load: lv for lv in self.levels}
+        return [by_load[k] for k in sorted(by_load)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "loadlab.sweep",
+            "version": 1,
+            "mode": self.mode,
+            "max_passing_load": self.max_passing_load,
+            "first_failing_load": self.first_failing_load,
+            "knee_load": self.knee_load,
+            "note": self.note,
+            "levels": [lv.to_dict() for lv in self.levels],
+        }
+
+    def to_text(self) -> str:
+        unit = "rps" if self.mode == "rate" else "streams"
+        head = (f"{'load':>9} {'verdict':<8}{'req/s':>8}{'tok/s':>9}{'ttft p95':>10}"
+                f"{'e2e p95':>10}{'tpot p95':>10}{'errors':>8}")  # fmt: skip
+        lines = [f"sweep by {self.mode} ({unit}); latencies in ms", head, "-" * len(head)]
+        for lv in self.curve():
+            verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
+            mark = "  <- knee" if lv.load == self.knee_load else ""
+            lines.append(
+                f"{_num(lv.load):>9} {verdict:<8}{lv.throughput_rps:>8.2f}"
+                f"{lv.output_tokens_per_s:>9.1f}{_ms(lv.ttft_p95_ms):>10}{_ms(lv.e2e_p95_ms):>10}"
+                f"{_ms(lv.tpot_p95_ms):>10}{lv.error_rate:>8.1%}{mark}"
+            )
+        if self.max_passing_load is None:
+            lines.append(f"no level met the SLOs (lowest tried: {_num(self.curve()[0].load)})")
+        else:
+            nxt = (f", next step {_num(self.first_failing_load)} fails"
+                   if self.first_failing_load is not None else "")  # fmt: skip
+            lines.append(
+                f"highest load meeting the SLOs: {_num(self.max_passing_load)} {unit}{nxt}"
+            )
+        if self.note:
+            lines.append(f"note: {self.note}")
+        return "\n".join(lines)
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else (f"{x:g}" if x == int(x) else f"{x:.3g}")
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def find_max_load(
+    evaluate: Callable[[float], Level],
+    levels: Sequence[float],
+    bisect_steps: int = 3,
+    integer: bool = False,
+    mode: str = "rate",
+) -> SweepResult:
+    """Coarse pass over ``levels`` (rising) until the first fail, then bisect."""
+    if not levels or any(b <= a for a, b in itertools.pairwise(levels)):
+        raise ValueError(f"load levels must be given and strictly rising, got {list(levels)}")
+    if levels[0] <= 0:
+        raise ValueError(f"load levels must be > 0, got {levels[0]}")
+    result = SweepResult(mode=mode)
+    lo: float | None = None
+    hi: float | None = None
+    for load in levels:
+        lv = evaluate(load)
+        result.levels.append(lv)
+        if not lv.passed:
+            hi = load
+            break
+        lo = load
+    if lo is None:
+        result.first_failing_load = hi
+        result.note = "the lowest level already fails: try lower loads"
+        result.knee_load = knee(result.curve())
+        return result
+    if hi is None:
+        result.max_passing_load = lo
+        result.note = "every level passed: the limit is above the highest level tried"
+        result.knee_load = knee(result.curve())
+        return result
+    for _ in range(bisect_steps):
+        mid = (lo + hi) // 2 if integer else (lo + hi) / 2
+        if integer and (mid <= lo or mid >= hi):
+            break  # adjacent integers: nothing left between them
+        lv = evaluate(mid)
+        result.levels.append(_as_bisect(lv))
+        if lv.passed:
+            lo = mid
+        else:
+            hi = mid
+    result.max_passing_load, result.first_failing_load = lo, hi
+    result.knee_load = knee(result.curve())
+    return result
+
+
+def _as_bisect(lv: Level) -> Level:
+    return Level(**{**lv.__dict__, "phase": "bisect"})
+
+
+def knee(curve: Sequence[Level]) -> float | None:
+    """The load at the knee of latency (e2e p95) against throughput (Kneedle, convex rising).
+
+    Normalise throughput x and latency y to [0, 1] over the curve; the knee is the level
+    with the largest x - y: where throughput has mostly been gained and latency not yet.
+    None with fewer than three usable points.
+    """
+    pts = [(lv.load, lv.output_tokens_per_s, lv.e2e_p95_ms) for lv in curve]
+    pts = [p for p in pts if p[2] is not None]
+    if len(pts) < 3:
+        return None
+    xs = [p[1] for p in pts]
+    ys = [float(p[2]) for p in pts if p[2] is not None]
+    x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    scores = [
+        ((x - min(xs)) / x_span) - ((y - min(ys)) / y_span) for x, y in zip(xs, ys, strict=True)
+    ]
+    best = max(range(len(pts)), key=lambda i: scores[i])
+    return pts[best][0]
+
+
+def run_level(
+    base: RunConfig,
+    endpoint: EndpointConfig,
+    spec: SLOSpec,
+    load: float,
+    mode: str,
+    out_dir: Path,
+    inconclusive: str = "fail",
+) -> Level:
+    """One real level: run the load, write its results file, judge it against ``spec``."""
+    from loadlab.metrics import summarize
+    from loadlab.results import write_results
+    from loadlab.runner.workers import run_load
+    from loadlab.slo import evaluate
+    from loadlab.workloads import build_requests
+
+    if mode == "rate":
+        cfg = base.replace(rate_rps=float(load), concurrency=None)
+    else:
+        cfg = base.replace(concurrency=int(load), rate_rps=None)
+    path = out_dir / f"level-{mode}-{_num(load)}.json"
+    cfg = cfg.replace(out=str(path), slo=None, progress=False)
+    results = run_load(cfg, endpoint, build_requests, progress=False)
+    write_results(results, path)
+    verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
+    s = summarize(results)
+    counts = s["counts"]
+    sent = counts.get("sent", 0) or 0
+    return Level(
+        load=float(load),
+        passed=verdict.exit_code == 0,
+        exit_code=int(verdict.exit_code),
+        throughput_rps=float(s["throughput"]["requests_per_s"]),
+        output_tokens_per_s=float(s["throughput"]["output_tokens_per_s"]),
+        ttft_p95_ms=s["ttft_ms"].get("p95"),
+        e2e_p95_ms=s["e2e_ms"].get("p95"),
+        tpot_p95_ms=s["tpot_ms"].get("p95"),
+        error_rate=(counts.get("failed", 0) / sent) if sent else 0.0,
+        path=str(path),
+        failed_objectives=tuple(
+            [str(r.objective) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
+        ),
+    )
+
+
+def render_html(result: SweepResult) -> str:
+    """A standalone page: the latency-throughput curve (knee marked) and the text table.
+
+    The plot is an SVG data URI with text drawn as outlines (as ``loadlab.report.plots``
+    does), and the table is escaped, so nothing from a run reaches the page as markup.
+    """
+    import base64
+    import html
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    curve = result.curve()
+    fig = Figure(figsize=(9, 3.4))
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.9, wspace=0.25)
+    ax, ax2 = fig.subplots(1, 2)
+    x = [lv.output_tokens_per_s for lv in curve]
+    for key, label in (("e2e_p95_ms", "E2E p95"), ("ttft_p95_ms", "TTFT p95")):
+        ys = [getattr(lv, key) for lv in curve]
+        ax.plot(x, [float("nan") if y is None else y for y in ys], "o-", label=label)
+    for lv in curve:
+        if lv.e2e_p95_ms is not None:
+            color = "tab:green" if lv.passed else "tab:red"
+            ax.annotate(_num(lv.load), (lv.output_tokens_per_s, lv.e2e_p95_ms), color=color,
+                        textcoords="offset points", xytext=(3, 4), fontsize=8)  # fmt: skip
+        if lv.load == result.knee_load and lv.e2e_p95_ms is not None:
+            ax.plot([lv.output_tokens_per_s], [lv.e2e_p95_ms], "s", ms=11, mfc="none", c="k")
+    ax.set(xlabel="output tokens/s", ylabel="ms", title="latency vs throughput (knee: square)")
+    ax.legend(loc="upper left")
+    ax2.plot([lv.load for lv in curve], x, "o-")
+    ax2.set(xlabel=result.mode, ylabel="output tokens/s", title="throughput vs load")
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "loadlab",
+                                "text.parse_math": False}):  # fmt: skip
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    uri = "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>loadlab sweep</title></head>"
+        f"<body><h1>loadlab sweep</h1><img alt='sweep curve' src='{uri}'>"
+        f"<pre>{html.escape(result.to_text())}</pre></body></html>"
+    )

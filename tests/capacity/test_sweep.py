@@ -1,0 +1,87 @@
+"""Sweep bisection and knee on a fake, deterministic evaluator (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadlab.commands.sweep import parse_levels
+from loadlab.sweep import Level, find_max_load, knee
+
+
+def fake(limit: float, calls: list[float]):  # type: ignore[no-untyped-def]
+    """Passes at or below ``limit``; latency flat until 0.8 x limit, then steep."""
+
+    def evaluate(load: float) -> Level:
+        calls.append(load)
+        e2e = 100.0 if load <= 0.8 * limit else 100.0 + 400.0 * (load - 0.8 * limit)
+        return Level(load, passed=load <= limit, exit_code=0 if load <= limit else 1,
+                     output_tokens_per_s=min(load, limit) * 50, e2e_p95_ms=e2e)  # fmt: skip
+
+    return evaluate
+
+
+def test_rate_bisection_between_last_pass_and_first_fail() -> None:
+    calls: list[float] = []
+    r = find_max_load(fake(5.0, calls), [1, 2, 4, 8], bisect_steps=3)
+    # coarse: 1, 2, 4 pass; 8 fails (stop). Bisect: 6 fail, 5 pass, 5.5 fail.
+    assert calls == [1, 2, 4, 8, 6, 5, 5.5]
+    assert r.max_passing_load == 5.0
+    assert r.first_failing_load == 5.5
+    assert [lv.phase for lv in r.levels] == ["coarse"] * 4 + ["bisect"] * 3
+
+
+def test_concurrency_bisection_stops_at_adjacent_integers() -> None:
+    calls: list[float] = []
+    r = find_max_load(fake(11, calls), [1, 2, 4, 8, 16], bisect_steps=10, integer=True)
+    # coarse: 1..8 pass, 16 fails; bisect: 12 fail, 10 pass, 11 pass; 11/12 adjacent: stop.
+    assert calls == [1, 2, 4, 8, 16, 12, 10, 11]
+    assert (r.max_passing_load, r.first_failing_load) == (11, 12)
+
+
+def test_all_pass_and_all_fail_say_so() -> None:
+    calls: list[float] = []
+    r = find_max_load(fake(100, calls), [1, 2, 4])
+    assert r.max_passing_load == 4 and r.first_failing_load is None
+    assert "above the highest level" in r.note
+    calls.clear()
+    r = find_max_load(fake(0.5, calls), [1, 2, 4])
+    assert calls == [1]
+    assert r.max_passing_load is None and "lower loads" in r.note
+    assert "no level met the SLOs" in r.to_text()
+
+
+def test_knee_is_where_latency_starts_to_climb() -> None:
+    # throughput 50/100/150/200/250 tok/s; e2e 100, 100, 110, 500, 900 ms:
+    # normalised x - y = 0, .25, .5 - .0125, .75 - .5, 1 - 1 -> best at load 3 (0.4875)
+    lat = {1: 100, 2: 100, 3: 110, 4: 500, 5: 900}
+    curve = [Level(x, True, output_tokens_per_s=50 * x, e2e_p95_ms=lat[x]) for x in lat]
+    assert knee(curve) == 3
+    assert knee(curve[:2]) is None  # too few points
+
+
+def test_text_table_marks_the_knee_and_the_answer() -> None:
+    r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=3)
+    text = r.to_text()
+    assert "highest load meeting the SLOs: 5 rps, next step 5.5 fails" in text
+    assert "<- knee" in text
+    assert r.to_dict()["max_passing_load"] == 5.0
+
+
+def test_levels_are_validated() -> None:
+    assert parse_levels("1,2,4", integer=True) == [1.0, 2.0, 4.0]
+    with pytest.raises(ValueError, match="rising"):
+        parse_levels("4,2", integer=False)
+    with pytest.raises(ValueError, match="whole numbers"):
+        parse_levels("1,2.5", integer=True)
+    with pytest.raises(ValueError, match="rising"):
+        find_max_load(fake(1, []), [2, 1])
+
+
+def test_html_page_escapes_and_embeds_the_plot() -> None:
+    from loadlab.sweep import render_html
+
+    r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
+    r.note = "<script>alert(1)</script>"
+    page = render_html(r)
+    assert "data:image/svg+xml;base64," in page
+    assert "<script>" not in page and "&lt;script&gt;" in page

@@ -1,0 +1,312 @@
+"""The Anthropic Messages client: body and headers, event interpretation, timing against the
+fixed server's truth, every fault of a real misbehaving server, and the canary key."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from loadlab.clients import AnthropicClient, AnthropicStreamState
+from loadlab.clients.anthropic import build_messages_body, messages_url
+from loadlab.config import EndpointConfig
+from loadlab.records import RequestRecord, RequestSpec
+from loadlab.results import Results, write_results
+from loadlab.testing.fault_server import FaultServer
+from loadlab.testing.fixed_server import FixedScheduleServer
+from tests.clients.test_faults import CANARY, EXPECTED
+
+TRANSPORTS = ["raw", "aiohttp"]
+
+
+def test_body_has_history_then_the_new_message_and_extra_fields() -> None:
+    ep = EndpointConfig("http://127.0.0.1:1", model="claude-x", api="anthropic")
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    spec = RequestSpec("r", "next", 7, extra_body={"temperature": 1})
+    body = build_messages_body(spec, ep, history=history, extra_body={"temperature": 0, "a": 1})
+    assert body == {
+        "model": "claude-x",
+        "max_tokens": 7,
+        "messages": [*history, {"role": "user", "content": "next"}],
+        "stream": True,
+        "temperature": 1,  # the request's own extra_body wins over the run's
+        "a": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://h:1", "http://h:1/v1/messages"),
+        ("http://h:1/v1/", "http://h:1/v1/messages"),
+        ("http://h:1/v1/messages", "http://h:1/v1/messages"),
+    ],
+)
+def test_messages_url(url: str, expected: str) -> None:
+    assert messages_url(EndpointConfig(url, api="anthropic")) == expected
+
+
+def _state() -> AnthropicStreamState:
+    s = AnthropicStreamState(RequestRecord("r"), t0_ns=1000)
+    s.on_headers(200, {"Content-Type": "text/event-stream"}, 1100)
+    return s
+
+
+def _ev(kind: str, data: str) -> bytes:
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+def test_events_tokens_usage_and_stop_reason() -> None:
+    s = _state()
+    start = '{"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}'
+    s.on_bytes(_ev("message_start", start), 2000)
+    block = '{"type":"content_block_start","index":0,"content_block":{"type":"thinking"}}'
+    s.on_bytes(_ev("content_block_start", block) + _ev("ping", '{"type":"ping"}'), 2500)
+    think = (
+        '{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"h"}}'
+    )
+    s.on_bytes(_ev("content_block_delta", think), 3000)
+    sig = '{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"x"}}'
+    s.on_bytes(_ev("content_block_delta", sig), 3500)  # not a token
+    a = '{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"A"}}'
+    empty = '{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":""}}'
+    b_half = '{"type":"content_block_delta","index":1,"delta":{"type":"text_de'
+    s.on_bytes(_ev("content_block_delta", a) + _ev("content_block_delta", empty), 4000)
+    s.on_bytes(b"event: content_block_delta\ndata: " + b_half.encode(), 5000)
+    s.on_bytes(b'lta","text":"B"}}\n\n: keep-alive\n\n', 6000)  # B completes at 6000
+    s.on_bytes(_ev("content_block_stop", '{"type":"content_block_stop","index":1}'), 6500)
+    delta = (
+        '{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":4}}'
+    )
+    s.on_bytes(_ev("message_delta", delta) + _ev("message_stop", '{"type":"message_stop"}'), 7000)
+    s.finish(8000)
+    r = s.record
+    assert r.outcome == "ok" and s.done
+    assert r.chunk_ns == [2000, 3000, 5000]  # thinking counts; signature/empty/ping do not
+    assert s.text == "AB"
+    assert (r.headers_ns, r.end_ns, r.finish_reason, r.prompt_tokens) == (
+        100,
+        7000,
+        "max_tokens",
+        9,
+    )
+    assert (r.output_tokens, r.output_tokens_source, r.output_tokens_chunks) == (4, "usage", 3)
+    assert r.output_tokens_disagree
+
+
+def test_stop_reason_without_message_stop_is_incomplete() -> None:
+    s = _state()
+    a = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
+    delta = (
+        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
+    )
+    s.on_bytes(_ev("content_block_delta", a) + _ev("message_delta", delta), 2000)
+    s.finish(3000)
+    assert (s.record.outcome, s.record.error) == ("incomplete", "stream ended before message_stop")
+    assert (s.record.output_tokens, s.record.output_tokens_source) == (1, "usage")
+
+
+def test_odd_event_shapes_are_protocol_errors_not_exceptions() -> None:
+    for body in (
+        b"data: [1]\n\n",
+        b"data: not json\n\n",
+        b'data: {"type":"content_block_delta","delta":"x"}\n\n',
+        b'data: {"type":"content_block_delta"}\n\n',
+        b'data: {"type":"message_start","message":[]}\n\n',
+        b'data: {"type":"message_delta","delta":null}\n\n',
+    ):
+        s = _state()
+        assert s.on_bytes(body, 2000) is True, body
+        s.finish(3000)
+        assert s.record.outcome == "protocol_error", body
+    s = _state()  # an "event: error" line is an error whatever the data says
+    s.on_bytes(b'event: error\ndata: {"error":{"message":"busy"}}\n\n', 2000)
+    s.finish(3000)
+    assert (s.record.outcome, s.record.error) == ("stream_error", "error in stream: busy")
+
+
+def test_non_streaming_message_body() -> None:
+    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
+    s.on_headers(200, {"Content-Type": "application/json"}, 10)
+    s.on_bytes(
+        b'{"type":"message","content":[{"type":"thinking","thinking":"."},{"type":"text",'
+        b'"text":"Hi"},{"type":"text","text":" there"}],"stop_reason":"end_turn",'
+        b'"usage":{"input_tokens":3,"output_tokens":5}}',
+        20,
+    )
+    s.finish(30)
+    r = s.record
+    assert (r.outcome, s.text, r.chunk_ns, r.chunk_tokens) == ("ok", "Hi there", [30], [5])
+    assert (r.prompt_tokens, r.output_tokens, r.finish_reason) == (3, 5, "end_turn")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_client_against_fixed_server_truth(
+    fixed_server: FixedScheduleServer, transport: str
+) -> None:
+    async def main() -> None:
+        for stream in (True, False):
+            ep = EndpointConfig(fixed_server.url, api="anthropic", name="claude")
+            async with AnthropicClient(ep, stream=stream, transport=transport) as client:
+                t0 = time.perf_counter_ns()
+                spec = RequestSpec(f"anth-{stream}-{transport}", "a b c", 5, prompt_tokens=3)
+                history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+                done = await client.send(spec, t0_ns=t0, history=history)
+            r = done.record
+            assert (r.outcome, r.http_status, r.endpoint, r.error) == ("ok", 200, "claude", None)
+            # usage: input words of the whole conversation (1 + 1 + 3); output from usage
+            assert (r.prompt_tokens, r.output_tokens, r.output_tokens_source) == (5, 5, "usage")
+            assert (r.finish_reason, done.text) == ("max_tokens", " tok" * 5)
+            truth = fixed_server.truth[spec.request_id]
+            assert len(r.chunk_ns) == len(truth["chunk_ns"]) == (5 if stream else 1)
+            # one clock: the client sent before the server received, and read after it wrote
+            assert r.sent_ns is not None and r.end_ns is not None
+            assert r.sent_ns + t0 <= truth["recv_ns"]
+            for mine, theirs in zip(r.chunk_ns, truth["chunk_ns"], strict=True):
+                assert mine + t0 >= theirs
+            assert r.chunk_ns[-1] <= r.end_ns
+            assert not r.output_tokens_disagree
+
+    asyncio.run(main())
+
+
+async def _send_one(url: str, *, stream: bool = True, transport: str = "raw") -> RequestRecord:
+    ep = EndpointConfig(url, api="anthropic")
+    async with AnthropicClient(
+        ep, stream=stream, timeout_s=0.6, read_timeout_s=0.3, transport=transport
+    ) as c:
+        return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_each_fault_becomes_its_outcome(fault_server: FaultServer, transport: str) -> None:
+    async def main() -> dict[str, RequestRecord]:
+        modes = list(EXPECTED)
+        recs = await asyncio.gather(
+            *(_send_one(f"{fault_server.url}/fault/{m}", transport=transport) for m in modes)
+        )
+        return dict(zip(modes, recs, strict=True))
+
+    records = asyncio.run(main())
+    assert {m: r.outcome for m, r in records.items()} == EXPECTED
+    assert records["429"].server["retry_after_s"] == 7.0
+    assert "model overloaded" in (records["429"].error or "")
+    assert "500 Internal Server Error" in (records["500_html"].error or "")
+    assert records["stream_error"].error == "error in stream: model overloaded"
+    assert len(records["reset"].chunk_ns) == 1  # tokens before the failure keep their times
+    eof = records["eof"]  # stop reason and usage came, message_stop did not
+    assert (len(eof.chunk_ns), eof.finish_reason, eof.output_tokens) == (2, "end_turn", 3)
+    ok = records["ok"]
+    assert (ok.prompt_tokens, ok.output_tokens, len(ok.chunk_ns)) == (1, 3, 3)
+    for r in records.values():
+        assert r.sent_ns is not None and r.end_ns is not None
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_non_streaming_faults(fault_server: FaultServer, transport: str) -> None:
+    async def main() -> list[str]:
+        modes = ["ok", "non_json", "429", "stream_error"]
+        urls = [f"{fault_server.url}/fault/{m}" for m in modes]
+        recs = await asyncio.gather(
+            *(_send_one(u, stream=False, transport=transport) for u in urls)
+        )
+        return [r.outcome for r in recs]
+
+    assert asyncio.run(main()) == ["ok", "protocol_error", "http_429", "protocol_error"]
+
+
+def test_a_run_continues_past_faults(fault_server: FaultServer) -> None:
+    modes = ["ok", "429", "reset", "ok", "malformed", "500_html", "eof", "ok"]
+
+    async def main() -> list[str]:
+        ep = EndpointConfig(fault_server.url, api="anthropic")
+        async with AnthropicClient(ep, max_connections=2) as c:
+            t0 = time.perf_counter_ns()
+            out = []
+            for i, mode in enumerate(modes):
+                spec = RequestSpec(f"q{i}", "hi", 3, extra_body={"fault": mode})
+                out.append((await c.send(spec, t0_ns=t0)).record.outcome)
+            return out
+
+    assert asyncio.run(main()) == [EXPECTED[m] for m in modes]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_canary_key_never_leaks(
+    transport: str,
+    fault_server: FaultServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("LOADLAB_TEST_KEY", CANARY)
+    caplog.set_level(logging.DEBUG)
+
+    async def main() -> list[RequestRecord]:
+        recs = []
+        for mode in ("ok", "echo_auth", "429", "reset", "malformed", "stream_error"):
+            ep = EndpointConfig(
+                f"{fault_server.url}/fault/{mode}", api="anthropic", api_key_env="LOADLAB_TEST_KEY"
+            )
+            async with AnthropicClient(ep, transport=transport) as c:
+                recs.append((await c.send(RequestSpec(mode, "hi", 3), t0_ns=0)).record)
+        return recs
+
+    records = asyncio.run(main())
+    assert [r.outcome for r in records] == [
+        "ok",
+        "http_401",
+        "http_429",
+        "incomplete",
+        "protocol_error",
+        "stream_error",
+    ]
+    assert "bad key: ***" in (records[1].error or "")  # the server echoed x-api-key back
+    cfg = {"endpoints": [{"url": fault_server.url, "api_key_env": "LOADLAB_TEST_KEY"}]}
+    path = write_results(Results(records=records, config=cfg), tmp_path / "run.json")
+    assert CANARY not in path.read_text()
+    assert all(CANARY not in repr(r) for r in records)
+    assert CANARY not in caplog.text
+
+
+def test_headers_and_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOADLAB_TEST_KEY", "k1")
+    ep = EndpointConfig("http://127.0.0.1:1", api="anthropic", api_key_env="LOADLAB_TEST_KEY")
+    c = AnthropicClient(ep)
+    assert c._headers["x-api-key"] == "k1" and "Authorization" not in c._headers
+    assert c._headers["anthropic-version"] == "2023-06-01"
+    custom = EndpointConfig(
+        "http://127.0.0.1:1", api="anthropic", headers={"Anthropic-Version": "2099-01-01"}
+    )
+    assert "anthropic-version" not in AnthropicClient(custom)._headers  # the user's header wins
+    monkeypatch.delenv("LOADLAB_TEST_KEY")
+    with pytest.raises(ValueError, match="LOADLAB_TEST_KEY is empty or unset"):
+        AnthropicClient(ep)
+    with pytest.raises(ValueError, match="speaks api anthropic, not 'chat'"):
+        AnthropicClient(EndpointConfig("http://127.0.0.1:1"))
+
+
+def test_sse_event_plus_data_fast_path_matches_the_spec() -> None:
+    from loadlab.clients.sse import SSEDecoder, SSEEvent
+
+    body = (
+        b"event: a\ndata: x\n\nevent:\ndata:y\n\nevent: b\ndata\n\nevent: c\ndata:\n\n"
+        b"event: d\ndata: 1\ndata: 2\n\nevent: e\ndatum: z\n\nid: 7\nevent: f\ndata: q\n\n"
+        b"event: g\ndata:  two spaces\n\n"
+    )
+    expected = [
+        SSEEvent("x", "a"),
+        SSEEvent("y", "message"),  # an empty event name is "message"
+        SSEEvent("", "b"),  # "data" without a colon: an empty data line
+        SSEEvent("", "c"),
+        SSEEvent("1\n2", "d"),
+        # "datum" is an unknown field: no data, so nothing is dispatched for "e"
+        SSEEvent("q", "f", id="7"),
+        SSEEvent(" two spaces", "g", id="7"),  # one space after the colon is dropped, no more
+    ]
+    assert SSEDecoder().feed(body) == expected
+    dec = SSEDecoder()  # byte by byte goes through the slow path: same events
+    assert [e for i in range(len(body)) for e in dec.feed(body[i : i + 1])] == expected

@@ -1,0 +1,117 @@
+"""The engine loop on the fake runner and clock: events per token, phases, aborts, text."""
+
+from __future__ import annotations
+
+import asyncio
+
+from reference_server.engine import Engine, TextStream, TokenEvent
+from reference_server.fake_runner import FakeClock, FakeModelRunner
+from reference_server.kv_cache import BlockManager
+from reference_server.scheduler import ChunkedScheduler
+from reference_server.sequence import SamplingParams, ScheduledBatch, Sequence
+
+
+def test_text_stream_never_splits_a_utf8_character() -> None:
+    ts = TextStream()
+    assert [ts.push(b, final=False) for b in "hé".encode()] == ["h", "", "é"]
+    assert ts.push(0xE2, final=True) == "\ufffd"  # a dangling lead byte at the end
+
+
+def test_text_stream_holds_back_a_possible_stop_string_and_cuts_it() -> None:
+    ts = TextStream(stop=("xyz",))
+    out = [ts.push(ord(c), final=False) for c in "abxy"]
+    assert out == ["", "", "a", "b"]  # the last two characters are held: they could start "xyz"
+    assert ts.push(ord("z"), final=True) == "" and ts.stopped
+    ts2 = TextStream(stop=("xyz",))
+    got = "".join(ts2.push(ord(c), final=i == 4) for i, c in enumerate("abxyq"))
+    assert got == "abxyq" and not ts2.stopped
+
+
+def _engine(clock: FakeClock) -> tuple[Engine, FakeModelRunner]:
+    runner = FakeModelRunner(32, 4, clock=clock, step_ns=lambda b: 1_000_000 * b.num_tokens)
+    sched = ChunkedScheduler(
+        BlockManager(32, 4), max_num_seqs=4, max_num_batched_tokens=8, chunk_size=8
+    )
+    return Engine(runner, sched, clock=clock), runner
+
+
+def test_engine_delivers_one_event_per_token_and_times_steps_by_phase() -> None:
+    clock = FakeClock()
+    engine, _ = _engine(clock)
+    loop = asyncio.new_event_loop()
+    try:
+        qa: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        qb: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=3)), loop, qa)
+        assert engine.queue_depth == 1
+        assert engine.step()  # a: 6-token prefill, samples "g" (position 6)
+        engine.submit(Sequence("b", [1] * 4, SamplingParams(max_tokens=2)), loop, qb)
+        while engine.step():
+            pass
+        loop.run_until_complete(asyncio.sleep(0))
+        events_a = [qa.get_nowait() for _ in range(qa.qsize())]
+        events_b = [qb.get_nowait() for _ in range(qb.qsize())]
+    finally:
+        loop.close()
+    assert [(e.text, e.completion_tokens, e.finish_reason) for e in events_a] == [
+        ("g", 1, None), ("h", 2, None), ("i", 3, "length")]  # fmt: skip
+    assert "".join(e.text for e in events_b) == "ef" and events_b[-1].finish_reason == "length"
+    # Steps: prefill(a:6) | mixed(a:1 + b:4) | decode(a:1, b:1) -> a done, b done.
+    stats = engine.stats
+    assert (stats.num_steps("prefill"), stats.num_steps("mixed"), stats.num_steps("decode")) == (
+        1,
+        1,
+        1,
+    )
+    text = stats.render(gauges={}, counters={})
+    assert 'loadlab_server_step_seconds_sum{phase="mixed"} 0.005' in text  # 5 tokens x 1 ms
+    assert 'loadlab_server_tokens_total{phase="prefill"} 10' in text
+    assert 'loadlab_server_tokens_total{phase="decode"} 3' in text
+    assert 'loadlab_server_requests_total{finish_reason="length"} 2' in text
+
+
+def test_abort_through_the_inbox_frees_blocks_and_sends_nothing_more() -> None:
+    clock = FakeClock()
+    engine, _ = _engine(clock)
+    loop = asyncio.new_event_loop()
+    try:
+        q: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=50)), loop, q)
+        engine.step()
+        engine.abort("a")
+        assert not engine.step()  # drained: nothing left to run
+        loop.run_until_complete(asyncio.sleep(0))
+        assert q.qsize() == 1
+    finally:
+        loop.close()
+    assert engine.scheduler.block_manager.num_used_blocks == 0
+    assert 'requests_total{finish_reason="abort"} 1' in engine.stats.render(gauges={}, counters={})
+
+
+def test_a_failing_request_fails_alone_and_the_engine_goes_on() -> None:
+    clock = FakeClock()
+    engine, runner = _engine(clock)
+    real_run = runner.run
+
+    def run(batch: ScheduledBatch) -> list[int | None]:
+        if any(i.seq.seq_id == "bad" for i in batch.items):
+            raise RuntimeError("boom")
+        return real_run(batch)
+
+    runner.run = run  # type: ignore[method-assign]
+    loop = asyncio.new_event_loop()
+    try:
+        q_bad: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        q_ok: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        engine.submit(Sequence("bad", [1] * 3, SamplingParams(max_tokens=5)), loop, q_bad)
+        engine.submit(Sequence("ok", [1] * 3, SamplingParams(max_tokens=2)), loop, q_ok)
+        while engine.step():
+            pass
+        loop.run_until_complete(asyncio.sleep(0))
+        bad = [q_bad.get_nowait() for _ in range(q_bad.qsize())]
+        ok = [q_ok.get_nowait() for _ in range(q_ok.qsize())]
+    finally:
+        loop.close()
+    assert len(bad) == 1 and bad[0].finish_reason == "error" and "RuntimeError" in str(bad[0].error)
+    assert [e.completion_tokens for e in ok] == [1, 2] and ok[-1].finish_reason == "length"
+    assert engine.scheduler.block_manager.num_used_blocks == 0 and not engine.scheduler.has_work
