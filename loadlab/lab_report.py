@@ -102,11 +102,16 @@ def class_stats(
     }
 
 
-def server_counter(results: Results, pattern: str) -> float | None:
-    """Sum of the server counter deltas over the experiment whose name matches ``pattern``."""
+def server_counter(results: Results, pattern: str, labels: str = "") -> float | None:
+    """Sum of the server counter deltas over the experiment whose name matches ``pattern``
+    (and whose labels match ``labels``, a regular expression)."""
     deltas = results.extra.get("lab", {}).get("server_deltas", {})
-    rx = re.compile(pattern)
-    hits = [v for key, v in deltas.items() if rx.search(key.split("{", 1)[0])]
+    rx, lx = re.compile(pattern), re.compile(labels)
+    hits = [
+        v
+        for key, v in deltas.items()
+        if rx.search(key.split("{", 1)[0]) and lx.search(key.partition("{")[2])
+    ]
     return sum(hits) if hits else None
 
 
@@ -131,7 +136,12 @@ def _batch_stats(results: Results) -> dict[str, Any]:
     ends = [r.chunk_ns[-1] for r in results.records if r.chunk_ns]
     job_s = (max(ends) - min(r.sent_ns or 0 for r in recs)) / 1e9 if ends and recs else None
     out = sum(metrics.output_token_count(r) for r in results.records if r.ok)
+    # mean decode batch (reference server counters): tokens made by decode steps per step that
+    # decoded; static batching's idle finished slots show as a smaller batch
+    decoded = server_counter(results, r"tokens_total$", 'phase="decode"')
+    steps = server_counter(results, r"steps_total$", 'phase="(decode|mixed)"')
     return {
+        "mean_decode_batch": _ratio(decoded, steps),
         "job_s": job_s,
         "output_tokens": out,
         "output_tokens_per_s": out / job_s if job_s else None,
@@ -251,19 +261,30 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
         Section(
             "Static against continuous batching: a batch job",
             CLAIMS["static"],
-            ["mode", "job time (s)", "output tokens", "output tok/s", "preemptions", "failed"],
+            [
+                "mode",
+                "job time (s)",
+                "output tokens",
+                "output tok/s",
+                "mean decode batch",
+                "preemptions",
+                "failed",
+            ],
             [
                 [
                     n,
                     _n(_get(m, n, "batch", "job_s"), 2),
                     _n(_get(m, n, "batch", "output_tokens")),
                     _n(_get(m, n, "batch", "output_tokens_per_s")),
+                    _n(_get(m, n, "batch", "mean_decode_batch"), 2),
                     _n(_get(m, n, "batch", "preemptions")),
                     _n(_get(m, n, "batch", "failed")),
                 ]
                 for n in names
             ],
-            "The same documents (answers of different lengths, submitted at once) in every mode.",
+            "The same documents (answers of different lengths, submitted at once) in every mode. "
+            "Mean decode batch (server counters) = decode tokens / steps that decoded: static "
+            "batching's finished slots idle until the batch's longest answer ends.",
         )
     )
     out.append(

@@ -14,7 +14,7 @@ Why these defaults (cpu preset, a 2-core machine; measured, see docs/lab.md):
   A smaller chunk lowers the stall further but stretches the long prompt's TTFT.
 - the server gets one torch thread on CPU (``threads``): the other core is left to the load
   generator and the HTTP layer, so the measured gaps are the engine's, not contention's.
-- a batch job of 12 documents with answers of 16..64 tokens and 8 batch slots: static batching
+- a batch job of 16 documents with answers of 8..128 tokens and 8 batch slots: static batching
   holds each batch until its longest answer ends, so finished slots sit idle.
 
 Example::
@@ -51,10 +51,10 @@ class LabSettings:
     # 0: a stream's requests count from the first (a closed-loop stream's first round starts
     # at 0 and a warm-up would drop it, leaving a short baseline nearly empty)
     warmup_s: float = 0.0
-    batch_documents: int = 12
+    batch_documents: int = 16
     batch_prompt_tokens: int = 128
-    batch_output_min: int = 16
-    batch_output_max: int = 64
+    batch_output_min: int = 8
+    batch_output_max: int = 128
     max_num_seqs: int = 8
     chunk_size: int = 256
     max_batched_tokens: int = 512

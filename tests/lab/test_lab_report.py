@@ -191,3 +191,18 @@ def test_run_summary_shows_stalls_beside_itl() -> None:
     assert stall[:5] == ["Longest", "stall", "per", "stream", "(ms)"]
     assert stall[5:7] == ["2", "25.0"] and stall[10] == "40.0"
     assert "Longest stall per stream" in run_html(two_streams())
+
+
+def test_mean_decode_batch_from_server_counters() -> None:
+    from loadlab.lab_report import _batch_stats
+
+    deltas = {
+        'loadlab_server_tokens_total{phase="decode"}': 30.0,
+        'loadlab_server_tokens_total{phase="prefill"}': 500.0,
+        'loadlab_server_steps_total{phase="decode"}': 8.0,
+        'loadlab_server_steps_total{phase="mixed"}': 2.0,
+        'loadlab_server_steps_total{phase="prefill"}': 1.0,
+    }
+    b = _batch_stats(results([rec("a", [5, 10]), rec("b", [10, 40])], deltas))
+    assert b["mean_decode_batch"] == pytest.approx(3.0)  # 30 tokens / (8 + 2) steps
+    assert b["job_s"] == pytest.approx(0.040) and b["output_tokens"] == 4
