@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,6 +65,7 @@ class LabOutcome:
     unavailable: dict[str, str] = field(default_factory=dict)
     batching: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    machine: dict[str, Any] = field(default_factory=dict)  # cores, load before and after
 
 
 def available_modes() -> dict[str, str]:
@@ -76,7 +78,11 @@ def available_modes() -> dict[str, str]:
             out[mode] = ""
         elif mode == "disaggregated" and any(
             importlib.util.find_spec(m) is not None
-            for m in ("reference_server.disaggregated", "reference_server.disagg")
+            for m in (
+                "reference_server.disaggregated",
+                "reference_server.disagg",
+                "reference_server.scheduler.disaggregated",
+            )
         ):
             out[mode] = ""
         else:
@@ -265,7 +271,7 @@ def run_lab(
 
     t_start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcome = LabOutcome()
+    outcome = LabOutcome(machine={"cpus": os.cpu_count(), "load_avg_start": _load()})
     avail = available_modes()
     for mode in modes:
         if avail.get(mode):
@@ -295,7 +301,16 @@ def run_lab(
         for server in servers.values():
             server.stop()
     outcome.elapsed_s = time.perf_counter() - t_start
+    outcome.machine["load_avg_end"] = _load()
     return outcome
+
+
+def _load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages: a shared machine's figures need them."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _run_mode(

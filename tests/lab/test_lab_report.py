@@ -8,13 +8,11 @@ import pytest
 
 from loadlab.lab import LabOutcome, counter_deltas, run_lab
 from loadlab.lab_batching import speedups
+from loadlab.lab_render import render_html, render_markdown, sections
 from loadlab.lab_report import (
     acceptance,
     class_stats,
     lab_summary,
-    render_html,
-    render_markdown,
-    sections,
     server_counter,
 )
 from loadlab.lab_settings import LabSettings, settings_for
