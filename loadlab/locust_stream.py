@@ -110,15 +110,7 @@ class StreamConnection:
         timeout_s: float = 120.0,
     ) -> Completion:
         """Stream one request; never raises for a transport or protocol failure."""
-        rec = RequestRecord(
-            request_id=spec.request_id,
-            session_id=spec.session_id,
-            turn=spec.turn,
-            request_class=spec.request_class,
-            endpoint=self.endpoint.name,
-            prompt_tokens_requested=spec.prompt_tokens,
-            max_tokens=spec.max_tokens,
-        )
+        rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name)
         state = OpenAIStreamState(
             rec, self.endpoint.api, stream=True, t0_ns=t0_ns, secrets=self._secrets
         )

@@ -153,6 +153,23 @@ class RequestRecord:
     late: bool = False  # open loop: sent more than the lateness tolerance after intended_ns
     server: dict[str, Any] = field(default_factory=dict)  # e.g. kv_transfer_bytes from the server
 
+    @classmethod
+    def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
+        """A record that carries ``spec``'s identity and requested lengths, plus ``fields``.
+
+        >>> RequestRecord.for_spec(RequestSpec("r1", "hi", 8), endpoint="a").max_tokens
+        8
+        """
+        return cls(
+            request_id=spec.request_id,
+            session_id=spec.session_id,
+            turn=spec.turn,
+            request_class=spec.request_class,
+            prompt_tokens_requested=spec.prompt_tokens,
+            max_tokens=spec.max_tokens,
+            **fields,
+        )
+
     @property
     def ok(self) -> bool:
         return self.outcome == OUTCOME_OK

@@ -117,6 +117,27 @@ class ShapedKernels:
 
         return 2.0 * src.numel() * src.element_size() / best_time_s(run, repeats, clock=self.clock)
 
+    def decode_attention_s(self, batch: int, context: int, repeats: int = 5) -> float:
+        """One decode step's attention over all layers, done the way a paged-KV server without
+        a fused kernel does it: gather each sequence's K/V out of a block-laid cache into a
+        padded copy, then masked grouped-query attention for one query per sequence."""
+        m, torch = self.model, self.torch
+        kc = self._rand(batch * context, m.n_kv_heads, m.head_dim)  # [slots, KVH, hd]
+        vc = self._rand(batch * context, m.n_kv_heads, m.head_dim)
+        gather = torch.arange(batch * context, device=self.device).view(batch, context)  # [B, L]
+        mask = torch.ones(batch, 1, 1, context, dtype=torch.bool, device=self.device)
+        q = self._rand(batch, m.n_heads, m.head_dim).unsqueeze(2)  # [B, H, 1, hd]
+
+        def run() -> None:
+            for _ in range(m.n_layers):
+                keys = kc[gather].transpose(1, 2)  # [B, KVH, L, hd]
+                vals = vc[gather].transpose(1, 2)
+                self.F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
+            self._sync()
+
+        with torch.inference_mode():
+            return best_time_s(run, repeats, clock=self.clock)
+
     def attention_flops_per_s(self, tokens: int = 512, repeats: int = 5) -> float:
         """Causal attention FLOP/s at the model's head shape over ``tokens`` tokens."""
         m, torch = self.model, self.torch

@@ -8,10 +8,10 @@ predictions beside each measurement:
 - **roofline**: ``roofline.py`` with "this-machine" calibrated by a square matmul and a memory
   copy (``calibrate.py``): the first-principles estimate, as one would make it for a GPU;
 - **shaped**: the same physics priced with kernels shaped like the model's own
-  (``kernels.py``): its weight matrices at the step's token count (matmuls), a copy for the
-  K/V gather the server's attention does (3 passes over the K/V bytes: read and write the
-  gathered copy, then read it in attention), causal attention at the model's head shape and
-  the prompt's length, and
+  (``kernels.py``): its weight matrices at the step's token count (matmuls); decode
+  attention done as the server does it (gather each sequence's K/V out of the paged cache,
+  then masked grouped-query attention) at the step's batch and context; causal prefill
+  attention at the model's head shape and the prompt's length; and
   the per-step overhead (Python dispatch, index building, sampling) measured on a *twin*:
   the same runner with every width shrunk to a few units, so FLOPs and bytes vanish and only
   the fixed costs remain. None of these runs the measured model, and nothing is fitted to
@@ -104,8 +104,9 @@ def _step_timer(runner: Any, clock: str, repeats: int) -> tuple[Any, Any]:
             lambda b, c: bench.decode_step_time_s(runner, b, c, repeats),
             lambda p: bench.prefill_time_s(runner, p, 1, repeats),
         )
-    from reference_server.sequence import SamplingParams, ScheduledBatch, ScheduledSeq
-    from reference_server.sequence import Sequence as Seq
+    seqmod = importlib.import_module("reference_server.sequence")
+    SamplingParams, ScheduledBatch = seqmod.SamplingParams, seqmod.ScheduledBatch
+    ScheduledSeq, Seq = seqmod.ScheduledSeq, seqmod.Sequence
 
     def batch(n: int, tokens: int, computed: int) -> Any:
         per_seq = -(-(tokens + 1) // runner.block_size)
@@ -135,7 +136,7 @@ def measure_reference(
     rounds: int = 2,
 ) -> tuple[ModelSpec, Hardware, list[Comparison], dict[str, Any]]:
     """Measure the reference model here and predict each point; see the module docstring."""
-    from reference_server.model_runner import ModelRunner
+    ModelRunner = importlib.import_module("reference_server.model_runner").ModelRunner  # torch
 
     if clock not in CLOCKS:
         raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
@@ -157,15 +158,15 @@ def measure_reference(
     copy_bps = kernels.copy_bytes_per_s()
     rows: list[Comparison] = []
     for b in batches:
-        mm, overhead, measured = _interleaved(
+        mm, attn_s, overhead, measured = _interleaved(
             rounds,
             partial(kernels.matmul_s, b, repeats),
+            partial(kernels.decode_attention_s, b, context_tokens, repeats),
             partial(twin_decode_s, b, context_tokens),
             partial(decode_s, b, context_tokens),
         )
-        kv_s = 3.0 * b * context_tokens * model.kv_bytes_per_token / copy_bps
         est = roofline.decode_step(model, hw, b, context_tokens - 1)
-        parts = {"matmul_s": mm, "kv_gather_s": kv_s, "overhead_s": overhead}
+        parts = {"matmul_s": mm, "attention_s": attn_s, "overhead_s": overhead}
         rows.append(Comparison("decode", b, context_tokens, measured, est.time_s,
                                sum(parts.values()), est.flops, est.bytes, parts))  # fmt: skip
         say(_row_text(rows[-1]))

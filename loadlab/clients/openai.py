@@ -281,16 +281,7 @@ class OpenAIClient:
         if self._transport is None:
             name = type(self).__name__
             raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
-        rec = RequestRecord(
-            request_id=spec.request_id,
-            session_id=spec.session_id,
-            turn=spec.turn,
-            request_class=spec.request_class,
-            endpoint=self.endpoint.name,
-            intended_ns=intended_ns,
-            prompt_tokens_requested=spec.prompt_tokens,
-            max_tokens=spec.max_tokens,
-        )
+        rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
         state = self._state(rec, t0_ns)
         body = self._body(spec, history)
         attempt_ns = time.perf_counter_ns()

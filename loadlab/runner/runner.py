@@ -414,16 +414,7 @@ class Runner:
 
 
 def _record_for(spec: RequestSpec, outcome: str, error: str) -> RequestRecord:
-    return RequestRecord(
-        request_id=spec.request_id,
-        outcome=outcome,
-        session_id=spec.session_id,
-        turn=spec.turn,
-        request_class=spec.request_class,
-        prompt_tokens_requested=spec.prompt_tokens,
-        max_tokens=spec.max_tokens,
-        error=error,
-    )
+    return RequestRecord.for_spec(spec, outcome=outcome, error=error)
 
 
 def _p99_ms(values_ns: list[int]) -> float | None:

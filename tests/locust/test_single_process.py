@@ -28,6 +28,7 @@ def test_slo_met_exits_0_and_stop_timeout_completes_streams(
     out = tmp_path / "run.json"
     proc = spawn(
         locust_cmd(
+            *LENIENT,
             "--headless",
             "-u",
             "10",
@@ -72,6 +73,7 @@ def test_web_ui_lists_ttft_and_itl_rows_and_missed_slo_exits_nonzero(
     port = free_port()
     proc = spawn(
         locust_cmd(
+            *LENIENT,
             "--web-host",
             "127.0.0.1",
             "--web-port",
