@@ -116,10 +116,13 @@ def _kv(results: Results) -> dict[str, Any]:
     total_b = server_counter(results, r"kv_transfer_bytes_total$")
     total_s = server_counter(results, r"kv_transfer_seconds_total$")
     prompt_tokens = sum(r.prompt_tokens or r.prompt_tokens_requested or 0 for r in recs)
+    mean_ms = float(np.mean(per_s)) * 1e3 if per_s else None
+    if mean_ms is None and total_s and recs:  # no per-request field: one transfer per request
+        mean_ms = total_s / len(recs) * 1e3
     return {
         "bytes_total": total_b if total_b is not None else (sum(per_b) if per_b else None),
         "seconds_total": total_s if total_s is not None else (sum(per_s) if per_s else None),
-        "per_request_ms_mean": float(np.mean(per_s)) * 1e3 if per_s else None,
+        "per_request_ms_mean": mean_ms,
         "per_request_ms_p99": _pct(per_s, 99) * 1e3 if per_s else None,  # type: ignore[operator]
         "bytes_per_prompt_token": (total_b / prompt_tokens) if total_b and prompt_tokens else None,
     }

@@ -204,3 +204,19 @@ def test_mean_decode_batch_from_server_counters() -> None:
     b = _batch_stats(results([rec("a", [5, 10]), rec("b", [10, 40])], deltas))
     assert b["mean_decode_batch"] == pytest.approx(3.0)  # 30 tokens / (8 + 2) steps
     assert b["job_s"] == pytest.approx(0.040) and b["output_tokens"] == 4
+
+
+def test_kv_transfer_per_request_and_from_counters() -> None:
+    from loadlab.lab_report import _kv
+
+    a, b = rec("a", [5, 10], prompt_tokens=100), rec("b", [10, 40], prompt_tokens=60)
+    a.server.update(kv_transfer_s=0.010, kv_transfer_bytes=800)
+    b.server.update(kv_transfer_s=0.030, kv_transfer_bytes=480)
+    kv = _kv(results([a, b]))  # no counters: the records' own fields
+    assert kv["bytes_total"] == 1280 and kv["seconds_total"] == pytest.approx(0.040)
+    assert kv["per_request_ms_mean"] == pytest.approx(20.0)
+    deltas = {"s_kv_transfer_bytes_total": 1600.0, "s_kv_transfer_seconds_total": 0.5}
+    c, d = rec("c", [5], prompt_tokens=100), rec("d", [5], prompt_tokens=100)
+    kv = _kv(results([c, d], deltas))  # counters only: 0.5 s over 2 requests
+    assert kv["per_request_ms_mean"] == pytest.approx(250.0)
+    assert kv["bytes_per_prompt_token"] == pytest.approx(8.0)  # 1600 / 200
