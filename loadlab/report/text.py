@@ -25,6 +25,8 @@ LATENCY_ROWS = (
     ("TTFT", "ttft_ms", False),
     ("TTFT from intended", "ttft_from_intended_ms", True),
     ("ITL", "itl_ms", False),
+    # each stream's longest gap, over streams: the stall users see (beside the pooled ITL)
+    ("Longest stall per stream", "max_gap_ms", False),
     ("TPOT", "tpot_ms", False),
     ("E2E", "e2e_ms", False),
     ("E2E from intended", "e2e_from_intended_ms", True),

@@ -1,0 +1,203 @@
+"""The lab's knobs: one ``LabSettings`` per model preset, chosen so each effect is visible.
+
+Why these defaults (cpu preset, a 2-core machine; measured, see docs/lab.md):
+
+- 4 steady chat streams of 64-token prompts and 64-token answers: a decode batch of 4 is
+  memory-bound (every step streams all the weights), so the streams tick at a steady pace.
+- a 2048-token prompt every ``long_every_s``: its whole prefill is ~2048 tokens of matmul
+  per weight byte, a step hundreds of times longer than a decode step: in ``continuous`` mode
+  every stream's next token waits for it (the stall the lesson describes). The period is long
+  enough that the server is not saturated by long prompts alone.
+- ``chunk_size`` 256 (budget 512 tokens a step) in ``chunked`` mode: the prompt becomes 8 slices,
+  so the worst step is ~1/8 of the whole prefill (plus the decodes), well under the 1/3 the
+  issue asks, while the long prompt itself pays only ~8 extra decode-sized steps of TTFT.
+  A smaller chunk lowers the stall further but stretches the long prompt's TTFT.
+- the server gets one torch thread on CPU (``threads``): the other core is left to the load
+  generator and the HTTP layer, so the measured gaps are the engine's, not contention's.
+- a batch job of 16 documents with answers of 8..128 tokens and 8 batch slots: static batching
+  holds each batch until its longest answer ends, so finished slots sit idle.
+
+Example::
+
+    s = settings_for("cpu")
+    s.server_args("chunked")   # ['--max-num-seqs', '8', '--threads', '1', '--chunk-size', ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ALL_MODES", "PRESETS", "LabSettings", "settings_for"]
+
+ALL_MODES = ("static", "continuous", "chunked", "disaggregated")
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    """Every knob of one ``loadlab lab`` run (times in seconds, lengths in tokens)."""
+
+    preset: str
+    streams: int = 4
+    chat_prompt_tokens: int = 64
+    chat_output_tokens: int = 64
+    long_prompt_tokens: int = 2048
+    long_output_tokens: int = 8
+    long_first_s: float = 5.0  # first long prompt, after the streams settle
+    long_every_s: float = 20.0
+    duration_s: float = 45.0  # the interference experiment (the baseline: baseline_s)
+    baseline_s: float = 15.0
+    # 0: a stream's requests count from the first (a closed-loop stream's first round starts
+    # at 0 and a warm-up would drop it, leaving a short baseline nearly empty)
+    warmup_s: float = 0.0
+    batch_documents: int = 16
+    batch_prompt_tokens: int = 128
+    batch_output_min: int = 8
+    batch_output_max: int = 128
+    max_num_seqs: int = 8
+    chunk_size: int = 256
+    max_batched_tokens: int = 512
+    threads: int | None = 1
+    slo_ttft_ms: float = 10000.0  # goodput: a chat request is good within both limits
+    slo_stall_ms: float = 3000.0
+    stall_k: float = 3.0
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
+    decode_context: int = 128
+    prefill_batches: tuple[int, ...] = (1, 2, 4)
+    prefill_prompt: int = 128
+    bench_repeats: int = 2
+    seed: int = 0
+    server_timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "streams",
+            "chat_prompt_tokens",
+            "chat_output_tokens",
+            "long_prompt_tokens",
+            "long_output_tokens",
+            "batch_documents",
+            "batch_prompt_tokens",
+            "batch_output_min",
+            "max_num_seqs",
+            "chunk_size",
+            "max_batched_tokens",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"lab setting {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("long_every_s", "duration_s", "baseline_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"lab setting {name} must be > 0 s, got {getattr(self, name)}")
+        if self.batch_output_max < self.batch_output_min:
+            raise ValueError("batch_output_max must be >= batch_output_min")
+        if self.warmup_s >= min(self.duration_s, self.baseline_s):
+            raise ValueError(
+                f"warmup_s ({self.warmup_s}) must be shorter than the experiments "
+                f"({self.duration_s} s, baseline {self.baseline_s} s); raise --duration"
+            )
+        if self.long_first_s >= self.duration_s:
+            raise ValueError(
+                f"the first long prompt (at {self.long_first_s} s) must arrive inside "
+                f"--duration {self.duration_s} s; raise --duration"
+            )
+        if self.max_batched_tokens < self.chunk_size:
+            raise ValueError("max_batched_tokens must be >= chunk_size")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+
+    @property
+    def long_prompts(self) -> int:
+        """Long prompts that arrive inside the interference experiment."""
+        return int((self.duration_s - self.long_first_s - 1e-9) // self.long_every_s) + 1
+
+    def server_args(self, mode: str) -> list[str]:
+        """Flags for ``loadlab-server`` in ``mode`` (every mode gets the same batch size)."""
+        args = ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.threads is not None and mode != "disaggregated":  # it splits cores itself
+            args += ["--threads", str(self.threads)]
+        if mode == "chunked":
+            args += ["--chunk-size", str(self.chunk_size)]
+            args += ["--max-batched-tokens", str(self.max_batched_tokens)]
+        return args
+
+    def replace(self, **changes: Any) -> LabSettings:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, LabSettings] = {
+    "cpu": LabSettings(preset="cpu"),
+    # Tests: the tiny model (max 1024 positions), every experiment a few seconds.
+    "tiny": LabSettings(
+        preset="tiny",
+        streams=3,
+        chat_prompt_tokens=32,
+        chat_output_tokens=48,
+        long_prompt_tokens=700,
+        long_output_tokens=4,
+        long_first_s=1.0,
+        long_every_s=1.2,
+        duration_s=3.0,
+        baseline_s=1.5,
+        batch_documents=6,
+        batch_prompt_tokens=32,
+        batch_output_min=4,
+        batch_output_max=32,
+        max_num_seqs=4,
+        chunk_size=64,
+        max_batched_tokens=128,
+        slo_ttft_ms=3000.0,
+        slo_stall_ms=1000.0,
+        decode_batches=(1, 4, 16),
+        decode_context=64,
+        prefill_batches=(1, 4),
+        prefill_prompt=64,
+        bench_repeats=1,
+        server_timeout_s=90.0,
+    ),
+    # One GPU: longer prompts, bigger batches, tighter objectives.
+    "1b": LabSettings(
+        preset="1b",
+        streams=8,
+        chat_prompt_tokens=128,
+        chat_output_tokens=256,
+        long_prompt_tokens=6144,
+        long_output_tokens=8,
+        long_first_s=3.0,
+        long_every_s=4.0,
+        duration_s=30.0,
+        baseline_s=15.0,
+        batch_documents=64,
+        batch_prompt_tokens=512,
+        batch_output_min=32,
+        batch_output_max=512,
+        max_num_seqs=32,
+        chunk_size=512,
+        max_batched_tokens=1024,
+        threads=None,
+        slo_ttft_ms=2000.0,
+        slo_stall_ms=300.0,
+        decode_batches=(1, 4, 16, 64),
+        decode_context=512,
+        prefill_batches=(1, 4, 16),
+        prefill_prompt=512,
+        bench_repeats=3,
+    ),
+}
+
+
+def settings_for(preset: str, quick: bool = False, **overrides: Any) -> LabSettings:
+    """The defaults of ``preset`` (``quick``: the tiny preset's), then the overrides given.
+
+    >>> settings_for("cpu", duration_s=60.0).duration_s
+    60.0
+    """
+    if quick:
+        preset = "tiny"
+    if preset not in PRESETS:
+        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return PRESETS[preset].replace(**given) if given else PRESETS[preset]
