@@ -249,6 +249,7 @@ def _disagg_section(m: Mapping[str, Any]) -> Section:
             "batch job output tok/s: disaggregated / continuous (one combined server)",
             f"{_n(tp_d)} / {_n(tp_c)} = {_x(_ratio(tp_d, tp_c))}",
         ],
+        _per_thread_row(d, tp_d, tp_c, m.get("continuous", {}).get("threads")),
         ["how the hardware was split", ", ".join(f"{k}={v}" for k, v in split.items()) or "-"],
     ]
     return Section(title, CLAIMS["disagg_cost"], ["quantity", "value"], rows)
@@ -327,3 +328,15 @@ def render_html(summary: Mapping[str, Any]) -> str:
         sections=sections(summary),
         **_globals(),
     )
+
+
+def _per_thread_row(d: Mapping[str, Any], tp_d: Any, tp_c: Any, threads_c: Any) -> list[str]:
+    """Tokens/s per torch thread: what each pool's share of the hardware delivers."""
+    workers = d.get("server_info", {}).get("workers") or []
+    threads_d = sum(int(w.get("threads") or 0) for w in workers if isinstance(w, Mapping))
+    per_d = _ratio(tp_d, threads_d or None)
+    per_c = _ratio(tp_c, threads_c)
+    return [
+        "batch job output tok/s per torch thread: disaggregated / combined",
+        f"{_n(per_d)} ({threads_d or '?'} threads) / {_n(per_c)} ({threads_c or '?'} threads)",
+    ]

@@ -117,8 +117,9 @@ def _kv(results: Results) -> dict[str, Any]:
     total_s = server_counter(results, r"kv_transfer_seconds_total$")
     prompt_tokens = sum(r.prompt_tokens or r.prompt_tokens_requested or 0 for r in recs)
     mean_ms = float(np.mean(per_s)) * 1e3 if per_s else None
-    if mean_ms is None and total_s and recs:  # no per-request field: one transfer per request
-        mean_ms = total_s / len(recs) * 1e3
+    if mean_ms is None and total_s:  # no per-request field: the counters' mean transfer
+        n = server_counter(results, r"kv_transfers_total$") or len(recs)
+        mean_ms = total_s / n * 1e3 if n else None
     return {
         "bytes_total": total_b if total_b is not None else (sum(per_b) if per_b else None),
         "seconds_total": total_s if total_s is not None else (sum(per_s) if per_s else None),
@@ -165,6 +166,8 @@ def lab_summary(outcome: LabOutcome, s: LabSettings) -> dict[str, Any]:
             row["batch"] = _batch_stats(runs["batch"])
             row["batch"]["preemptions"] = server_counter(runs["batch"], r"preemptions_total$")
             row["batch"]["kv"] = _kv(runs["batch"])
+        # torch threads of a one-engine server (None: torch's default; disaggregated: per worker)
+        row["threads"] = s.threads if mode != "disaggregated" else None
         modes[mode] = row
     summary = {
         "settings": s.to_dict(),
