@@ -80,6 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--workers", type=int, metavar="N", help="spread the load over N processes")
     a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
     a("--read-timeout", type=float, metavar="S", help="longest silence inside a stream")
+    a(
+        "--transport",
+        choices=["raw", "aiohttp"],
+        help="HTTP transport: raw (default, exact read times, least CPU) or aiohttp (proxies)",
+    )
     a("--out", metavar="FILE", help="results file (default reports/run-<UTC time>.json)")
     a("--scenario", metavar="FILE", help="TOML scenario file (flags override it)")
     a("--slo", metavar="FILE", help="SLO file: the exit code follows the verdict")
@@ -107,6 +112,7 @@ _FIELDS = {
     "workers": "workers",
     "timeout": "timeout_s",
     "read_timeout": "read_timeout_s",
+    "transport": "transport",
     "out": "out",
     "slo": "slo",
     "scrape": "scrape",
