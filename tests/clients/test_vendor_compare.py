@@ -110,3 +110,32 @@ def test_reference_vs_anthropic_in_one_command(
     assert {row["metric"] for row in cmp["rows"]} >= {"ttft_ms.p50", "error_rate"}
     for path in tmp_path.iterdir():
         assert "sk-vendor-canary-1234" not in path.read_text()
+
+
+def test_reference_server_in_two_modes_in_one_command(
+    reference_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 5's end-to-end case: the same seeded requests to the reference server in two
+    # modes (the module's continuous server and a static one), then the comparison
+    static = launch.RunningServer(mode="static", preset="tiny", extra_args=["--threads", "1"])
+    try:
+        static.wait_ready(timeout_s=90)
+        out = tmp_path / "modes.json"
+        argv = ["run", "--endpoint", f"continuous={reference_url}",
+                "--endpoint", f"static={static.url}",
+                "--concurrency", "4", "--requests", "12", "--prompt-tokens", "24",
+                "--max-tokens", "8", "--no-progress", "--out", str(out),
+                "--saturation-lag-ms", "100000"]  # fmt: skip
+        code = main(argv)
+        printed = capsys.readouterr().out
+    finally:
+        static.stop()
+    assert code == 0, printed
+    runs = {n: read_results(tmp_path / f"modes-{n}.json") for n in ("continuous", "static")}
+    for name, res in runs.items():
+        assert [r.outcome for r in res.records] == ["ok"] * 12, name
+        assert all(r.output_tokens == 8 for r in res.records), name
+    ids = [sorted(r.request_id for r in res.records) for res in runs.values()]
+    assert ids[0] == ids[1]
+    cmp = json.loads((tmp_path / "modes.compare.json").read_text())
+    assert cmp["labels"] == ["continuous", "static"]
