@@ -21,6 +21,7 @@ from loadlab.records import RequestSpec
 from loadlab.runner.arrivals import arrival_times
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, get_bool, get_float, get_int, resolve_path
+from loadlab.workloads.prompts import prompt_text
 
 __all__ = [
     "COMMON_KEYS",
@@ -161,3 +162,26 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
                 "workload.tokenizer needs the 'tokenizers' package: pip install tokenizers "
                 "(or set chars_per_token, or calibrate against the endpoint)"
             )
+
+
+def independent_request(
+    rid: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    text_rng: np.random.Generator,
+    *,
+    intended_at_s: float | None,
+    request_class: str,
+    params: Mapping[str, Any],
+    chars_per_token: float,
+) -> RequestSpec:
+    """One stand-alone request (synthetic, batch): an exact-length prompt tagged by its id."""
+    return RequestSpec(
+        request_id=rid,
+        prompt=prompt_text(prompt_tokens, text_rng, tag=rid, chars_per_token=chars_per_token),
+        max_tokens=max_tokens,
+        intended_at_s=intended_at_s,
+        prompt_tokens=prompt_tokens,
+        request_class=request_class,
+        extra_body=common_extra_body(params, max_tokens),
+    )

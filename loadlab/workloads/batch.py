@@ -35,13 +35,12 @@ from loadlab.workloads.base import (
     caps,
     check_common,
     clamp,
-    common_extra_body,
+    independent_request,
     open_loop_times,
     rng_for,
 )
 from loadlab.workloads.lengths import parse_dist, sample_pairs
 from loadlab.workloads.params import WorkloadError, check_keys, get_int
-from loadlab.workloads.prompts import prompt_text
 
 __all__ = ["DEFAULT_DOCUMENTS", "KEYS", "batch_requests", "validate"]
 
@@ -95,14 +94,15 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
         for i in range(n):
             rid = f"batch-{i:06d}"
             p_tok, out = clamp(int(prompts[i]), max_prompt), clamp(int(outputs[i]), max_output)
-            yield RequestSpec(
-                request_id=rid,
-                prompt=prompt_text(p_tok, text_rng, tag=rid, chars_per_token=chars_per_token),
-                max_tokens=out,
+            yield independent_request(
+                rid,
+                p_tok,
+                out,
+                text_rng,
                 intended_at_s=times[i] if times is not None else None,
-                prompt_tokens=p_tok,
                 request_class=cls,
-                extra_body=common_extra_body(params, out),
+                params=params,
+                chars_per_token=chars_per_token,
             )
 
     return RequestStream(specs(), lambda: {"kind": "batch", "documents": n})

@@ -29,15 +29,14 @@ from loadlab.workloads.base import (
     caps,
     check_common,
     clamp,
-    common_extra_body,
     counter,
+    independent_request,
     int_stream,
     length_dists,
     open_loop_times,
     rng_for,
 )
 from loadlab.workloads.params import check_keys
-from loadlab.workloads.prompts import prompt_text
 
 __all__ = ["KEYS", "synthetic_requests", "validate"]
 
@@ -67,14 +66,15 @@ def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Reque
             rid = f"syn-{i:06d}"
             p_tok = clamp(next(prompts), max_prompt)
             out = clamp(next(outputs), max_output)
-            yield RequestSpec(
-                request_id=rid,
-                prompt=prompt_text(p_tok, text_rng, tag=rid, chars_per_token=chars_per_token),
-                max_tokens=out,
+            yield independent_request(
+                rid,
+                p_tok,
+                out,
+                text_rng,
                 intended_at_s=times[i] if times is not None else None,
-                prompt_tokens=p_tok,
                 request_class=cls,
-                extra_body=common_extra_body(params, out),
+                params=params,
+                chars_per_token=chars_per_token,
             )
 
     return RequestStream(specs(), lambda: {"kind": "synthetic", "requests": n})
