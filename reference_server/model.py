@@ -127,15 +127,43 @@ Device = torch.device | str | None
 
 class Linear(nn.Module):
     """``y = x @ weight`` with ``weight`` stored [in_features, out_features], the transpose of
-    ``nn.Linear``'s layout: MKL's small-batch (decode) fp32 matmuls ran 1.3-1.6x faster this way
-    on the 2-core test machine (measured, batch 1 and 32); cuBLAS takes either layout."""
+    ``nn.Linear``'s layout: MKL's one-row (decode at batch 1) fp32 matmul ran 1.3-1.6x faster
+    this way on the 2-core test machine; cuBLAS takes either layout.
+
+    On a CPU in fp32, ``prepack()`` also keeps a copy of the weight in oneDNN's packed layout,
+    used for 2 rows and more. MKL's fp32 GEMM for a handful of rows ran near-compute-bound on
+    the AMD test machine (4 rows cost 3-4x one row); oneDNN's packed kernel streams the weights
+    once for up to ~8 rows, which is the memory-bound decode the lesson describes (measured in
+    docs/reference-server-physics.md: decode batch 4 cost 3.1 vs 10.7 ms per layer, batch 32
+    5.9 vs 10.3 ms, 2 threads).
+    """
 
     def __init__(self, in_features: int, out_features: int, device: Device = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features, device=device))
+        self._packed: Tensor | None = None
+
+    def prepack(self) -> bool:
+        """Pack the current weight for oneDNN (CPU, fp32, oneDNN present); call again after
+        changing the weight. Returns whether a packed copy is now used."""
+        w = self.weight
+        self._packed = None
+        if w.device.type == "cpu" and w.dtype == torch.float32 and _onednn_linear_available():
+            with torch.no_grad():
+                # [out, in], as oneDNN's linear expects it
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), None)
+        return self._packed is not None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._packed is not None and x.shape[0] > 1:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         return x @ self.weight  # [T, in] @ [in, out] -> [T, out]
+
+
+def _onednn_linear_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
+    )
 
 
 class RMSNorm(nn.Module):
@@ -237,6 +265,11 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, attend)
         return x
+
+    def prepack(self) -> bool:
+        """Pack every matmul weight for the CPU's fastest kernel (see ``Linear``); call after
+        the weights and dtype are final. Returns whether packed weights are in use."""
+        return all([m.prepack() for m in self.modules() if isinstance(m, Linear)])
 
     def logits(self, h: Tensor) -> Tensor:
         """Next-token logits [N, vocab_size] (fp32) of hidden states [N, dim]."""

@@ -7,9 +7,9 @@ matrix at memory speed, a [2048, 768] x [768, 4096] one runs near the GEMM peak,
 range between them is neither. So this module times, on this machine:
 
 - ``matmul_s[m]``: every weight matrix of the model (all layers, distinct copies, so they
-  stream from memory as in a real forward pass) applied to ``m`` token rows with
-  ``torch.nn.functional.linear`` (the call ``nn.Linear`` makes): the achieved cost of the
-  2 * N * m matmul FLOPs over the N * bytes weights;
+  stream from memory as in a real forward pass) applied to ``m`` token rows with the reference
+  server's own ``Linear`` (on a CPU in fp32, oneDNN's packed kernel from 2 rows up): the
+  achieved cost of the 2 * N * m matmul FLOPs over the N * bytes weights;
 - ``copy_bytes_per_s``: a large copy (read + write bytes per second), which prices the K/V
   gather the reference server's attention does before it attends;
 - ``attention_flops_per_s``: causal ``scaled_dot_product_attention`` at the model's head
@@ -80,10 +80,21 @@ class ShapedKernels:
         self.dtype = torch.float32 if model.dtype_bytes == 4 else torch.bfloat16
         self._gen = torch.Generator().manual_seed(0)
         # n_layers distinct copies of each layer's matrices, + the output head: [out, in] each.
-        self.weights = [
-            self._rand(o, i) for _ in range(model.n_layers) for o, i in weight_shapes(model)
-        ]
-        self.weights.append(self._rand(model.vocab_size, model.hidden_dim))
+        shapes = [s for _ in range(model.n_layers) for s in weight_shapes(model)]
+        shapes.append((model.vocab_size, model.hidden_dim))
+        self.linears = [self._linear(self._rand(o, i)) for o, i in shapes]
+        self.weights = [lin.weight.t() for lin in self.linears]  # views, [out, in]
+
+    def _linear(self, w: Any) -> Any:
+        """The reference server's ``Linear`` (its layout and kernel choice) holding ``w``."""
+        from reference_server.model import Linear
+
+        out_features, in_features = w.shape
+        lin = Linear(in_features, out_features, device=self.device)
+        with self.torch.no_grad():
+            lin.weight.data = w.t().contiguous()  # stored [in, out]
+        lin.prepack()
+        return lin
 
     def _rand(self, *shape: int) -> Any:
         return (self.torch.randn(*shape, generator=self._gen) * 0.02).to(self.device, self.dtype)
@@ -97,8 +108,8 @@ class ShapedKernels:
         xs = {w.shape[1]: self._rand(tokens, w.shape[1]) for w in self.weights}  # [m, in]
 
         def forward() -> None:
-            for w in self.weights:
-                self.F.linear(xs[w.shape[1]], w)  # [m, in] x [in, out] -> [m, out]
+            for w, lin in zip(self.weights, self.linears, strict=True):
+                lin(xs[w.shape[1]])  # [m, in] x [in, out] -> [m, out]
             self._sync()
 
         with self.torch.inference_mode():

@@ -70,3 +70,23 @@ def test_1b_preset_runs_on_gpu_in_bf16() -> None:
     _, paged = runner.logits(ScheduledBatch([ScheduledSeq(s, 1)]))
     ref, _ = dense_forward(runner, s.token_ids)
     assert torch.nn.functional.cosine_similarity(paged[0], ref[-1], dim=0) > 0.99
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_prepacked_linear_equals_the_plain_matmul_and_follows_weight_changes() -> None:
+    from reference_server.model import Linear
+
+    torch.manual_seed(0)
+    lin = Linear(48, 80)
+    with torch.no_grad():
+        lin.weight.normal_()
+    assert lin.prepack()  # CPU fp32: packed
+    for rows in (1, 2, 3, 7, 64):
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(lin(x), x @ lin.weight, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    lin.prepack()  # packing is a copy: pack again after changing the weight
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(lin(x), x @ lin.weight, rtol=1e-4, atol=1e-4)
+    assert not Linear(4, 4).to(torch.bfloat16).prepack()  # only fp32 is packed
