@@ -94,3 +94,26 @@ def test_target_and_request_head() -> None:
     assert head == b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nA: b\r\n"
     with pytest.raises(ValueError, match="http:// or https://"):
         Target.from_url("ftp://x")
+
+
+def test_whole_chunks_of_one_read_reach_the_sink_in_one_call() -> None:
+    calls: list[bytes] = []
+
+    class Counting(Sink):
+        def on_bytes(self, data: bytes, t_ns: int) -> bool:
+            calls.append(data)
+            return super().on_bytes(data, t_ns)
+
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunks = b"".join(b"%x\r\ndata: %d\n\n\r\n" % (len(b"data: %d\n\n" % i), i) for i in range(12))
+    loop = asyncio.new_event_loop()
+    try:
+        conn, sink, done = _Conn(), Counting(), loop.create_future()
+        conn.start(sink, done)
+        conn.data_received(head)
+        conn.data_received(chunks + b"6\r\nda")  # 12 whole chunks and the start of another
+        assert calls == [b"".join(b"data: %d\n\n" % i for i in range(12)) + b"da"]
+        conn.data_received(b"ta: \r\n0\r\n\r\n")
+        assert calls[1:] == [b"ta: "] and done.done() and conn.result.error is None
+    finally:
+        loop.close()
