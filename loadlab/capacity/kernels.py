@@ -152,10 +152,13 @@ class ShapedKernels:
     def attention_flops_per_s(self, tokens: int = 512, repeats: int = 5) -> float:
         """Causal attention FLOP/s at the model's head shape over ``tokens`` tokens."""
         m, torch = self.model, self.torch
-        # laid out as the model hands them over: [T, heads, hd] viewed as [heads, T, hd]
-        q = self._rand(tokens, m.n_heads, m.head_dim).transpose(0, 1)  # [H, T, hd]
-        k = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)  # [KVH, T, hd]
-        v = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)
+        # laid out as the model hands them over: [T, heads, hd] viewed as [1, heads, T, hd].
+        # 4-D, as the server calls it: with 3-D inputs torch's CPU SDPA takes the math kernel
+        # (it materialises [H, T, T] scores), which priced a 2048-token prefill at twice
+        # its measured time.
+        q = self._rand(tokens, m.n_heads, m.head_dim).transpose(0, 1)[None]  # [1, H, T, hd]
+        k = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)[None]
+        v = self._rand(tokens, m.n_kv_heads, m.head_dim).transpose(0, 1)[None]
 
         def run() -> None:
             for _ in range(m.n_layers):
