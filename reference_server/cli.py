@@ -61,6 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     d.add_argument("--decode-cpus", help="CPUs of the decode pool, e.g. 1 (default: the rest)")
     d.add_argument(
+        "--prefill-nice",
+        type=int,
+        help="nice increment of the prefill workers (default 10 on CPU, 0 on GPU): where the "
+        "prefill pool shares cores with the API process and the load generator, their token "
+        "delivery goes first, as if prefill had its own machine",
+    )
+    d.add_argument(
         "--max-held",
         type=int,
         help="requests a prefill worker holds for pulling (default max-num-seqs)",

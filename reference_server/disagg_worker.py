@@ -69,6 +69,7 @@ class WorkerConfig:
     backend: str  # "gloo" | "nccl"
     max_held: int  # prefill: requests whose KV waits for a pull before prefill pauses
     api_pid: int = 0  # the API process: the worker exits when it is gone (0: the parent)
+    nice: int = 0  # added to the worker's nice value (CPU: let token delivery preempt prefill)
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -125,6 +126,8 @@ def _pin(cfg: WorkerConfig) -> None:
         os.sched_setaffinity(0, cfg.cpus)
     threads = cfg.threads or max(1, len(cfg.cpus) or 1)
     torch.set_num_threads(threads)
+    if cfg.nice > 0 and hasattr(os, "nice"):
+        os.nice(cfg.nice)
 
 
 def _gone(pid: int) -> bool:
@@ -168,7 +171,8 @@ def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any, peers: list[Any]) ->
     except Exception as exc:
         outbox.put(("failed", cfg.rank, f"{type(exc).__name__}: {exc}"))
         return
-    info = {**runner.info(), "cpus": list(cfg.cpus), "threads": torch.get_num_threads()}
+    info = {**runner.info(), "cpus": list(cfg.cpus), "threads": torch.get_num_threads(),
+            "nice": os.nice(0) if hasattr(os, "nice") else 0}  # fmt: skip
     outbox.put(("up", cfg.rank, info))
     worker = (_Prefill if cfg.role == "prefill" else _Decode)(cfg, runner, inbox, outbox, peers)
     try:

@@ -10,7 +10,9 @@ event (``TokenEvent.kv_transfer``), which the API puts in the response body.
 
 Compute split: each pool is pinned to its own CPUs (``--prefill-cpus``/``--decode-cpus``;
 default: the first half of this process's CPUs for prefill, the rest for decode, e.g. core 0
-and core 1 on a 2-core machine; the API process stays unpinned). On GPUs every rank gets its
+and core 1 on a 2-core machine; the API process stays unpinned). On a CPU the prefill workers
+also run at nice +10 (``--prefill-nice``): the API process and a local load generator share
+their cores, and their token delivery must not queue behind a long prefill. On GPUs every rank gets its
 own device when there are enough (NCCL), else all share ``cuda:0`` through gloo.
 
 Usage::
@@ -419,6 +421,9 @@ def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[
         dec_cpus = parse_cpus(args.decode_cpus)
     ndev = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = "nccl" if ndev >= world else "gloo"
+    nice = args.prefill_nice if args.prefill_nice is not None else (0 if ndev else 10)
+    if nice < 0:
+        raise ValueError(f"--prefill-nice must be >= 0 (raising priority needs root), got {nice}")
     small = model.num_params < 5_000_000  # one thread: a tiny model's ops are too small to split
     max_len = min(model.max_seq_len, args.max_model_len or model.max_seq_len)
     kv_bytes = int(args.kv_cache_mb * 2**20) if args.kv_cache_mb else None
@@ -434,7 +439,8 @@ def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[
             kv_cache_bytes=kv_bytes, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
             max_model_len=max_len, max_batched_tokens=args.max_batched_tokens, cpus=cpus,
             threads=threads, device=f"cuda:{rank % ndev}" if ndev else None, backend=backend,
-            max_held=args.max_held or args.max_num_seqs, api_pid=os.getpid()))  # fmt: skip
+            max_held=args.max_held or args.max_num_seqs, api_pid=os.getpid(),
+            nice=nice if role == "prefill" else 0))  # fmt: skip
     engine = DisaggregatedEngine(configs, max_num_seqs=args.max_num_seqs)
     workers = engine.launch()
     max_len = min(max_len, *(int(w["num_kv_blocks"]) * args.block_size for w in workers.values()))
@@ -446,9 +452,10 @@ def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[
                 prefill_workers=n_pre, decode_workers=n_dec, kv_transfer_backend=backend,
                 dist_init=init.split("://")[0],
                 compute_split={"prefill_cpus": list(pre_cpus), "decode_cpus": list(dec_cpus),
-                               "api_cpus": "unpinned"},
+                               "api_cpus": "unpinned", "prefill_nice": nice},
                 workers=[{"rank": r, "role": c.role, "device": workers[r].get("device"),
                           "cpus": workers[r].get("cpus"), "threads": workers[r].get("threads"),
+                          "nice": workers[r].get("nice"),
                           "num_kv_blocks": workers[r].get("num_kv_blocks")}
                          for r, c in enumerate(configs)])  # fmt: skip
     settings = ServerSettings(model_name=args.model_name, max_model_len=max_len,

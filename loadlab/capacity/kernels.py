@@ -129,21 +129,25 @@ class ShapedKernels:
         return 2.0 * src.numel() * src.element_size() / best_time_s(run, repeats, clock=self.clock)
 
     def decode_attention_s(self, batch: int, context: int, repeats: int = 5) -> float:
-        """One decode step's attention over all layers, done the way a paged-KV server without
-        a fused kernel does it: gather each sequence's K/V out of a block-laid cache into a
-        padded copy, then masked grouped-query attention for one query per sequence."""
+        """One decode step's attention over all layers, done the way the reference server does
+        it (``reference_server.model_runner._attend_decode``, a paged-KV server without a fused
+        kernel): gather each sequence's K/V blocks out of the block-laid cache into a padded
+        copy, then masked grouped-query attention for one query per sequence."""
+        from reference_server.model_runner import _attend_decode
+
         m, torch = self.model, self.torch
-        kc = self._rand(batch * context, m.n_kv_heads, m.head_dim)  # [slots, KVH, hd]
-        vc = self._rand(batch * context, m.n_kv_heads, m.head_dim)
-        gather = torch.arange(batch * context, device=self.device).view(batch, context)  # [B, L]
-        mask = torch.ones(batch, 1, 1, context, dtype=torch.bool, device=self.device)
-        q = self._rand(batch, m.n_heads, m.head_dim).unsqueeze(2)  # [B, H, 1, hd]
+        bs = 16  # the server's default block size
+        nb = -(-context // bs)
+        kb = self._rand(batch * nb, bs, m.n_kv_heads, m.head_dim)  # [blocks, bs, KVH, hd]
+        vb = self._rand(batch * nb, bs, m.n_kv_heads, m.head_dim)
+        blocks = torch.arange(batch * nb, device=self.device)  # [B * nb]
+        mask = torch.zeros(batch, 1, 1, nb * bs, dtype=self.dtype, device=self.device)
+        mask[..., context:] = float("-inf")
+        q = self._rand(batch, m.n_heads, m.head_dim)  # [B, H, hd]
 
         def run() -> None:
             for _ in range(m.n_layers):
-                keys = kc[gather].transpose(1, 2)  # [B, KVH, L, hd]
-                vals = vc[gather].transpose(1, 2)
-                self.F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
+                _attend_decode(q, kb, vb, blocks, mask)
             self._sync()
 
         with torch.inference_mode():

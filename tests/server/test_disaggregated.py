@@ -78,7 +78,11 @@ def test_transfer_stats_in_metrics_stream_and_client_record(disaggregated_server
     assert info["kv_bytes_per_token"] == TINY_KV_BYTES_PER_TOKEN
     assert info["prefill_workers"] == info["decode_workers"] == 1
     assert {w["role"] for w in info["workers"]} == {"prefill", "decode"}
-    assert set(info["compute_split"]) == {"prefill_cpus", "decode_cpus", "api_cpus"}
+    split = info["compute_split"]
+    assert set(split) == {"prefill_cpus", "decode_cpus", "api_cpus", "prefill_nice"}
+    assert split["prefill_nice"] == 10  # CPU default: token delivery preempts prefill
+    nice = {w["role"]: w["nice"] for w in info["workers"]}
+    assert nice["prefill"] >= nice["decode"] + 10, nice
     finish, usage = events[-3], events[-2]
     assert finish["choices"][0]["finish_reason"] == "length"
     assert usage["kv_transfer"]["bytes"] == finish["kv_transfer"]["bytes"] == 33 * 512
