@@ -12,7 +12,8 @@ The pull protocol (backpressure: the decode side asks only when its block manage
     API:     "offer" the request to the least-loaded decode worker
     decode:  when blocks are free: allocate, send "pull" to the prefill worker
     prefill: export KV, free its blocks, isend(KV), tell the decode worker "coming" (or "gone"
-             when the request was aborted meanwhile)
+             when the request was aborted meanwhile); a thread serves pulls at once, even
+             while a forward pass runs
     decode:  irecv(KV) into its own blocks, then continuous batching takes it from there
 
 Every pull is answered with "coming" or "gone", so an abort anywhere never leaves a receive
@@ -205,6 +206,7 @@ class _Worker:
         cls = PrefillScheduler if cfg.role == "prefill" else ContinuousScheduler
         self.sched: Scheduler = cls(self.bm, **kw)
         self.stopping = False
+        self.lock = threading.Lock()  # the prefill side serves pulls from another thread
         self._reported = (-1, -1)
         # On a GPU with gloo (one device shared by every rank) the KV is staged through host memory.
         self.stage_cpu = cfg.backend == "gloo" and runner.device.type != "cpu"
@@ -213,10 +215,10 @@ class _Worker:
         while not self.stopping:
             idle = not self.busy()
             try:
-                msg = self.inbox.get(timeout=0.05) if idle else self.inbox.get_nowait()
+                msg = self._next_msg(0.05 if idle else None)
                 self.handle(msg)
                 while not self.stopping:
-                    self.handle(self.inbox.get_nowait())
+                    self.handle(self._next_msg(None))
             except queue.Empty:
                 pass
             if not self.stopping:
@@ -226,14 +228,22 @@ class _Worker:
                 self._reported = state
                 self.outbox.put(("state", self.cfg.rank, *state))
 
+    def _next_msg(self, timeout_s: float | None) -> tuple[Any, ...]:
+        """The next message (``queue.Empty`` when none comes within ``timeout_s``; None:
+        do not wait)."""
+        return self.inbox.get(timeout=timeout_s) if timeout_s else self.inbox.get_nowait()
+
     def step(self) -> list[Sequence]:
-        """One forward pass of this worker's scheduler; reports tokens and step time."""
-        batch = self.sched.schedule()
+        """One forward pass of this worker's scheduler; reports tokens and step time. The
+        scheduler and block manager are touched under ``self.lock``, the forward pass not."""
+        with self.lock:
+            batch = self.sched.schedule()
         if not batch:
             return []
         t0 = time.perf_counter()
         tokens = self.runner.run(batch)
-        updated = self.sched.postprocess(batch, tokens)
+        with self.lock:
+            updated = self.sched.postprocess(batch, tokens)
         seconds = time.perf_counter() - t0
         out = [(s.seq_id, s.output_token_ids[-1], s.finish_reason) for s in updated]
         self.outbox.put(("step", self.cfg.rank, self.cfg.role, seconds, batch.num_prefill_tokens,
@@ -256,8 +266,28 @@ class _Prefill(_Worker):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.sends: queue.Queue[Any] = queue.Queue()
+        self.local: queue.Queue[tuple[Any, ...]] = queue.Queue()  # inbox minus the pulls
         # gloo's send Work only completes inside wait(): a thread waits so prefill never does.
         threading.Thread(target=self._reap, daemon=True, name="kv-send").start()
+        # Pulls are served at once, even during a forward pass: a request prefilled just
+        # before a long prompt would otherwise wait seconds for its KV to leave, and its
+        # stream would stall between its first and second token.
+        threading.Thread(target=self._read_inbox, daemon=True, name="inbox").start()
+
+    def _read_inbox(self) -> None:
+        while not self.stopping:
+            try:
+                msg = self.inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg[0] == "pull":
+                with self.lock:
+                    self._send(msg[1], msg[2], msg[3])
+            else:  # add, abort, stop: between forward passes, in the main loop
+                self.local.put(msg)
+
+    def _next_msg(self, timeout_s: float | None) -> tuple[Any, ...]:
+        return self.local.get(timeout=timeout_s) if timeout_s else self.local.get_nowait()
 
     def _reap(self) -> None:
         while True:
@@ -269,14 +299,15 @@ class _Prefill(_Worker):
 
     def handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
-        if kind == "add":
-            self.sched.add(msg[1])
-        elif kind == "abort":
-            self.sched.abort(msg[1])
-        elif kind == "pull":
-            self._send(msg[1], msg[2], msg[3])
-        elif kind == "stop":
-            self.stopping = True
+        with self.lock:
+            if kind == "add":
+                self.sched.add(msg[1])
+            elif kind == "abort":
+                self.sched.abort(msg[1])
+            elif kind == "pull":
+                self._send(msg[1], msg[2], msg[3])
+            elif kind == "stop":
+                self.stopping = True
 
     def _send(self, seq_id: str, dst: int, tag: int) -> None:
         peer = self.peers[dst - self.cfg.num_prefill]
@@ -298,7 +329,8 @@ class _Prefill(_Worker):
 
     def work(self) -> None:
         if len(self.sched.held) >= self.cfg.max_held:
-            return  # bounded: wait for the decode side to pull
+            time.sleep(0.001)  # bounded: wait for the decode side to pull (another thread)
+            return
         for seq in self.step():
             if seq.seq_id in self.sched.held:
                 self.outbox.put(("ready", self.cfg.rank, seq.seq_id, seq.num_computed_tokens))
