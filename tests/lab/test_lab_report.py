@@ -171,8 +171,8 @@ def test_settings_validate() -> None:
     with pytest.raises(ValueError, match="--preset"):
         settings_for("huge")
     s = settings_for("cpu", duration_s=80.0, chunk_size=None)
-    assert s.duration_s == 80.0 and s.chunk_size == 128
-    assert s.long_prompts == 10  # at 5, 13, 21, ..., 77 s
+    assert s.duration_s == 80.0 and s.chunk_size == 64
+    assert s.long_prompts == 19  # at 5, 9, 13, ..., 77 s
     assert "--chunk-size" in s.server_args("chunked") and "--threads" in s.server_args("static")
     assert "--chunk-size" not in s.server_args("continuous")
 
