@@ -2,6 +2,12 @@
 
     python3 benchmarks/sweep_repeatability.py                      # tiny preset, concurrencies
     python3 benchmarks/sweep_repeatability.py --preset cpu --levels 1,2,4,8 --duration 20
+    python3 benchmarks/sweep_repeatability.py --by rate --levels 4,8,16,32,64 --slo "ttft_ms.p90 <= 250"
+
+By concurrency, latency grows about linearly with the load, so a few percent of machine noise
+moves the crossing by as much (two runs here: 19 and 22 streams). By rate (open loop, seeded
+Poisson arrivals), TTFT stays flat until the server's capacity and then climbs as the queue
+builds: the crossing sits at the capacity, which is steadier than any latency.
 
 Starts the reference server once, runs the same sweep twice (same SLO, levels, seed), and
 prints both curves, both answers and their relative difference (acceptance: within 10 %).
@@ -25,7 +31,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--mode", default="continuous")
-    p.add_argument("--levels", default="1,2,4,8,16,32", help="concurrencies, rising")
+    p.add_argument("--by", choices=("concurrency", "rate"), default="concurrency")
+    p.add_argument("--levels", default="1,2,4,8,16,32", help="concurrencies or rates, rising")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -45,14 +52,16 @@ def main() -> int:
         ep = EndpointConfig(url=server.url, name="reference")
         base = RunConfig(concurrency=1, duration_s=a.duration, warmup_s=1.0,
                          prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
-                         progress=False, saturation_lag_ms=a.saturation_lag_ms)  # fmt: skip
+                         progress=False, saturation_lag_ms=a.saturation_lag_ms,
+                         arrival="poisson", seed=0)  # fmt: skip
         for i in range(2):
             out = Path(tempfile.mkdtemp(prefix=f"sweep{i}-"))
 
             def ev(load: float, out: Path = out):  # type: ignore[no-untyped-def]
-                return run_level(base, ep, spec, load, "concurrency", out, "pass")
+                return run_level(base, ep, spec, load, a.by, out, "pass")
 
-            r = find_max_load(ev, levels, a.bisect_steps, integer=True, mode="concurrency")
+            integer = a.by == "concurrency"
+            r = find_max_load(ev, levels, a.bisect_steps, integer=integer, mode=a.by)
             print(f"run {i + 1} ({out}):\n{r.to_text()}\n")
             answers.append(r.max_passing_load)
     if None in answers:

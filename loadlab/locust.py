@@ -232,7 +232,7 @@ def fire_locust_events(environment: Any, r: RequestRecord) -> None:
     rows = [("TTFT", metrics.ttft_ms(r)), ("TPOT", metrics.tpot_ms(r)), ("E2E", metrics.e2e_ms(r))]
     if getattr(environment.parsed_options, "itl_rows", "gaps") == "gaps":
         rows += [("ITL", gap) for gap in metrics.itl_ms(r)]
-    for row, value in rows:
+    for i, (row, value) in enumerate(rows, 1):
         if value is not None:
             fire(
                 request_type=row,
@@ -242,7 +242,16 @@ def fire_locust_events(environment: Any, r: RequestRecord) -> None:
                 exception=None,
                 context=ctx,
             )
-    gevent.sleep(0)  # let other users read their sockets after a burst of bookkeeping
+        if i % _EVENTS_PER_YIELD == 0:
+            gevent.sleep(0)  # let other users read their sockets between slices of bookkeeping
+    gevent.sleep(0)
+
+
+# Locust's request event costs tens of microseconds (stats, histogram, listeners); a 64-token
+# answer fires ~66 of them. Fired in one go that was ~2 ms during which no other user read a
+# byte. (``gevent.idle()`` between slices, i.e. bookkeeping only when nothing else is ready,
+# measured worse: TTFT p99 error 9-15 ms against 7-9 ms, the sends then queued behind it.)
+_EVENTS_PER_YIELD = 8
 
 
 @events.init_command_line_parser.add_listener

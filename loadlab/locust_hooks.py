@@ -20,6 +20,7 @@ drains its workers there first.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import logging
 import socket
 import time
@@ -139,6 +140,10 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         _S.stop_ns = None
         _S.finalised = False
     if _S.role in ("local", "worker"):
+        # Everything alive now (Locust, gevent, numpy, the locustfile) lives for the whole run:
+        # out of the collector's sight, a full collection no longer walks it mid-run (tens of
+        # ms during which no user reads a token).
+        gc.freeze()
         _S.shipper = RecordShipper.start_now(_worker_index(environment), _S.host)
         _S.lag, _S.lag_max_ms, _S.measuring_lag = LogHistogram(), 0.0, True
         _S.cpu, _S.cpu_percent = (time.process_time(), time.monotonic()), 0.0
