@@ -321,13 +321,16 @@ class DisaggregatedEngine:
     def _fail_request(self, seq_id: str, message: str) -> None:
         with self._lock:
             req = self._requests.pop(seq_id, None)
-        if req is None:
-            return
+        if req is not None:
+            self._send_error(req, message)
+
+    def _send_error(self, req: _Req, message: str) -> None:
+        """Finish ``req`` with an error event (its client gets a clear failure, not a hang)."""
         self.stats.record_finished("error")
         event = TokenEvent("", len(req.tokens), "error", error=message)
         try:
             req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
-        except RuntimeError:
+        except RuntimeError:  # the API loop has closed: nobody is listening
             pass
 
     def _check_workers(self) -> None:
@@ -343,12 +346,7 @@ class DisaggregatedEngine:
         if failed:
             log.error("%s: failing %d requests", message, len(failed))
         for req in failed:
-            self.stats.record_finished("error")
-            event = TokenEvent("", len(req.tokens), "error", error=message)
-            try:
-                req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
-            except RuntimeError:
-                pass
+            self._send_error(req, message)
 
     def _on_step(self, rank: int, role: str, seconds: float, prefill: int, decode: int,
                  out: list[tuple[str, int, str | None]]) -> None:  # fmt: skip

@@ -173,16 +173,12 @@ def make_transport(
     timeout_s: float,
     read_timeout_s: float,
 ) -> Transport:
-    if kind == "raw":
-        return RawTransport(
-            url,
-            headers,
-            max_connections=max_connections,
-            timeout_s=timeout_s,
-            read_timeout_s=read_timeout_s,
-        )
-    if kind == "aiohttp":
-        return AiohttpTransport(
+    classes: dict[str, type[RawTransport] | type[AiohttpTransport]] = {
+        "raw": RawTransport,
+        "aiohttp": AiohttpTransport,
+    }
+    if kind in classes:
+        return classes[kind](
             url,
             headers,
             max_connections=max_connections,

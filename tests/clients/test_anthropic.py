@@ -18,6 +18,7 @@ from loadlab.results import Results, write_results
 from loadlab.testing.fault_server import FaultServer
 from loadlab.testing.fixed_server import FixedScheduleServer
 from tests.clients.test_faults import CANARY, EXPECTED
+from tests.clients.test_openai import assert_matches_truth
 
 TRANSPORTS = ["raw", "aiohttp"]
 
@@ -161,14 +162,7 @@ def test_client_against_fixed_server_truth(
             assert (r.prompt_tokens, r.output_tokens, r.output_tokens_source) == (5, 5, "usage")
             assert (r.finish_reason, done.text) == ("max_tokens", " tok" * 5)
             truth = fixed_server.truth[spec.request_id]
-            assert len(r.chunk_ns) == len(truth["chunk_ns"]) == (5 if stream else 1)
-            # one clock: the client sent before the server received, and read after it wrote
-            assert r.sent_ns is not None and r.end_ns is not None
-            assert r.sent_ns + t0 <= truth["recv_ns"]
-            for mine, theirs in zip(r.chunk_ns, truth["chunk_ns"], strict=True):
-                assert mine + t0 >= theirs
-            assert r.chunk_ns[-1] <= r.end_ns
-            assert not r.output_tokens_disagree
+            assert_matches_truth(r, truth, t0, 5 if stream else 1)
 
     asyncio.run(main())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,18 @@ from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fixed_server import FixedScheduleServer
 
 SPEC = RequestSpec("r1", "hello there", 4, prompt_tokens=2, extra_body={"ignore_eos": True})
+
+
+def assert_matches_truth(r: RequestRecord, truth: dict[str, Any], t0: int, chunks: int) -> None:
+    """The record's times against the fixed server's log, on one clock: the client sent before
+    the server received and read each chunk after the server wrote it."""
+    assert len(r.chunk_ns) == len(truth["chunk_ns"]) == chunks
+    assert r.sent_ns is not None and r.end_ns is not None
+    assert r.sent_ns + t0 <= truth["recv_ns"]
+    for mine, theirs in zip(r.chunk_ns, truth["chunk_ns"], strict=True):
+        assert mine + t0 >= theirs
+    assert r.chunk_ns[-1] <= r.end_ns
+    assert not r.output_tokens_disagree
 
 
 def test_build_body_chat_with_history_and_extra_fields() -> None:
@@ -118,14 +131,7 @@ def test_client_against_fixed_server(fixed_server: FixedScheduleServer, transpor
                 )
                 assert done.text == " tok" * 5
                 truth = fixed_server.truth[spec.request_id]  # X-Request-Id reached the server
-                assert len(r.chunk_ns) == len(truth["chunk_ns"]) == (5 if stream else 1)
-                # one clock: the client sent before the server received, and read after it wrote
-                assert r.sent_ns is not None and r.end_ns is not None
-                assert r.sent_ns + t0 <= truth["recv_ns"]
-                for mine, theirs in zip(r.chunk_ns, truth["chunk_ns"], strict=True):
-                    assert mine + t0 >= theirs
-                assert r.chunk_ns[-1] <= r.end_ns
-                assert not r.output_tokens_disagree
+                assert_matches_truth(r, truth, t0, 5 if stream else 1)
 
     asyncio.run(main())
 
