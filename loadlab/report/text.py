@@ -97,6 +97,24 @@ def _longest_stall(results: Results) -> tuple[float | None, str]:
     return best
 
 
+def _trace_line(t: dict[str, Any]) -> str:
+    """What a trace replay read, sent and skipped (``extra.workload.trace``)."""
+    skipped = [
+        f"{t[k]:,} {what}"
+        for k, what in (
+            ("too_long", "longer than max_total_tokens"),
+            ("bad_lines", "malformed lines"),
+            ("filtered_out", "filtered out"),
+            ("zero_length", "zero-length"),
+        )
+        if t.get(k)
+    ]
+    return (
+        f"trace       {t.get('format', '?')} {t.get('path', '?')}: {t.get('rows_read', 0):,} rows "
+        f"read, {t.get('requests', 0):,} requests; skipped: {', '.join(skipped) or 'none'}"
+    )
+
+
 def render_summary(results: Results) -> str:
     """The summary table of ``loadlab report`` and the end of ``loadlab run``."""
     s = metrics.summarize(results)
@@ -130,6 +148,12 @@ def render_summary(results: Results) -> str:
         else f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
         f"failed 0  dropped 0  late {c['late']:,}"
     )
+    first_error = next((r.error for r in results.records if not r.ok and r.error), None)
+    if first_error:
+        parts[-1] += f"\n            first error: {first_error[:160]}"
+    trace = (results.extra.get("workload") or {}).get("trace")
+    if isinstance(trace, dict):
+        parts.append(_trace_line(trace))
     gap, rid = _longest_stall(results)
     if gap is not None:
         parts.append(

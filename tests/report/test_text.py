@@ -84,3 +84,20 @@ def test_report_command(tmp_path: Path, capsys: object) -> None:
     lines = (tmp_path / "run.csv").read_text().splitlines()
     assert len(lines) == 6 and lines[0].startswith("request_id,")
     assert main(["report", str(tmp_path / "missing.json")]) == 2
+
+
+def test_first_error_and_trace_skips_are_shown() -> None:
+    res = hand_made()
+    res.records[-1].error = 'HTTP 500: {"error": "boom"}'
+    res.extra["workload"] = {
+        "kind": "trace",
+        "trace": {"format": "azure-2023", "path": "t.csv", "rows_read": 10, "requests": 6,
+                  "too_long": 3, "bad_lines": 1, "filtered_out": 0},
+    }  # fmt: skip
+    text = render_summary(res)
+    assert 'first error: HTTP 500: {"error": "boom"}' in text
+    assert (
+        "trace       azure-2023 t.csv: 10 rows read, 6 requests; "
+        "skipped: 3 longer than max_total_tokens, 1 malformed lines"
+    ) in text
+    assert "first error" not in render_summary(Results(records=res.records[:4]))
