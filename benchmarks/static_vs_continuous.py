@@ -4,15 +4,20 @@ Output lengths are drawn (seeded) from the Azure 2023 conversation trace (Genera
 mean 211, p50 129, p99 601), so one request stops after 20 tokens while another runs to 600.
 All requests are offered at once (faster than either mode can serve). Static batching keeps
 a batch's slots until its longest member ends; continuous batching refills a slot the step
-after it frees. With a decode step whose cost barely depends on the batch size, the ratio of
-their throughputs approaches E[max of B lengths] / mean length: the bound printed beside it
-(its inverse, mean / E[max], is the share of static slots that do useful work).
+after it frees. Static runs twice: ``pad`` (the server's default: finished rows keep running
+as padding, as in a padded ``generate()`` call) and ``idle`` (finished rows leave the forward
+pass). With padding, or with a decode step whose cost barely depends on the batch size (a
+GPU), the ratio of throughputs approaches E[max of B lengths] / mean length: the bound printed
+beside it (its inverse, mean / E[max], is the share of static slots that do useful work). On a
+CPU a step's cost grows with its rows, so ``idle`` static steps get cheaper as a batch empties
+and its ratio stays below the bound.
 
     python3 benchmarks/static_vs_continuous.py                     # tiny preset, ~1 minute
-    python3 benchmarks/static_vs_continuous.py --preset cpu --requests 64
+    python3 benchmarks/static_vs_continuous.py --preset cpu --requests 192 --batch 12 \
+        --prompt-tokens 8 --length-scale 0.25 --no-stream --threads 2
 
-Requests go through loadlab's own OpenAI client (streamed, usage included), so each record's
-output length is checked against the length asked for.
+Requests go through loadlab's own OpenAI client (streamed unless --no-stream, usage included),
+so each record's output length is checked against the length asked for.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ NAMES = (
     'tokens_total{phase="decode"}',
     'steps_total{phase="decode"}',
     'steps_total{phase="mixed"}',
+    'tokens_total{phase="padding"}',
 )
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
@@ -81,7 +87,7 @@ async def drive(url: str, specs: list[RequestSpec], stream: bool) -> tuple[float
     """Send every spec at once; returns (makespan_s, ok requests, output tokens)."""
     endpoint = EndpointConfig(url, model="loadlab-ref", api="completions")
     async with OpenAIClient(
-        endpoint, stream=True, include_usage=True, timeout_s=3600, read_timeout_s=600
+        endpoint, stream=stream, include_usage=True, timeout_s=3600, read_timeout_s=600
     ) as client:
         await client.send(RequestSpec("warmup", "w" * 8, 4), t0_ns=time.perf_counter_ns())
         t0 = time.perf_counter_ns()
@@ -112,6 +118,11 @@ def main() -> int:
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--no-stream", action="store_true", help="whole responses (less client CPU)")
     p.add_argument(
+        "--static",
+        default="pad,idle",
+        help="static variants to run: pad (finished rows computed as padding), idle, or both",
+    )
+    p.add_argument(
         "--length-scale",
         type=float,
         default=1.0,
@@ -134,24 +145,31 @@ def main() -> int:
     print(
         f"output lengths drawn: mean {statistics.mean(lengths):.0f}, max {max(lengths)} (trace mean {statistics.mean(population):.0f})"
     )
+    variants = [f"static-{v}" for v in args.static.split(",") if v] + ["continuous"]
     rps: dict[str, float] = {}
     batch: dict[str, float] = {}
-    for mode in ("static", "continuous"):
-        with start_server(mode, args.preset, extra_args=extra, timeout_s=300) as server:
+    for variant in variants:
+        mode, _, finished = variant.partition("-")
+        flags = extra + (["--static-finished", finished] if finished else [])
+        with start_server(mode, args.preset, extra_args=flags, timeout_s=300) as server:
             before = scrape(server.url, NAMES)
             makespan_s, ok, tokens = asyncio.run(drive(server.url, specs, not args.no_stream))
             after = scrape(server.url, NAMES)
+        delta = {k: after[k] - before[k] for k in NAMES}
         # Steps that decoded: decode-only ones and mixed ones (decodes plus admitted prompts).
-        steps = sum(after[k] - before[k] for k in NAMES[1:])
-        decoded = after['tokens_total{phase="decode"}'] - before['tokens_total{phase="decode"}']
-        rps[mode] = ok / makespan_s
-        batch[mode] = decoded / max(steps, 1)
-        print(f"{mode:>10}: {ok}/{args.requests} ok in {makespan_s:6.1f} s  {rps[mode]:6.2f} req/s  "
-              f"{tokens / makespan_s:8.0f} output tok/s  mean decode batch {decoded / max(steps, 1):5.1f}")  # fmt: skip
+        steps = delta['steps_total{phase="decode"}'] + delta['steps_total{phase="mixed"}']
+        decoded = delta['tokens_total{phase="decode"}']
+        padded = delta['tokens_total{phase="padding"}']
+        rps[variant] = ok / makespan_s
+        batch[variant] = decoded / max(steps, 1)
+        print(f"{variant:>11}: {ok}/{args.requests} ok in {makespan_s:6.1f} s  {rps[variant]:6.2f} req/s  "
+              f"{tokens / makespan_s:8.0f} output tok/s  mean decode batch {batch[variant]:5.1f}"
+              f"  (+{padded / max(steps, 1):.1f} padding rows)")  # fmt: skip
     e_max = expected_max(population, args.batch)
     mean = statistics.mean(population)
-    print(f"continuous / static = {rps['continuous'] / rps['static']:.2f}x requests/s; "
-          f"mean decode batch {batch['continuous'] / batch['static']:.2f}x")  # fmt: skip
+    for variant in variants[:-1]:
+        print(f"continuous / {variant} = {rps['continuous'] / rps[variant]:.2f}x requests/s; "
+              f"useful decode rows per step {batch['continuous'] / batch[variant]:.2f}x")  # fmt: skip
     print(f"bound: E[max of {args.batch} lengths] / mean = {e_max:.0f} / {mean:.0f} = {e_max / mean:.2f}x "
           f"(static slots doing useful work: {mean / e_max:.0%})")  # fmt: skip
     return 0

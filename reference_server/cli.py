@@ -23,6 +23,7 @@ from reference_server.api import ServerSettings, create_app
 from reference_server.engine import Engine
 from reference_server.kv_cache import BlockManager
 from reference_server.scheduler import MODES, make_scheduler
+from reference_server.scheduler.static import FINISHED_SLOTS
 
 __all__ = ["build_app", "main", "parse_args"]
 
@@ -46,6 +47,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, help="cap the context (default: the model's)")
     p.add_argument("--max-batched-tokens", type=int, help="tokens per step (chunked: default 512)")
     p.add_argument("--chunk-size", type=int, default=256, help="longest prompt slice (chunked)")
+    p.add_argument(
+        "--static-finished",
+        choices=FINISHED_SLOTS,
+        default="pad",
+        help="static: a finished member's row keeps running as padding until its batch ends "
+        "(pad, as a padded generate() call) or leaves the forward pass (idle)",
+    )
     p.add_argument(
         "--max-queue", type=int, default=1024, help="waiting requests beyond the batch before 429"
     )
@@ -112,13 +120,16 @@ def build_app(args: argparse.Namespace) -> tuple[Any, Engine, dict[str, Any]]:
     batched = args.max_batched_tokens or (512 if args.mode == "chunked" else None)
     scheduler = make_scheduler(args.mode, bm, max_num_seqs=args.max_num_seqs,
                                max_model_len=max_model_len, max_num_batched_tokens=batched,
-                               chunk_size=args.chunk_size, eos_id=int(info.get("eos_id", 256)))  # fmt: skip
+                               chunk_size=args.chunk_size, finished_slots=args.static_finished,
+                               eos_id=int(info.get("eos_id", 256)))  # fmt: skip
     engine = Engine(runner, scheduler)
     info.update(mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=max_model_len,
                 block_size=runner.block_size, num_kv_blocks=runner.num_kv_blocks,
                 max_num_batched_tokens=scheduler.max_num_batched_tokens)  # fmt: skip
     if args.mode == "chunked":
         info["chunk_size"] = args.chunk_size
+    if args.mode == "static":
+        info["static_finished"] = args.static_finished
     settings = ServerSettings(model_name=args.model_name, max_model_len=max_model_len,
                               max_queue=args.max_queue, info=info,
                               api_key=os.environ[args.api_key_env] if args.api_key_env else None)  # fmt: skip

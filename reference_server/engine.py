@@ -184,7 +184,8 @@ class Engine:
         updated = self.scheduler.postprocess(batch, tokens)
         seconds = (self.clock() - t0) / 1e9
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
-        self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
+        self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode,
+                               padding_tokens=batch.num_padding_tokens)  # fmt: skip
         self._emit(updated)
         return True
 

@@ -10,7 +10,8 @@ a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
     kv_blocks_used / kv_blocks_total  gauge    paged KV cache blocks
     step_seconds{phase}               histogram  forward-pass step time; phase = prefill|decode|mixed
     steps_total{phase}                counter
-    tokens_total{phase}               counter  tokens processed (prefill) or generated (decode)
+    tokens_total{phase}               counter  tokens processed (prefill), generated (decode), or
+                                               recomputed as padding rows (static, pad)
     preemptions_total                 counter  sequences preempted (recomputed later)
     requests_total{finish_reason}     counter  finished requests: length|stop|abort|error
     rejected_requests_total{reason}   counter  refused before admission (queue_full, ...)
@@ -48,13 +49,21 @@ class ServerStats:
         self._rejected: Counter[str] = Counter()
 
     def record_step(
-        self, phase: str, seconds: float, *, prefill_tokens: int, decode_tokens: int
+        self,
+        phase: str,
+        seconds: float,
+        *,
+        prefill_tokens: int,
+        decode_tokens: int,
+        padding_tokens: int = 0,
     ) -> None:
         with self._lock:
             self._bucket_counts[phase][bisect.bisect_left(STEP_BUCKETS_S, seconds)] += 1
             self._step_sum_s[phase] += seconds
             self._tokens["prefill"] += prefill_tokens
             self._tokens["decode"] += decode_tokens
+            if padding_tokens:
+                self._tokens["padding"] += padding_tokens
 
     def record_finished(self, finish_reason: str) -> None:
         with self._lock:
@@ -99,7 +108,9 @@ class ServerStats:
             for phase in PHASES:
                 n = sum(self._bucket_counts[phase])
                 lines.append(f'{PREFIX}steps_total{{phase="{phase}"}} {n}')
-            lines += _labelled("tokens_total", "phase", self._tokens, ("prefill", "decode"))
+            lines += _labelled(
+                "tokens_total", "phase", self._tokens, ("prefill", "decode", "padding")
+            )
             lines += _labelled(
                 "requests_total", "finish_reason", self._finished, ("length", "stop", "abort")
             )

@@ -83,6 +83,9 @@ class Sequence:
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # process token_ids[num_computed_tokens : num_computed_tokens + this]
+    # A finished member of a static batch, computed again only because the batch keeps its
+    # shape (a padded row): the runner runs it, postprocess ignores it, nobody gets a token.
+    padding: bool = False
 
     @property
     def completes(self) -> bool:
@@ -96,15 +99,24 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens through the forward pass, padding rows included."""
         return sum(i.num_new_tokens for i in self.items)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(i.num_new_tokens for i in self.items if i.num_new_tokens > 1 or i.seq.is_prefill)
+        return sum(
+            i.num_new_tokens
+            for i in self.items
+            if not i.padding and (i.num_new_tokens > 1 or i.seq.is_prefill)
+        )
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return sum(i.num_new_tokens for i in self.items if i.padding)
 
     @property
     def num_decode_tokens(self) -> int:
-        return self.num_tokens - self.num_prefill_tokens
+        return self.num_tokens - self.num_prefill_tokens - self.num_padding_tokens
 
     def __bool__(self) -> bool:
         return bool(self.items)

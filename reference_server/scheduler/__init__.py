@@ -27,11 +27,14 @@ MODES: dict[str, type[Scheduler]] = {
 
 
 def make_scheduler(mode: str, block_manager: BlockManager, **kwargs: Any) -> Scheduler:
-    """``make_scheduler("continuous", bm, max_num_seqs=32)``; ``chunk_size`` only for chunked."""
+    """``make_scheduler("continuous", bm, max_num_seqs=32)``; ``chunk_size`` only for chunked,
+    ``finished_slots`` only for static (other modes drop them)."""
     try:
         cls = MODES[mode]
     except KeyError:
         raise ValueError(f"unknown mode {mode!r}; choose one of {sorted(MODES)}") from None
     if cls is not ChunkedScheduler:
         kwargs.pop("chunk_size", None)
+    if cls is not StaticScheduler:
+        kwargs.pop("finished_slots", None)
     return cls(block_manager, **kwargs)

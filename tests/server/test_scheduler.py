@@ -53,7 +53,7 @@ def test_continuous_refills_a_finished_slot_on_the_next_step() -> None:
 
 
 def test_static_keeps_finished_slots_idle_until_the_longest_member_ends() -> None:
-    sched, runner, bm = _setup(StaticScheduler, max_num_seqs=2)
+    sched, runner, bm = _setup(StaticScheduler, max_num_seqs=2, finished_slots="idle")
     for s in (_seq("a", 4, 3), _seq("b", 4, 1), _seq("c", 4, 2)):
         sched.add(s)
     assert _step(sched, runner) == [("a", 4), ("b", 4)]  # b finishes at once
@@ -64,6 +64,44 @@ def test_static_keeps_finished_slots_idle_until_the_longest_member_ends() -> Non
     assert _step(sched, runner) == [("c", 4)]
     assert _step(sched, runner) == [("c", 1)]
     assert not sched.has_work and bm.num_free_blocks == 64
+
+
+def test_static_pads_finished_rows_and_holds_their_blocks_until_the_batch_ends() -> None:
+    sched, runner, bm = _setup(StaticScheduler, max_num_seqs=2)  # finished_slots="pad"
+    a, b, c = _seq("a", 4, 3), _seq("b", 4, 1), _seq("c", 4, 2)
+    for s in (a, b, c):
+        sched.add(s)
+    assert _step(sched, runner) == [("a", 4), ("b", 4)]  # b finishes at once
+    assert b.is_finished and b.output_token_ids == [ord("a") + 4]
+    assert bm.num_used_blocks == 4  # a: 7 tokens, b: 5 tokens, blocks of 4, both still held
+    batch = sched.schedule()  # b's row is computed again: its last token, at its last position
+    assert [(i.seq.seq_id, i.num_new_tokens, i.padding) for i in batch.items] == [
+        ("a", 1, False),
+        ("b", 1, True),
+    ]
+    assert batch.num_decode_tokens == 1 and batch.num_padding_tokens == 1
+    assert sched.postprocess(batch, runner.run(batch)) == [a]  # b's sampled token is dropped
+    assert b.output_token_ids == [ord("a") + 4] and b.num_computed_tokens == 4
+    assert _step(sched, runner) == [("a", 1), ("b", 1)]  # a finishes: the batch is over
+    assert bm.num_used_blocks == 0 and a.output_token_ids == [ord("a") + p % 26 for p in (4, 5, 6)]
+    assert _step(sched, runner) == [("c", 4)]
+    assert _step(sched, runner) == [("c", 1)]
+    assert not sched.has_work and bm.num_free_blocks == 64
+
+
+def test_static_padding_frees_its_blocks_when_the_last_member_is_aborted() -> None:
+    sched, runner, bm = _setup(StaticScheduler, max_num_seqs=2)
+    for s in (_seq("a", 4, 5), _seq("b", 4, 1)):
+        sched.add(s)
+    _step(sched, runner)  # b finished, padded
+    assert sched.abort("a") is not None and not sched.running
+    assert bm.num_used_blocks == 2  # b's blocks: the batch has not been closed yet
+    assert _step(sched, runner) == [] and bm.num_free_blocks == 64
+
+
+def test_static_rejects_an_unknown_finished_slots_policy() -> None:
+    with pytest.raises(ValueError, match="finished_slots must be one of pad, idle"):
+        StaticScheduler(BlockManager(8, 4), finished_slots="drop")
 
 
 def test_static_reserves_prompt_plus_max_tokens_at_admission() -> None:
@@ -127,12 +165,21 @@ def test_a_sequence_alone_without_blocks_preempts_itself() -> None:
     assert sched.num_preemptions == 1 and bm.num_free_blocks == 1
 
 
-@pytest.mark.parametrize("mode", ["static", "continuous", "chunked"])
-def test_random_workloads_finish_exactly_and_leak_nothing(mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "finished_slots"),
+    [("static", "pad"), ("static", "idle"), ("continuous", "pad"), ("chunked", "pad")],
+)
+def test_random_workloads_finish_exactly_and_leak_nothing(mode: str, finished_slots: str) -> None:
     rng = random.Random(7)
     bm = BlockManager(24, 4)  # small on purpose: continuous and chunked must preempt
     sched = make_scheduler(
-        mode, bm, max_num_seqs=6, max_model_len=64, max_num_batched_tokens=16, chunk_size=8
+        mode,
+        bm,
+        max_num_seqs=6,
+        max_model_len=64,
+        max_num_batched_tokens=16,
+        chunk_size=8,
+        finished_slots=finished_slots,
     )
     runner = FakeModelRunner(24, 4)
     seqs = [_seq(f"s{i}", rng.randint(1, 30), rng.randint(1, 30)) for i in range(40)]

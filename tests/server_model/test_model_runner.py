@@ -165,3 +165,26 @@ def test_cache_size_from_bytes() -> None:
         ModelRunner("tiny", kv_cache_bytes=100, device="cpu")
     with pytest.raises(ValueError, match="unknown model preset"):
         ModelRunner("huge")
+
+
+def test_static_padding_rows_change_no_output_and_no_cache(runner: ModelRunner) -> None:
+    """A static batch's finished rows keep running as padding: the real model computes them,
+    and the other members' tokens and every K/V in the cache still equal the dense reference."""
+    from reference_server.kv_cache import BlockManager
+    from reference_server.scheduler import StaticScheduler
+
+    sched = StaticScheduler(BlockManager(runner.num_kv_blocks, runner.block_size), max_num_seqs=3)
+    seqs = [seq(f"p{i}", prompt_of(n, 40 + i)) for i, n in enumerate([3, 9, 6])]
+    for s, m in zip(seqs, [2, 9, 5], strict=True):
+        s.params = type(s.params)(max_tokens=m)
+        sched.add(s)
+    padded = 0
+    while sched.has_work:
+        batch = sched.schedule()
+        padded += batch.num_padding_tokens
+        sched.postprocess(batch, runner.run(batch))
+    assert padded == (9 - 2) + (9 - 5)  # rows padded from their end to the longest member's
+    for s in seqs:
+        assert len(s.output_token_ids) == s.params.max_tokens
+        assert s.output_token_ids == greedy_from_dense(runner, s)
+    assert sched.block_manager.num_free_blocks == runner.num_kv_blocks
