@@ -18,7 +18,8 @@ Two parts, both against the fixed-schedule server (``loadlab.testing.fixed_serve
 
 Error definitions: "TTFT p99 error" = p99 of loadlab's TTFT minus p99 of the server's
 (first write - request arrival); "paired p99" = p99 over requests of (loadlab TTFT - server
-TTFT); "read lag" = client read time - server write time, per token.
+TTFT); "send" = p99 of (server's request arrival - loadlab's send stamp); "1st lag" = p99 of
+the first token's read time - its write time; "read lag" = the same for every token.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
         res = json.loads(out.read_text())
     truth = get_json(url + "/truth")
     t0 = res["extra"]["locust"]["t0_perf_ns"]
-    c_ttft, s_ttft, paired, lag = [], [], [], []
+    c_ttft, s_ttft, paired, lag, send, first = [], [], [], [], [], []
     for r in res["records"]:
         tr = truth.get(r["request_id"])
         if r["outcome"] != "ok" or not tr or len(tr["chunk_ns"]) != len(r["chunk_ns"]):
@@ -239,6 +240,8 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
         c_ttft.append(c)
         s_ttft.append(s)
         paired.append(c - s)
+        send.append((tr["recv_ns"] - r["sent_ns"] - t0) / 1e6)
+        first.append((r["chunk_ns"][0] + t0 - tr["chunk_ns"][0]) / 1e6)
         lag += [(a + t0 - b) / 1e6 for a, b in zip(r["chunk_ns"], tr["chunk_ns"], strict=True)]
     return {
         "users": users,
@@ -248,6 +251,8 @@ def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[s
         "truth_ttft_p99_ms": pct(s_ttft, 99),
         "ttft_p99_error_ms": pct(c_ttft, 99) - pct(s_ttft, 99),
         "paired_p99_ms": pct(paired, 99),
+        "send_p99_ms": pct(send, 99),
+        "first_lag_p99_ms": pct(first, 99),
         "lag_p50_ms": pct(lag, 50),
         "lag_p99_ms": pct(lag, 99),
         "cpu_percent": res["generator"].get("cpu_percent_mean", float("nan")),
@@ -286,7 +291,7 @@ def main() -> int:
         )
         print(
             f"{'users':>5s} {'reqs':>5s} {'tok/s':>6s} {'TTFT p99':>8s} {'truth':>6s} "
-            f"{'err':>6s} {'paired':>7s} {'lag p50/p99':>13s} {'CPU %':>6s} {'µs/tok':>6s} "
+            f"{'err':>6s} {'paired':>7s} {'send':>6s} {'1st lag':>7s} {'lag p50/p99':>13s} {'CPU %':>6s} {'µs/tok':>6s} "
             f"{'loop p99':>8s}"
         )
         for users in [int(u) for u in args.users.split(",")]:
@@ -295,6 +300,7 @@ def main() -> int:
                 f"{m['users']:5d} {m['requests']:5d} {m['tokens_per_s']:6.0f} "
                 f"{m['ttft_p99_ms']:8.1f} {m['truth_ttft_p99_ms']:6.1f} "
                 f"{m['ttft_p99_error_ms']:6.2f} {m['paired_p99_ms']:7.2f} "
+                f"{m['send_p99_ms']:6.2f} {m['first_lag_p99_ms']:7.2f} "
                 f"{m['lag_p50_ms']:6.2f}/{m['lag_p99_ms']:6.2f} {m['cpu_percent']:6.0f} "
                 f"{m['cpu_us_per_token']:6.0f} "
                 f"{m['loop_lag_p99_ms']:8.1f}{'  SATURATED' if m['saturated'] else ''}",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-__all__ = ["RawPool", "RawResult", "Sink", "Target"]
+__all__ = ["Done", "RawPool", "RawResult", "ResponseReader", "Sink", "Target"]
 
 _MAX_HEAD = 64 * 1024
 _SIZE, _DATA, _CRLF, _TRAILER = 0, 1, 2, 3  # chunked-body parser states
@@ -40,6 +40,14 @@ class Sink(Protocol):
     def on_headers(self, status: int, headers: Mapping[str, str], t_ns: int) -> None: ...
 
     def on_bytes(self, data: bytes, t_ns: int) -> bool: ...
+
+
+class Done(Protocol):
+    """What an exchange's end is signalled on: an ``asyncio.Future``, or any object with these."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
 
 
 @dataclass
@@ -85,14 +93,18 @@ class _Headers(dict[str, str]):
 
 
 class _Conn(asyncio.Protocol):
-    """One connection, one exchange at a time."""
+    """One connection, one exchange at a time.
+
+    Also a sans-IO response reader: ``start``, then ``data_received`` with each read's bytes
+    and ``connection_lost`` at EOF; the gevent transport of the Locust user feeds it so.
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.reusable = True
         self.sink: Sink | None = None
-        self.done: asyncio.Future[None] | None = None
+        self.done: Done | None = None
         self.result = RawResult()
         self.last_ns = 0  # when the last byte came (read timeout)
         self.got_bytes = False
@@ -105,7 +117,7 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def start(self, sink: Sink, done: asyncio.Future[None]) -> RawResult:
+    def start(self, sink: Sink, done: Done) -> RawResult:
         self.sink, self.done, self.result, self.got_bytes = sink, done, RawResult(), False
         self._head, self._buf, self._chunked, self._state, self._remaining = (
             True,
@@ -117,7 +129,10 @@ class _Conn(asyncio.Protocol):
         return self.result
 
     def data_received(self, data: bytes) -> None:
-        t = time.perf_counter_ns()  # first: this is the chunk's arrival time
+        self.feed(data, time.perf_counter_ns())  # first: this is the chunk's arrival time
+
+    def feed(self, data: bytes, t: int) -> None:
+        """The bytes of one read, and when that read returned."""
         self.last_ns = t
         self.got_bytes = True
         if self.sink is None:
@@ -290,6 +305,9 @@ class _Conn(asyncio.Protocol):
         if not pieces:
             return False
         return self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces), t)
+
+
+ResponseReader = _Conn
 
 
 class RawPool:
