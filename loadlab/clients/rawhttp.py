@@ -99,7 +99,8 @@ class _Conn(asyncio.Protocol):
     and ``connection_lost`` at EOF; the gevent transport of the Locust user feeds it so.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, deferred: _Deferred | None = None) -> None:
+        self.deferred = deferred  # None: parse in data_received
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.reusable = True
@@ -129,7 +130,12 @@ class _Conn(asyncio.Protocol):
         return self.result
 
     def data_received(self, data: bytes) -> None:
-        self.feed(data, time.perf_counter_ns())  # first: this is the chunk's arrival time
+        t = time.perf_counter_ns()  # first: this is the chunk's arrival time
+        if self.deferred is None:
+            self.feed(data, t)
+        else:
+            self.last_ns = t
+            self.deferred.add(self, data, t)
 
     def feed(self, data: bytes, t: int) -> None:
         """The bytes of one read, and when that read returned."""
@@ -150,6 +156,8 @@ class _Conn(asyncio.Protocol):
             self.end("protocol", f"{type(exc).__name__}: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.deferred is not None:
+            self.deferred.flush()  # this connection's last bytes first
         self.lost = True
         self.reusable = False
         if self.sink is None:
@@ -310,6 +318,32 @@ class _Conn(asyncio.Protocol):
 ResponseReader = _Conn
 
 
+class _Deferred:
+    """Reads stamped now, parsed a moment later: in one turn of the event loop, every socket
+    that became readable is read and stamped before any response is parsed.
+
+    Without it, when many streams' tokens arrive together (a server writes a whole batch's
+    tokens in one step), the k-th socket's stamp waited for k-1 responses' parsing, SSE
+    decoding and bookkeeping. ``call_soon`` runs after this turn's I/O callbacks (asyncio and
+    uvloop alike), and one callback per turn parses everything that was read, in order.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: list[tuple[_Conn, bytes, int]] = []
+
+    def add(self, conn: _Conn, data: bytes, t: int) -> None:
+        self.items.append((conn, data, t))
+        if len(self.items) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        while self.items:
+            items, self.items = self.items, []
+            for conn, data, t in items:
+                conn.feed(data, t)
+
+
 class RawPool:
     """Keep-alive connections per target; ``max_connections`` > 0 caps them (others wait)."""
 
@@ -317,6 +351,7 @@ class RawPool:
         self._idle: dict[Target, list[_Conn]] = {}
         self._sem = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._ssl: ssl.SSLContext | None = None
+        self._deferred: _Deferred | None = None
 
     async def request(
         self,
@@ -351,13 +386,19 @@ class RawPool:
 
     async def _connect(self, target: Target, deadline_ns: int) -> _Conn | RawResult:
         loop = asyncio.get_running_loop()
+        if self._deferred is None or self._deferred.loop is not loop:
+            self._deferred = _Deferred(loop)
+        deferred = self._deferred
         if target.tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         wait_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
         try:
             async with asyncio.timeout(wait_s):
                 _, conn = await loop.create_connection(
-                    _Conn, target.host, target.port, ssl=self._ssl if target.tls else None
+                    lambda: _Conn(deferred),
+                    target.host,
+                    target.port,
+                    ssl=self._ssl if target.tls else None,
                 )
         except TimeoutError:
             return RawResult(error="timeout", message=f"no connection within {wait_s:.1f} s")
