@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from loadlab.clients.rawhttp import Target, _Conn
+from loadlab.clients.rawhttp import Target, _Conn, _Deferred
 
 
 class Sink:
@@ -115,5 +115,42 @@ def test_whole_chunks_of_one_read_reach_the_sink_in_one_call() -> None:
         assert calls == [b"".join(b"data: %d\n\n" % i for i in range(12)) + b"da"]
         conn.data_received(b"ta: \r\n0\r\n\r\n")
         assert calls[1:] == [b"ta: "] and done.done() and conn.result.error is None
+    finally:
+        loop.close()
+
+
+def test_deferred_reads_are_stamped_at_once_and_parsed_in_order_later() -> None:
+    class Timed(Sink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[int] = []
+
+        def on_bytes(self, data: bytes, t_ns: int) -> bool:
+            self.times.append(t_ns)
+            return super().on_bytes(data, t_ns)
+
+    loop = asyncio.new_event_loop()
+    try:
+        deferred = _Deferred(loop)
+        a, b = _Conn(deferred), _Conn(deferred)
+        sa, sb = Timed(), Timed()
+        da, db = loop.create_future(), loop.create_future()
+        a.start(sa, da)
+        b.start(sb, db)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        a.data_received(head + b"3\r\none\r\n")
+        b.data_received(head + b"3\r\ntwo\r\n")
+        stamped = a.last_ns
+        assert stamped and b.last_ns >= stamped  # stamped as read...
+        assert sa.body == sb.body == b"" and len(deferred.items) == 2  # ...parsed later
+        loop.call_soon(loop.stop)
+        loop.run_forever()  # one loop turn: the flush ran
+        assert (sa.body, sb.body) == (b"one", b"two") and sa.times == [stamped]
+        a.data_received(b"5\r\nthree\r\n0\r\n\r\n")
+        a.connection_lost(None)  # its queued bytes are parsed before the close counts
+        assert sa.body == b"onethree" and da.done() and a.result.error is None
+        b.data_received(b"2\r\nfo")
+        b.connection_lost(None)
+        assert sb.body == b"twofo" and b.result.error == "incomplete"
     finally:
         loop.close()
