@@ -16,6 +16,7 @@ prints both curves, both answers and their relative difference (acceptance: with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.slo import parse_slo
 from loadlab.sweep import find_max_load, run_level
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (affinity is per thread on Linux)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
 
 
 def main() -> int:
@@ -42,6 +49,11 @@ def main() -> int:
     # A busy shared machine lags every event loop by tens of ms; the default 20 ms saturation
     # threshold would make every level invalid there. Say so beside the figures.
     p.add_argument("--saturation-lag-ms", type=float, default=20.0)
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="server on CPU 0, load generator on CPU 1 (no migrations between the two)",
+    )
     a = p.parse_args()
     from reference_server.launch import start_server
 
@@ -49,6 +61,9 @@ def main() -> int:
     levels = [float(x) for x in a.levels.split(",")]
     answers = []
     with start_server(mode=a.mode, preset=a.preset, port=None) as server:
+        if a.pin:
+            pin(server.process.pid, {0})
+            os.sched_setaffinity(0, {1})
         ep = EndpointConfig(url=server.url, name="reference")
         base = RunConfig(concurrency=1, duration_s=a.duration, warmup_s=1.0,
                          prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
