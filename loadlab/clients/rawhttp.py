@@ -251,6 +251,17 @@ class _Conn(asyncio.Protocol):
         """De-chunk ``data``; every whole piece this read completed goes to the sink in one
         call (one read is one arrival time, and under load one read holds a dozen chunks:
         one SSE decode for all of them, not one each)."""
+        if self._state == _SIZE and not self._buf:
+            # The usual read of a token stream: exactly one whole chunk, no extension.
+            nl = data.find(b"\r\n")
+            if 0 < nl <= 8 and data.endswith(b"\r\n") and b";" not in data[:nl]:
+                try:
+                    size = int(data[:nl], 16)
+                except ValueError:
+                    size = 0
+                if size and nl + size + 4 == len(data):
+                    self._deliver(data[nl + 2 : -2], t)
+                    return
         buf = self._buf + data if self._buf else data
         pos, n = 0, len(buf)
         pieces: list[bytes] = []
