@@ -5,8 +5,9 @@ Two parts, both against the fixed-schedule server (``loadlab.testing.fixed_serve
 ``CLOCK_MONOTONIC`` and so comparable with the client's times on one machine):
 
 1. ``--clients``: the HTTP clients a Locust user could stream with, under gevent, 50 users,
-   no Locust runner (the raw cost of each way of reading): geventhttpclient ``readline`` (what
-   ``LLMUser`` uses), Locust's ``FastHttpSession.iter_lines`` (reads 1 KiB blocks: what
+   no Locust runner (the raw cost of each way of reading): loadlab's ``StreamConnection`` (what
+   ``LLMUser`` uses: a gevent socket and loadlab's HTTP reader), geventhttpclient ``readline``,
+   Locust's ``FastHttpSession.iter_lines`` (reads 1 KiB blocks: what
    ``FastHttpUser`` streaming gives) and requests/urllib3 ``iter_lines``.
 2. ``locust -f tests/locust/locustfile_fixed.py --headless`` in one process (one worker's
    worth) at rising user counts: TTFT p99 from loadlab's records vs the server's truth, the
@@ -93,11 +94,25 @@ def client_probe(mode: str, url: str, users: int, duration_s: float, tokens: int
     def token(line: bytes) -> bool:
         return b'"content":"' in line and b'"content":""' not in line
 
+    from loadlab.config import EndpointConfig
+    from loadlab.locust_stream import StreamConnection
+    from loadlab.records import RequestSpec
+
+    ep = EndpointConfig(url, model="m")
+    conns: dict[str, StreamConnection] = {}
+
     def one(rid: str) -> None:
         hdr = {"X-Request-Id": rid, "Content-Type": "application/json"}
         ts: list[int] = []
         sent = time.perf_counter_ns()
-        if mode == "geventhttpclient-readline":
+        if mode == "loadlab-stream":  # what LLMUser uses
+            user = rid.rsplit("-", 1)[0]
+            conn = conns.get(user) or conns.setdefault(user, StreamConnection(ep))
+            t0 = time.perf_counter_ns()
+            rec = conn.send(RequestSpec(rid, "hi", tokens), t0_ns=t0).record
+            sent = t0 + (rec.sent_ns or 0)
+            ts = [t0 + c for c in rec.chunk_ns]
+        elif mode == "geventhttpclient-readline":
             r = gh.request("POST", path, body=body, headers=hdr)
             while line := r.readline(b"\n"):
                 t = time.perf_counter_ns()
@@ -139,7 +154,12 @@ def compare_clients(url: str, users: int, duration_s: float, tokens: int) -> Non
         f"{'client':28s} {'reqs':>5s} {'TTFT p50/p99 (truth)':>26s} {'p99 err':>8s} "
         f"{'read lag p50/p99':>17s} {'CPU/token':>10s}"
     )
-    modes = ("geventhttpclient-readline", "fasthttp-iter_lines", "requests-iter_lines")
+    modes = (
+        "loadlab-stream",
+        "geventhttpclient-readline",
+        "fasthttp-iter_lines",
+        "requests-iter_lines",
+    )
     for mode in modes:
         reset(url)
         cmd = [
