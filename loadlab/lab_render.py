@@ -72,7 +72,8 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
             ],
             "The same documents (answers of different lengths, submitted at once) in every mode. "
             "Mean decode batch (server counters) = decode tokens / steps that decoded: static "
-            "batching's finished slots idle until the batch's longest answer ends.",
+            "batching's finished slots do no useful work until the batch's longest answer ends "
+            "(the server computes them as padding rows, not counted here).",
         )
     )
     out.append(
