@@ -1,7 +1,8 @@
 """Runs ``StreamConnection`` (the Locust user's transport) under gevent in its own process, one
 request per fault mode, and prints one JSON object: mode -> what the record says.
 
-    python3 -m tests.locust.stream_probe http://127.0.0.1:PORT   # the fault server's URL
+    python3 -m tests.locust.stream_probe http://127.0.0.1:PORT REFUSED_URL   # fault server
+    python3 -m tests.locust.stream_probe --reuse https://127.0.0.1:PORT      # two requests
 """
 
 from __future__ import annotations
@@ -54,5 +55,17 @@ def main(url: str) -> None:
     print(json.dumps(out))
 
 
+def reuse(url: str) -> None:
+    """Two requests on one connection (e.g. over TLS): their outcomes and the socket kept."""
+    conn = StreamConnection(EndpointConfig(url), read_timeout_s=5)
+    first = one(conn, "t1")
+    sock = conn._sock
+    second = one(conn, "t2")
+    print(json.dumps({"records": [first, second], "same_socket": sock is conn._sock}))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--reuse":
+        reuse(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -1,20 +1,39 @@
 """The Locust user's transport against a real misbehaving server: every fault becomes the same
-outcome class as in the asyncio client, keep-alive reuses the socket, nothing raises."""
+outcome class as in the asyncio client, keep-alive reuses the socket, nothing raises; and
+over TLS with a private CA trusted through SSL_CERT_FILE."""
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loadlab.testing.fault_server import FaultServer
+from loadlab.testing.fixed_server import FixedScheduleServer
 from tests.clients.conftest import _serve_in_thread
 from tests.clients.test_faults import EXPECTED
+from tests.clients.test_tls import cert  # noqa: F401 (a fixture)
 from tests.conftest import ROOT, free_port
+
+
+def _probe(*args: str, env: dict[str, str] | None = None) -> Any:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.locust.stream_probe", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +42,7 @@ def fault_server() -> Iterator[FaultServer]:
 
 
 def test_each_fault_becomes_its_outcome_under_gevent(fault_server: FaultServer) -> None:
-    refused = f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.locust.stream_probe", fault_server.url, refused],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _probe(fault_server.url, f"http://127.0.0.1:{free_port()}")
     assert {m: out[m]["outcome"] for m in EXPECTED} == EXPECTED
     assert all(out[m]["timed"] for m in EXPECTED)
     assert out["429"]["retry_after_s"] == 7.0 and "model overloaded" in out["429"]["error"]
@@ -43,3 +52,17 @@ def test_each_fault_becomes_its_outcome_under_gevent(fault_server: FaultServer) 
     assert "read timeout" in out["stall"]["error"]
     assert out["keep_alive"] == {"both_ok": True, "same_socket": True}
     assert out["refused"]["outcome"] == "connect_error"
+
+
+def test_streams_over_tls_and_keeps_the_connection(cert: tuple[Path, Path]) -> None:  # noqa: F811
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(*cert)
+    servers = _serve_in_thread(lambda: FixedScheduleServer(ttft_ms=5, itl_ms=1, ssl_context=ctx))
+    srv = next(servers)
+    try:
+        assert srv.url.startswith("https://")
+        out = _probe("--reuse", srv.url, env={"SSL_CERT_FILE": str(cert[0])})
+    finally:
+        servers.close()
+    assert [(r["outcome"], r["chunks"], r["tokens"]) for r in out["records"]] == [("ok", 3, 3)] * 2
+    assert out["same_socket"] is True
