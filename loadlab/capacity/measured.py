@@ -10,7 +10,8 @@ predictions beside each measurement:
 - **shaped**: the same physics priced with kernels shaped like the model's own
   (``kernels.py``): its weight matrices at the step's token count (matmuls); decode
   attention done as the server does it (gather each sequence's K/V out of the paged cache,
-  then masked grouped-query attention) at the step's batch and context; causal prefill
+  then masked grouped-query attention) at the step's batch and context, each layer's K/V
+  read cold as in a real step; causal prefill
   attention at the model's head shape and the prompt's length; and
   the per-step overhead (Python dispatch, index building, sampling) measured on a *twin*:
   the same runner with every width shrunk to a few units, so FLOPs and bytes vanish and only
