@@ -2,7 +2,8 @@
 
 A fixed-schedule server (``loadlab.testing.fixed_server``, its own process) writes each
 request's first token ``ttft_ms`` after it arrived and the next ones ``itl_ms`` apart, and logs
-``perf_counter_ns`` right after each chunk went to the socket. ``perf_counter_ns`` is
+``perf_counter_ns`` just before it hands each chunk to the socket (a non-blocking write of
+microseconds; stamping first can only make loadlab's error look larger). ``perf_counter_ns`` is
 CLOCK_MONOTONIC, one clock for both processes, so loadlab's records and the server's log compare
 directly. The server's *write times* are the truth, not its intended schedule.
 
