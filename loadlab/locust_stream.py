@@ -42,13 +42,12 @@ from greenlet import GreenletExit, getcurrent
 
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.openai import OpenAIStreamState, api_url, build_body, read_api_key
-from loadlab.clients.rawhttp import ResponseReader, Target
+from loadlab.clients.rawhttp import ResponseReader, Target, frame_request
+from loadlab.clients.transports import RAW_OUTCOMES
 from loadlab.config import EndpointConfig
 from loadlab.records import (
     OUTCOME_CANCELLED,
     OUTCOME_CONNECT_ERROR,
-    OUTCOME_INCOMPLETE,
-    OUTCOME_PROTOCOL_ERROR,
     OUTCOME_TIMEOUT,
     RequestRecord,
     RequestSpec,
@@ -60,12 +59,6 @@ _SSL_CONTEXT: ssl.SSLContext | None = None
 _POLL = gevent.monkey.get_original("select", "poll")  # the real poll(2): never yields
 _POLLIN = gevent.monkey.get_original("select", "POLLIN")
 _READ_BYTES = 256 * 1024
-_OUTCOMES = {
-    "connect": OUTCOME_CONNECT_ERROR,
-    "timeout": OUTCOME_TIMEOUT,
-    "incomplete": OUTCOME_INCOMPLETE,
-    "protocol": OUTCOME_PROTOCOL_ERROR,
-}
 
 
 def _shared_ssl_context() -> ssl.SSLContext:
@@ -164,9 +157,7 @@ class StreamConnection:
             spec, self.endpoint, history=history, stream=True, include_usage=self.include_usage
         )
         payload = json.dumps(body).encode()
-        rid = spec.request_id.replace("\r", "").replace("\n", "")  # no header injection
-        head = self._head + f"X-Request-Id: {rid}\r\n".encode("latin-1", "replace")
-        request = head + b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+        request = frame_request(self._head, spec.request_id, payload)
         clock = time.perf_counter_ns
         try:
             with gevent.Timeout(timeout_s):
@@ -226,7 +217,7 @@ class StreamConnection:
         if result.error is None:
             state.finish(clock())
         else:
-            state.fail(_OUTCOMES[result.error], result.message, clock())
+            state.fail(RAW_OUTCOMES[result.error], result.message, clock())
         if not reader.reusable or result.error is not None:
             self.close()
 

@@ -304,9 +304,7 @@ class _Prefill(_Worker):
                 self.sched.add(msg[1])
             elif kind == "abort":
                 self.sched.abort(msg[1])
-            elif kind == "pull":
-                self._send(msg[1], msg[2], msg[3])
-            elif kind == "stop":
+            elif kind == "stop":  # ("pull" never comes here: the inbox thread serves it)
                 self.stopping = True
 
     def _send(self, seq_id: str, dst: int, tag: int) -> None:

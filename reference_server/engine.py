@@ -174,7 +174,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return False
-        prefill, decode = batch.num_prefill_tokens, batch.num_decode_tokens
+        prefill, decode, padding = batch.token_counts()
         t0 = self.clock()
         try:
             tokens = self.runner.run(batch)
@@ -185,7 +185,7 @@ class Engine:
         seconds = (self.clock() - t0) / 1e9
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode,
-                               padding_tokens=batch.num_padding_tokens)  # fmt: skip
+                               padding_tokens=padding)  # fmt: skip
         self._emit(updated)
         return True
 

@@ -115,7 +115,7 @@ class ModelRunner:
         self.model = model.to(self.dtype).eval()
         self.model.rope_cos = self.model.rope_cos.float()  # keep the rotary tables exact
         self.model.rope_sin = self.model.rope_sin.float()
-        self.packed_weights = self.model.prepack()  # CPU fp32: oneDNN's packed matmuls
+        self.model.prepack()  # CPU fp32: oneDNN's packed matmuls
 
         self.num_kv_blocks = self._num_blocks(num_kv_blocks, kv_cache_bytes)
         # [L, 2, num_blocks, block_size, KVH, hd]; zeros, not empty: padded keys are masked,

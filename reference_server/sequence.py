@@ -102,21 +102,30 @@ class ScheduledBatch:
         """Tokens through the forward pass, padding rows included."""
         return sum(i.num_new_tokens for i in self.items)
 
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(
-            i.num_new_tokens
-            for i in self.items
-            if not i.padding and (i.num_new_tokens > 1 or i.seq.is_prefill)
-        )
+    def token_counts(self) -> tuple[int, int, int]:
+        """(prefill, decode, padding) tokens of this step, in one pass over its items."""
+        prefill = decode = padding = 0
+        for i in self.items:
+            n = i.num_new_tokens
+            if i.padding:
+                padding += n
+            elif n > 1 or i.seq.is_prefill:
+                prefill += n
+            else:
+                decode += n
+        return prefill, decode, padding
 
     @property
-    def num_padding_tokens(self) -> int:
-        return sum(i.num_new_tokens for i in self.items if i.padding)
+    def num_prefill_tokens(self) -> int:
+        return self.token_counts()[0]
 
     @property
     def num_decode_tokens(self) -> int:
-        return self.num_tokens - self.num_prefill_tokens - self.num_padding_tokens
+        return self.token_counts()[1]
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return self.token_counts()[2]
 
     def __bool__(self) -> bool:
         return bool(self.items)

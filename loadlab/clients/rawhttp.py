@@ -16,7 +16,8 @@ compression (the client sends ``Accept-Encoding: identity``).
 Example::
 
     pool = RawPool(max_connections=64)
-    result = await pool.request(url, head, body, sink, timeout_s=120.0, read_timeout_s=30.0)
+    request = frame_request(target.request_head(headers), "r1", body)
+    result = await pool.request(target, request, sink, timeout_s=120.0, read_timeout_s=30.0)
     pool.close()
 """
 
@@ -30,7 +31,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-__all__ = ["Done", "RawPool", "RawResult", "ResponseReader", "Sink", "Target"]
+__all__ = [
+    "Done",
+    "RawPool",
+    "RawResult",
+    "ResponseReader",
+    "Sink",
+    "Target",
+    "frame_request",
+    "header_value",
+]
 
 _MAX_HEAD = 64 * 1024
 _SIZE, _DATA, _CRLF, _TRAILER = 0, 1, 2, 3  # chunked-body parser states
@@ -78,11 +88,24 @@ class Target:
         return cls(u.hostname, u.port or (443 if tls else 80), tls, u.path or "/")
 
     def request_head(self, headers: Mapping[str, str]) -> bytes:
-        """Request line and fixed headers; per request, add ``X-Request-Id`` etc. and length."""
+        """Request line and fixed headers; per request, add ``X-Request-Id`` etc. and length
+        (``frame_request``)."""
         host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
         lines = [f"POST {self.path} HTTP/1.1", f"Host: {host}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
+def header_value(value: str) -> str:
+    """``value`` with CR and LF dropped: no header injection through a request id."""
+    return value.replace("\r", "").replace("\n", "")
+
+
+def frame_request(head: bytes, request_id: str, body: bytes) -> bytes:
+    """The whole request: ``head`` (``Target.request_head``), this request's ``X-Request-Id``,
+    ``Content-Length`` and ``body``."""
+    rid = header_value(request_id).encode("latin-1", "replace")
+    return head + b"X-Request-Id: " + rid + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
 
 
 class _Headers(dict[str, str]):
@@ -95,8 +118,9 @@ class _Headers(dict[str, str]):
 class _Conn(asyncio.Protocol):
     """One connection, one exchange at a time.
 
-    Also a sans-IO response reader: ``start``, then ``data_received`` with each read's bytes
-    and ``connection_lost`` at EOF; the gevent transport of the Locust user feeds it so.
+    Also a sans-IO response reader: ``start``, then ``feed(data, t)`` with each read's bytes
+    and its time, and ``connection_lost`` at EOF; the Locust user's gevent transport uses it
+    so.
     """
 
     def __init__(self, deferred: _Deferred | None = None) -> None:
@@ -367,20 +391,19 @@ class RawPool:
     async def request(
         self,
         target: Target,
-        head: bytes,
-        body: bytes,
+        request: bytes,
         sink: Sink,
         *,
         timeout_s: float,
         read_timeout_s: float,
     ) -> RawResult:
-        """Send ``head`` (request line and headers, without the final blank line) and ``body``;
-        feed the response to ``sink``. Never raises for a network failure (``result.error``)."""
+        """Send ``request`` (``frame_request``) and feed the response to ``sink``. Never raises
+        for a network failure (``result.error``)."""
         deadline_ns = time.perf_counter_ns() + int(timeout_s * 1e9)
         if self._sem is not None:
             await self._sem.acquire()
         try:
-            result = await self._exchange(target, head, body, sink, deadline_ns, read_timeout_s)
+            result = await self._exchange(target, request, sink, deadline_ns, read_timeout_s)
             if (
                 result.error == "connect"
                 and result.sent_ns is not None
@@ -388,7 +411,7 @@ class RawPool:
             ):
                 # the server closed an idle kept-alive connection as we reused it: once more
                 result = await self._exchange(
-                    target, head, body, sink, deadline_ns, read_timeout_s, fresh=True
+                    target, request, sink, deadline_ns, read_timeout_s, fresh=True
                 )
             return result
         finally:
@@ -420,8 +443,7 @@ class RawPool:
     async def _exchange(
         self,
         target: Target,
-        head: bytes,
-        body: bytes,
+        request: bytes,
         sink: Sink,
         deadline_ns: int,
         read_timeout_s: float,
@@ -461,7 +483,7 @@ class RawPool:
 
         assert conn.transport is not None  # noqa: S101 (set by connection_made)
         sent = conn.last_ns = result.sent_ns = clock()
-        conn.transport.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        conn.transport.write(request)
         timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
         try:
             await done

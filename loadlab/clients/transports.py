@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 from aiohttp.payload import BytesPayload
 
-from loadlab.clients.rawhttp import RawPool, Target
+from loadlab.clients.rawhttp import RawPool, Target, frame_request, header_value
 from loadlab.records import (
     OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
@@ -39,10 +39,17 @@ from loadlab.records import (
 if TYPE_CHECKING:
     from loadlab.clients.state import StreamState
 
-__all__ = ["TRANSPORTS", "AiohttpTransport", "RawTransport", "Transport", "make_transport"]
+__all__ = [
+    "RAW_OUTCOMES",
+    "TRANSPORTS",
+    "AiohttpTransport",
+    "RawTransport",
+    "Transport",
+    "make_transport",
+]
 
 TRANSPORTS = ("raw", "aiohttp")
-_RAW_ERRORS = {
+RAW_OUTCOMES = {  # RawResult.error -> outcome class (the Locust transport shares it)
     "connect": OUTCOME_CONNECT_ERROR,
     "timeout": OUTCOME_TIMEOUT,
     "incomplete": OUTCOME_INCOMPLETE,
@@ -54,10 +61,6 @@ class Transport(Protocol):
     async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None: ...
 
     async def close(self) -> None: ...
-
-
-def _header_value(value: str) -> str:
-    return value.replace("\r", "").replace("\n", "")  # no header injection through an id
 
 
 class RawTransport:
@@ -76,13 +79,9 @@ class RawTransport:
         self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
 
     async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
-        head = self._head + f"X-Request-Id: {_header_value(request_id)}\r\n".encode(
-            "latin-1", "replace"
-        )
         res = await self._pool.request(
             self.target,
-            head,
-            body,
+            frame_request(self._head, request_id, body),
             state,
             timeout_s=self.timeout_s,
             read_timeout_s=self.read_timeout_s,
@@ -92,7 +91,7 @@ class RawTransport:
         if res.error is None:
             state.finish(time.perf_counter_ns())
         else:
-            state.fail(_RAW_ERRORS[res.error], res.message, time.perf_counter_ns())
+            state.fail(RAW_OUTCOMES[res.error], res.message, time.perf_counter_ns())
 
     async def close(self) -> None:
         self._pool.close()
@@ -134,7 +133,7 @@ class AiohttpTransport:
 
     async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
         payload = _StampedBody(body, content_type="application/json")
-        headers = {**self._headers, "X-Request-Id": _header_value(request_id)}
+        headers = {**self._headers, "X-Request-Id": header_value(request_id)}
         clock = time.perf_counter_ns
         try:
             try:
