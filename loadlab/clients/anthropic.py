@@ -88,6 +88,7 @@ class AnthropicStreamState(StreamState):
 
     __slots__ = ()
 
+    TEXT_KEYS = (b'"text":"', b'"text": "')
     PROMPT_KEY = "input_tokens"
     OUTPUT_KEY = "output_tokens"
     INCOMPLETE = "stream ended before message_stop"
@@ -104,7 +105,7 @@ class AnthropicStreamState(StreamState):
                 if d.get("type") in _TOKEN_DELTAS:
                     text = d.get("text")
                     if text or d.get("thinking"):
-                        self.record.chunk_ns.append(t_rel)
+                        self._stamps.append(t_rel)
                         if text:
                             self._parts.append(text)
             elif event == "error" or kind == "error":
@@ -139,7 +140,7 @@ class AnthropicStreamState(StreamState):
         self.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
         if text or thought:
             self._parts.append(text)
-            self.record.chunk_ns.append(t_ns - self._t0)
+            self._stamps.append(t_ns - self._t0)
 
 
 class AnthropicClient(OpenAIClient):

@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -38,7 +37,7 @@ from typing import Any
 
 from loadlab import __version__
 from loadlab.clients.base import Completion, Message
-from loadlab.clients.state import StreamState
+from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.records import (
@@ -126,6 +125,8 @@ class OpenAIStreamState(StreamState):
         super().__init__(record, stream=stream, t0_ns=t0_ns, secrets=secrets)
         self.api = api
         self._chat = api == "chat"
+        if not self._chat:
+            self._keys = (b'"text":"', b'"text": "')
 
     def _complete(self) -> bool:
         return bool(self.record.finish_reason)
@@ -149,11 +150,11 @@ class OpenAIStreamState(StreamState):
                     d = c.get("delta") or {}
                     text = d.get("content")
                     if text or d.get("reasoning_content") or d.get("reasoning"):
-                        self.record.chunk_ns.append(t_rel)
+                        self._stamps.append(t_rel)
                         if text:
                             self._parts.append(text)
                 elif text := c.get("text"):
-                    self.record.chunk_ns.append(t_rel)
+                    self._stamps.append(t_rel)
                     self._parts.append(text)
                 if fr := c.get("finish_reason"):
                     self.record.finish_reason = fr
@@ -189,7 +190,7 @@ class OpenAIStreamState(StreamState):
             self._kv_transfer(obj["kv_transfer"])
         if text:
             self._parts.append(text)
-            self.record.chunk_ns.append(t_ns - self._t0)  # the whole answer is one chunk
+            self._stamps.append(t_ns - self._t0)  # the whole answer is one chunk
 
 
 class OpenAIClient:
@@ -301,7 +302,7 @@ class OpenAIClient:
         body = self._body(spec, history)
         attempt_ns = time.perf_counter_ns()
         try:
-            await self._transport.exchange(json.dumps(body).encode(), spec.request_id, state)
+            await self._transport.exchange(dumps(body), spec.request_id, state)
         except asyncio.CancelledError:
             msg = "the run stopped while the request was in flight"
             state.fail(OUTCOME_CANCELLED, msg, time.perf_counter_ns())

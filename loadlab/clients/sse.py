@@ -172,6 +172,18 @@ class SSEDecoder:
                 buf = buf[3:]
         return buf
 
+    def idle(self) -> bool:
+        """Nothing pending: no partial line, no half-built event, past the stream's start. The
+        next bytes then decode on their own, as if they began a stream."""
+        return not (
+            self._buf
+            or self._pending_cr
+            or self._bom_pending
+            or self._data
+            or self._event
+            or self._retry is not None
+        )
+
     def close(self) -> list[SSEEvent]:
         """End of stream. Per WHATWG an unterminated event is discarded: returns ``[]`` and
         sets ``discarded`` when a partial line or an undispatched event was dropped."""

@@ -1,0 +1,188 @@
+"""The token-frame fast path (``StreamState._learn_frame``) must change nothing but speed.
+
+Every test here feeds one stream to two states, one that may learn the stream's token frame and
+one that never does (``_learn = 0``, the full SSE decode and JSON parse for every event), and
+requires identical records: timestamps, text, outcome, finish reason, token counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadlab.clients import AnthropicStreamState, OpenAIStreamState
+from loadlab.clients.sse import SSEDecoder
+from loadlab.clients.state import StreamState
+from loadlab.records import RequestRecord
+
+
+def _pair(kind: str) -> tuple[StreamState, StreamState]:
+    def make() -> StreamState:
+        if kind == "anthropic":
+            return AnthropicStreamState(RequestRecord("r"), t0_ns=1000)
+        return OpenAIStreamState(RequestRecord("r"), kind, t0_ns=1000)
+
+    fast, slow = make(), make()
+    slow._learn = 0
+    for s in (fast, slow):
+        s.on_headers(200, {"Content-Type": "text/event-stream"}, 1100)
+    return fast, slow
+
+
+def _outcome(s: StreamState) -> tuple[Any, ...]:
+    r = s.record
+    return (
+        r.outcome,
+        r.error,
+        r.chunk_ns,
+        s.text,
+        r.finish_reason,
+        r.output_tokens,
+        r.output_tokens_source,
+        r.prompt_tokens,
+    )
+
+
+def _feed(reads: list[bytes], kind: str = "chat") -> tuple[StreamState, StreamState]:
+    fast, slow = _pair(kind)
+    for i, data in enumerate(reads):
+        t = 2000 + 10 * i
+        assert fast.on_bytes(data, t) == slow.on_bytes(data, t)
+    fast.finish(9_000_000)
+    slow.finish(9_000_000)
+    assert _outcome(fast) == _outcome(slow)
+    return fast, slow
+
+
+def _chat(text: str | None, finish: str | None = None, *, spaced: bool = False) -> bytes:
+    delta = {} if text is None else {"content": text}
+    obj = {
+        "id": "cmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    sep = (", ", ": ") if spaced else (",", ":")
+    return b"data: " + json.dumps(obj, separators=sep, ensure_ascii=False).encode() + b"\n\n"
+
+
+def test_a_plain_stream_learns_its_frame_and_matches_the_full_parse() -> None:
+    reads = [_chat(None)] + [_chat(f" t{i}") for i in range(20)] + [_chat(None, "stop")]
+    fast, _ = _feed([*reads, b"data: [DONE]\n\n"])
+    assert fast._tpl is not None  # learned, so most token reads went the fast way
+    assert fast.text == "".join(f" t{i}" for i in range(20))
+
+
+def test_spaced_json_learns_too() -> None:
+    fast, _ = _feed([_chat(f"w{i}", spaced=True) for i in range(5)] + [b"data: [DONE]\n\n"])
+    assert fast._tpl is not None
+
+
+def test_texts_that_need_escapes_or_change_the_frame_go_the_full_way() -> None:
+    reads = [
+        _chat("a"),
+        _chat("b"),
+        _chat('say "hi"'),  # a quote: escaped in JSON, not plain
+        _chat("back\\slash"),
+        _chat("tab\there"),
+        _chat("é"),  # raw UTF-8 is plain
+        b"data: " + json.dumps({"choices": [{"delta": {"content": "\u00e9"}}]}).encode() + b"\n\n",
+        _chat("c", "length"),  # same shape but a finish reason: another frame
+        _chat("d"),
+        b'data: {"choices":[{"delta":{"content":"x"}}],"usage":{"completion_tokens":9}}\n\n',
+        _chat("e") + _chat("f") + _chat("g"),  # several events in one read
+        _chat("h")[:20],  # an event split across reads
+        _chat("h")[20:] + _chat("i"),
+        _chat(""),  # an empty text is not a token
+        _chat("j"),
+        b"data: [DONE]\n\n",
+    ]
+    fast, _ = _feed(reads)
+    assert fast.record.finish_reason == "length"
+
+
+def test_a_look_alike_text_elsewhere_in_the_event_is_not_taken_for_the_token() -> None:
+    # the token's text escaped (\\u0061 is "a"), and an unrelated "content" holding it plainly:
+    # a frame cut around that one would read the wrong field; the probe must refuse it
+    def odd(other: str) -> bytes:
+        return (
+            b'data: {"choices":[{"delta":{"content":"\\u0061"}}],"x":{"content":"'
+            + other.encode()
+            + b'"}}\n\n'
+        )
+
+    fast, _ = _feed([odd("a"), odd("a"), odd("b"), odd("c"), b"data: [DONE]\n\n"])
+    assert fast._tpl is None
+    assert fast.text == "aaaa"
+
+
+def test_an_error_event_in_the_frame_is_still_an_error() -> None:
+    reads = [_chat("a"), _chat("b"), b'data: {"error": {"message": "boom"}}\n\n', _chat("c")]
+    fast, _ = _feed(reads)
+    assert fast.record.outcome == "stream_error"
+
+
+def test_completions_and_anthropic_frames() -> None:
+    def comp(text: str) -> bytes:
+        return b'data: {"id":"c","choices":[{"text":"' + text.encode() + b'","index":0}]}\n\n'
+
+    fast, _ = _feed([comp(f"x{i}") for i in range(6)] + [b"data: [DONE]\n\n"], "completions")
+    assert fast._tpl is not None
+
+    def delta(text: str) -> bytes:
+        body = {"type": "content_block_delta", "index": 0}
+        body["delta"] = {"type": "text_delta", "text": text}  # type: ignore[assignment]
+        return b"event: content_block_delta\ndata: " + json.dumps(body).encode() + b"\n\n"
+
+    start = b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":3}}}\n\n'
+    stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    fast, _ = _feed([start] + [delta(f"y{i}") for i in range(6)] + [stop], "anthropic")
+    assert fast._tpl is not None
+    assert fast.record.prompt_tokens == 3
+
+
+_TEXT = st.one_of(
+    st.just(" tok"),  # the same text again and again, as a fixed server sends
+    st.text(alphabet=st.sampled_from([*list('ab é"\\\n\t/'), "\u2028", "\x00"]), max_size=6),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(_TEXT, min_size=1, max_size=25),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=12),
+    spaced=st.booleans(),
+)
+def test_any_texts_split_anywhere_match_the_full_parse(
+    texts: list[str], cuts: list[int], spaced: bool
+) -> None:
+    body = b"".join(_chat(t, spaced=spaced) for t in texts) + _chat(None, "stop")
+    body += b"data: [DONE]\n\n"
+    # one read per event (the usual case), then the same stream re-split anywhere
+    per_event = [_chat(t, spaced=spaced) for t in texts]
+    _feed([*per_event, _chat(None, "stop"), b"data: [DONE]\n\n"])
+    bounds = sorted({c % (len(body) + 1) for c in cuts} | {0, len(body)})
+    _feed([body[a:b] for a, b in itertools.pairwise(bounds) if b > a])
+
+
+def test_decoder_idle() -> None:
+    d = SSEDecoder()
+    assert not d.idle()  # at the start a byte-order mark may still come
+    d.feed(b"data: a\n\n")
+    assert d.idle()
+    d.feed(b"data: b\n")  # a data line without its empty line: an event half built
+    assert not d.idle()
+    d.feed(b"\n")
+    assert d.idle()
+    d.feed(b"data: c")  # a partial line
+    assert not d.idle()
+    d.feed(b"\n\nretry: 5\n")
+    assert not d.idle()
+    d.feed(b"\n")
+    assert d.idle()
+    d.feed(b"data: d\n\r")  # a CR whose LF may follow
+    assert not d.idle()
