@@ -170,10 +170,22 @@ class _Conn(asyncio.Protocol):
                 self.reusable = False  # bytes outside an exchange
             return
         try:
-            if self._head:
-                self._response_head(data, t)
-            elif self._chunked:
+            if self._chunked:
+                if self._state == _SIZE and not self._buf:
+                    # The usual read of a token stream: exactly one whole chunk.
+                    nl = data.find(b"\r\n", 0, 10)
+                    if nl > 0:
+                        try:
+                            size = int(data[:nl], 16)
+                        except ValueError:  # a chunk extension, or garbage: the full way
+                            size = 0
+                        end = nl + 2 + size
+                        if size and end + 2 == len(data) and data.endswith(b"\r\n"):
+                            self._deliver(data[nl + 2 : end], t)
+                            return
                 self._chunks(data, t)
+            elif self._head:
+                self._response_head(data, t)
             else:
                 self._plain(data, t)
         except Exception as exc:  # a sink bug must end this request, not hang it
@@ -275,17 +287,6 @@ class _Conn(asyncio.Protocol):
         """De-chunk ``data``; every whole piece this read completed goes to the sink in one
         call (one read is one arrival time, and under load one read holds a dozen chunks:
         one SSE decode for all of them, not one each)."""
-        if self._state == _SIZE and not self._buf:
-            # The usual read of a token stream: exactly one whole chunk, no extension.
-            nl = data.find(b"\r\n")
-            if 0 < nl <= 8 and data.endswith(b"\r\n") and b";" not in data[:nl]:
-                try:
-                    size = int(data[:nl], 16)
-                except ValueError:
-                    size = 0
-                if size and nl + size + 4 == len(data):
-                    self._deliver(data[nl + 2 : -2], t)
-                    return
         buf = self._buf + data if self._buf else data
         pos, n = 0, len(buf)
         pieces: list[bytes] = []
