@@ -180,7 +180,7 @@ class _Conn(asyncio.Protocol):
                         except ValueError:  # a chunk extension, or garbage: the full way
                             size = 0
                         end = nl + 2 + size
-                        if size and end + 2 == len(data) and data.endswith(b"\r\n"):
+                        if size > 0 and end + 2 == len(data) and data.endswith(b"\r\n"):
                             self._deliver(data[nl + 2 : end], t)
                             return
                 self._chunks(data, t)
@@ -299,6 +299,8 @@ class _Conn(asyncio.Protocol):
                 try:
                     size = int(buf[pos:nl].split(b";", 1)[0], 16)
                 except ValueError:
+                    size = -1
+                if size < 0:  # not hex digits (int() would also take a sign)
                     self._flush(pieces, t)
                     self.end("protocol", f"bad chunk size line {buf[pos:nl][:40]!r}")
                     return

@@ -350,7 +350,10 @@ class StreamState:
             body = b"".join(self._body).decode("utf-8", "replace")
             rec.error = excerpt(f"HTTP {rec.http_status}: {body}", self.secrets)
         rec.outcome = self._outcome or OUTCOME_OK
-        rec.chunk_ns = self._stamps.tolist()
+        if rec.chunk_ns:  # a dialect that appended to the record itself keeps its stamps
+            rec.chunk_ns.extend(self._stamps)
+        else:
+            rec.chunk_ns = self._stamps.tolist()
         self._count_tokens()
 
     def _parse_body(self, t_ns: int) -> None:

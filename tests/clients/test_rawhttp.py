@@ -70,11 +70,17 @@ def test_close_delimited_body_ends_ok_at_close() -> None:
     [
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "protocol"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", "protocol"),
+        # a signed size (int() takes one) is not hex digits: whole read, or split from its head
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n", "protocol"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nabc\r\n", "protocol"),
         (b"SSH-2.0-OpenSSH\r\n\r\n", "protocol"),
     ],
 )
 def test_bad_framing_is_a_protocol_error(raw: bytes, error: str) -> None:
     _, conn, done = parse(raw)
+    assert done.done() and conn.result.error == error
+    cut = raw.index(b"\r\n\r\n") + 4  # the body as its own read (the one-chunk fast path)
+    _, conn, done = parse(raw[:cut], raw[cut:])
     assert done.done() and conn.result.error == error
 
 
