@@ -195,6 +195,7 @@ def run_level(
 ) -> Level:
     """One real level: run the load, write its results file, judge it against ``spec``."""
     from loadlab.metrics import summarize
+    from loadlab.report.text import objective_line
     from loadlab.results import write_results
     from loadlab.runner.workers import run_load
     from loadlab.slo import evaluate
@@ -224,7 +225,7 @@ def run_level(
         error_rate=(counts.get("failed", 0) / sent) if sent else 0.0,
         path=str(path),
         failed_objectives=tuple(
-            [str(r.objective) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
+            [objective_line(r) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
         ),
     )
 

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadlab.report.text import fmt_num
+from loadlab.report.text import objective_line
 
 if TYPE_CHECKING:
     from loadlab.slo import ObjectiveResult, Verdict
@@ -33,17 +33,7 @@ def _clean(text: str) -> str:
 
 
 def _details(r: ObjectiveResult) -> str:
-    ci = ""
-    if r.ci_low is not None or r.ci_high is not None:
-        lo = "-inf" if r.ci_low is None else fmt_num(r.ci_low, 3)
-        hi = "inf" if r.ci_high is None else fmt_num(r.ci_high, 3)
-        ci = f", interval [{lo}, {hi}]"
-    extra = f", ~{r.extra_requests} more requests would decide it" if r.extra_requests else ""
-    note = f" ({r.note})" if r.note else ""
-    return _clean(
-        f"{r.objective}: measured {fmt_num(r.measured, 3)}, margin {fmt_num(r.margin, 3)}"
-        f"{ci}, n {r.n}, {r.status}{extra}{note}"
-    )
+    return _clean(objective_line(r))
 
 
 def render_junit(verdict: Verdict, suite: str = "loadlab slo") -> str:

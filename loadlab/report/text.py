@@ -16,9 +16,16 @@ from loadlab import metrics
 
 if TYPE_CHECKING:
     from loadlab.results import Results
-    from loadlab.slo import Verdict
+    from loadlab.slo import ObjectiveResult, Verdict
 
-__all__ = ["fmt_num", "latency_rows", "render_summary", "render_table", "render_verdict"]
+__all__ = [
+    "fmt_num",
+    "latency_rows",
+    "objective_line",
+    "render_summary",
+    "render_table",
+    "render_verdict",
+]
 
 # (label, summary key, only for open loop)
 LATENCY_ROWS = (
@@ -176,6 +183,22 @@ def _ci_text(lo: float | None, hi: float | None, has_ci: bool) -> str:
     left = "(-inf" if lo is None else f"[{fmt_num(lo, 2)}"
     right = "inf)" if hi is None else f"{fmt_num(hi, 2)}]"
     return f"{left}, {right}"
+
+
+def objective_line(r: ObjectiveResult) -> str:
+    """One objective's result on one line: the measured value, margin, interval, count,
+    status and, when inconclusive, roughly how many more requests would decide it."""
+    ci = ""
+    if r.ci_low is not None or r.ci_high is not None:
+        lo = "-inf" if r.ci_low is None else fmt_num(r.ci_low, 3)
+        hi = "inf" if r.ci_high is None else fmt_num(r.ci_high, 3)
+        ci = f", interval [{lo}, {hi}]"
+    extra = f", ~{r.extra_requests} more requests would decide it" if r.extra_requests else ""
+    note = f" ({r.note})" if r.note else ""
+    return (
+        f"{r.objective}: measured {fmt_num(r.measured, 3)}, margin {fmt_num(r.margin, 3)}"
+        f"{ci}, n {r.n}, {r.status}{extra}{note}"
+    )
 
 
 def render_verdict(verdict: Verdict) -> str:

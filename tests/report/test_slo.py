@@ -288,3 +288,19 @@ def test_junit_inconclusive_policy(tmp_path: Path) -> None:
     assert code == 0
     root = _xml(junit)
     assert root.get("skipped") == "1" and len(root.findall("./testsuite/testcase")) == 2
+
+
+def test_objective_line_says_why_a_row_does_not_pass() -> None:
+    # what `loadlab sweep` prints under a level that did not pass, and JUnit's message
+    from loadlab.report.text import objective_line
+    from loadlab.slo.spec import Objective
+    from loadlab.slo.verdict import ObjectiveResult
+
+    obj = Objective("ttft_ms", "<=", 1500.0, percentile=90.0)
+    row = ObjectiveResult(obj, 820.0, "inconclusive", 610.0, 1720.0, n=10, extra_requests=40)
+    line = objective_line(row)
+    assert line.startswith(str(obj)) and "measured 820.000" in line
+    assert "interval [610.000, 1,720.000]" in line and "inconclusive" in line
+    assert "~40 more requests would decide it" in line
+    failed = objective_line(ObjectiveResult(obj, 1900.0, "fail", 1800.0, 2000.0, n=300))
+    assert failed.endswith(", n 300, fail") and "margin -400.000" in failed
