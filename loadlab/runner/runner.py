@@ -228,9 +228,9 @@ class Runner:
             if deadline is not None:
                 deadline.cancel()
             self._end_sending()
-            generator = await monitor.stop()
             freezer.cancel()
             gc.unfreeze()
+            generator = await monitor.stop()
         end_ns = time.perf_counter_ns() - self.t0_ns
         generator["dispatch_lag_ms_p99"] = _p99_ms(self.dispatch_lag_ns)
         return Results(

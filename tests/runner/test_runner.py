@@ -192,3 +192,35 @@ def test_group_units_keeps_sessions_whole_and_is_lazy() -> None:
     units = group_units(stream())
     assert [s.request_id for s in next(units)] == ["a-0", "a-1"]
     assert [s.request_id for s in next(units)] == ["solo"]
+
+
+def test_the_heap_is_frozen_during_a_run_and_handed_back_after() -> None:
+    import gc
+
+    frozen: list[int] = []
+
+    class Watching(FakeClient):
+        async def send(self, spec: RequestSpec, **kw: object) -> Completion:  # type: ignore[override]
+            frozen.append(gc.get_freeze_count())
+            return await super().send(spec, **kw)  # type: ignore[arg-type]
+
+    client = Watching(ttft_s=0.001)
+    specs = (RequestSpec(f"c{i}", "p", 3) for i in itertools.count())
+    _run(RunConfig(concurrency=2, requests=6), specs, client)
+    assert min(frozen) > 0  # the startup heap is out of the collector's walks
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_client_that_raises_is_recorded_and_the_run_goes_on() -> None:
+    class Raising(FakeClient):
+        async def send(self, spec: RequestSpec, **kw: object) -> Completion:  # type: ignore[override]
+            if spec.request_id == "c1":
+                raise RuntimeError("client bug")
+            return await super().send(spec, **kw)  # type: ignore[arg-type]
+
+    specs = (RequestSpec(f"c{i}", "p", 3) for i in itertools.count())
+    res = _run(RunConfig(concurrency=2, requests=5), specs, Raising(ttft_s=0.001))
+    c = _invariants(res)
+    assert c["ok"] == 4 and c["by_outcome"].get("protocol_error") == 1
+    bad = next(r for r in res.records if r.request_id == "c1")
+    assert "client bug" in (bad.error or "")
