@@ -3,7 +3,7 @@ server whose chunk write times are the truth (see ``loadlab.selftest`` for the d
 
     loadlab selftest                       # rising load: 1, 16, 64, 128, 256 streams
     loadlab selftest --preset issue64      # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
-    loadlab selftest --preset issue256 --workers 2
+    loadlab selftest --preset issue256      # 256 streams at 5 ms ITL, two loadlab processes
     loadlab selftest --levels 1,32 --ttft-ms 20 --itl-ms 5 --tokens 32
 """
 
@@ -36,7 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--ttft-ms", type=float, help="the server's time to first token")
     a("--itl-ms", type=float, help="the server's gap between tokens")
     a("--tokens", type=int, help="output tokens per request")
-    a("--workers", type=int, help="loadlab processes (the server runs in one more)")
+    a(
+        "--workers",
+        type=int,
+        help="loadlab processes (the server runs in one more; default 1, 2 for --preset issue256)",
+    )
     a("--ttft-tol-ms", type=float, help="tolerance on the TTFT error p99")
     a("--itl-tol-ms", type=float, help="tolerance on the ITL p99 error")
     a("--out", metavar="FILE", help="results file (default reports/selftest-<UTC time>.json)")
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         streams = ", ".join(str(lv["streams"]) for lv in saturated)
         busy = any((lv.get("cpu_percent_mean") or 0.0) >= 50.0 * sc.workers for lv in saturated)
         cause = (
-            "loadlab's CPU was the limit: try --workers 2"
+            f"loadlab's CPU was the limit: try --workers {sc.workers + 1}"
             if busy
             else "loadlab itself was mostly idle: other processes kept it waiting for a CPU"
         )
