@@ -29,7 +29,6 @@ Example (inside a gevent-patched process)::
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 import time
@@ -43,6 +42,7 @@ from greenlet import GreenletExit, getcurrent
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.openai import OpenAIStreamState, api_url, build_body, read_api_key
 from loadlab.clients.rawhttp import ResponseReader, Target, frame_request
+from loadlab.clients.state import dumps
 from loadlab.clients.transports import RAW_OUTCOMES
 from loadlab.config import EndpointConfig
 from loadlab.records import (
@@ -156,8 +156,7 @@ class StreamConnection:
         body = build_body(
             spec, self.endpoint, history=history, stream=True, include_usage=self.include_usage
         )
-        payload = json.dumps(body).encode()
-        request = frame_request(self._head, spec.request_id, payload)
+        request = frame_request(self._head, spec.request_id, dumps(body))
         clock = time.perf_counter_ns
         try:
             with gevent.Timeout(timeout_s):
