@@ -12,7 +12,8 @@ generator's times compare directly across processes on one machine.
 
 Speed: one timer serves every stream (a heap of due times; each tick writes every chunk that is
 due within ``_SLACK_NS``) and each chunk is a prebuilt byte string, so a chunk costs a heap
-operation and one ``send``. Serves ``/v1/chat/completions`` and ``/v1/completions``, streaming
+operation and one ``send`` (the last token's shares its ``send`` with the stream's end). A
+request's chunks come from per-second templates, not from encoding JSON. Serves ``/v1/chat/completions`` and ``/v1/completions``, streaming
 or not, with a usage chunk when ``stream_options.include_usage`` is set; each token chunk
 carries exactly one token (``" tok"``), and a chat stream starts with a role-only chunk (as
 real servers do; it is not a token). ``prompt_tokens`` in usage counts whitespace-separated
@@ -64,6 +65,8 @@ _SLACK_NS = 200_000  # write chunks due within 0.2 ms now: timers are not finer 
 # per chunk would cost more than the chunk); a chunk is then at most this late vs schedule.
 _MIN_TICK_NS = int(os.environ.get("LOADLAB_FIXED_TICK_NS", "1000000"))
 _DONE = b"data: [DONE]\n\n"
+_RID = b"@@loadlab-request-id@@"  # placeholders in the stream templates (_stream_bytes)
+_USAGE = b"@@loadlab-usage@@"
 
 
 @dataclass(slots=True)
@@ -105,6 +108,7 @@ class FixedScheduleServer:
         self.ssl_context = ssl_context  # serve https (tests of the client's TLS path)
         self.truth: dict[str, dict[str, Any]] = {}
         self._heap: list[tuple[int, int, _Stream]] = []
+        self._templates: dict[tuple[bool, str, bool], tuple[int, bytes, bytes, bytes]] = {}
         self._seq = itertools.count()
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -202,11 +206,31 @@ class FixedScheduleServer:
     def _stream_bytes(
         self, rid: str, chat: bool, finish: str, usage: dict[str, int] | None
     ) -> tuple[bytes, bytes, bytes]:
+        """(one token chunk, HTTP-framed; the tail after the last token, framed and
+        terminated; the role event). Built from templates made once per second and shape
+        (encoding four JSON events per request was half this server's cost per request);
+        only the id and the usage differ between requests."""
+        created = int(time.time())
+        key = (chat, finish, usage is not None)
+        tpl = self._templates.get(key)
+        if tpl is None or tpl[0] != created:
+            tpl = (created, *self._stream_events(chat, finish, usage is not None, created))
+            self._templates[key] = tpl
+        rid_json = json_bytes(rid)[1:-1]  # the id's JSON string body, escapes and all
+        token, tail, role = (t.replace(_RID, rid_json) for t in tpl[1:])
+        if usage is not None:
+            tail = tail.replace(_USAGE, json_bytes(usage))
+        return chunk_frame(token), chunk_frame(tail + _DONE) + b"0\r\n\r\n", role
+
+    def _stream_events(
+        self, chat: bool, finish: str, with_usage: bool, created: int
+    ) -> tuple[bytes, bytes, bytes]:
+        """The events of ``_stream_bytes`` with placeholders for the id and the usage."""
         head: dict[str, Any] = {
-            "id": f"cmpl-{rid}",
+            "id": "cmpl-" + _RID.decode(),
             "object": "chat.completion.chunk" if chat else "text_completion",
         }
-        head |= {"created": int(time.time()), "model": self.model}
+        head |= {"created": created, "model": self.model}
 
         def event(choices: list[dict[str, Any]], **more: Any) -> bytes:
             return b"data: " + json_bytes(head | {"choices": choices} | more) + b"\n\n"
@@ -217,12 +241,11 @@ class FixedScheduleServer:
                 return {"index": 0, "delta": delta, "finish_reason": fin}
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": fin}
 
-        frame = chunk_frame(event([choice(" tok", None)]))
         tail = event([choice(None, finish)])
-        if usage is not None:
-            tail += event([], usage=usage)
+        if with_usage:
+            tail += event([], usage=_USAGE.decode()).replace(b'"' + _USAGE + b'"', _USAGE)
         role = event([{"index": 0, "delta": {"role": "assistant", "content": ""}}]) if chat else b""
-        return frame, chunk_frame(tail + _DONE) + b"0\r\n\r\n", role
+        return event([choice(" tok", None)]), tail, role
 
     def _full_body(self, rid: str, chat: bool, n: int, finish: str, usage: dict[str, int]) -> bytes:
         text = " tok" * n
@@ -265,13 +288,15 @@ class FixedScheduleServer:
                 st.chunk_ns.append(clock())
                 conn.respond(200, st.body)
                 continue
-            st.chunk_ns.append(clock())
-            conn.transport.write(st.frame)  # type: ignore[union-attr]
             st.sent += 1
-            if st.sent >= st.tokens:
-                conn.write(st.tail)
+            if st.sent >= st.tokens:  # the last token and the end of the stream: one write
+                data = st.frame + st.tail
+                st.chunk_ns.append(clock())
+                conn.transport.write(data)  # type: ignore[union-attr]
                 conn.finish()
             else:
+                st.chunk_ns.append(clock())
+                conn.transport.write(st.frame)  # type: ignore[union-attr]
                 again.append(st)
         for st in again:
             heapq.heappush(heap, (st.first_due_ns + st.sent * st.itl_ns, next(self._seq), st))

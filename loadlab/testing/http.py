@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from loadlab.clients.state import dumps, loads
+
 __all__ = [
     "App",
     "HTTPConnection",
@@ -69,7 +71,8 @@ class App(Protocol):
 
 
 def json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    """Compact JSON (orjson when present: the fixed server builds a few per request)."""
+    return dumps(obj)
 
 
 def chunk_frame(data: bytes) -> bytes:
@@ -78,10 +81,14 @@ def chunk_frame(data: bytes) -> bytes:
 
 
 def parse_json_body(req: Request) -> dict[str, Any] | None:
+    raw = req.body or b"{}"
     try:
-        body = json.loads(req.body or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
+        body = loads(raw)
+    except ValueError:  # orjson refuses some valid JSON (integers past 64 bits): json decides
+        try:
+            body = json.loads(raw)
+        except ValueError:  # not JSON, or not UTF-8
+            return None
     return body if isinstance(body, dict) else None
 
 

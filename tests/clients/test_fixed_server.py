@@ -53,6 +53,43 @@ def test_stream_schedule_truth_and_usage() -> None:
     asyncio.run(main())
 
 
+def test_streams_from_one_template_keep_their_own_id_and_usage() -> None:
+    """The server builds a stream's bytes from a template shared by requests of one shape;
+    the id (JSON-escaped) and the usage are each request's own."""
+
+    async def stream(s: aiohttp.ClientSession, url: str, body: dict, rid: str) -> list[dict]:
+        raw = await _post(s, url, body, rid)
+        events = [ln[6:] for ln in raw.decode().split("\n") if ln.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return [json.loads(e) for e in events[:-1]]
+
+    async def main() -> None:
+        async with FixedScheduleServer(ttft_ms=1, itl_ms=1) as srv, aiohttp.ClientSession() as s:
+            url = srv.url + "/v1/completions"
+            odd = 'q"\\</'  # a quote and a backslash: escaped in JSON
+            for rid, prompt in (("a1", "one two"), (odd, "one two three four"), ("a3", "x")):
+                body = {"prompt": prompt, "max_tokens": 3, "stream": True}
+                chunks = await stream(
+                    s, url, body | {"stream_options": {"include_usage": True}}, rid
+                )
+                assert {c["id"] for c in chunks} == {f"cmpl-{rid}"}
+                assert [c["choices"][0]["text"] for c in chunks if c["choices"]] == [" tok"] * 3 + [
+                    ""
+                ]
+                words = len(prompt.split())
+                assert chunks[-1]["usage"] == {
+                    "prompt_tokens": words,
+                    "completion_tokens": 3,
+                    "total_tokens": words + 3,
+                }
+                assert all(isinstance(c["created"], int) for c in chunks)
+            no_usage = await stream(s, url, {"prompt": "x", "max_tokens": 2, "stream": True}, "b")
+            assert all("usage" not in c for c in no_usage)
+            assert len(srv.truth[odd]["chunk_ns"]) == 3
+
+    asyncio.run(main())
+
+
 def test_completions_non_stream_and_tokens_override() -> None:
     async def main() -> None:
         async with (
