@@ -91,20 +91,23 @@ class SSEDecoder:
     def feed_raw(self, data: bytes) -> list[RawEvent]:
         """``feed`` as ``(data, event, id, retry)`` tuples: the client's hot path (a tuple is
         several times cheaper to build than a frozen dataclass)."""
+        buf = data
         if self._buf or self._pending_cr or self._bom_pending:
             buf = self._prepare(data)
-        elif (
-            data.startswith(b"data: ")
-            and data.find(b"\n") == len(data) - 2
-            and data.endswith(b"\n\n")
-            and b"\r" not in data
+            whole = not self._buf and not self._bom_pending  # buf starts at a line start
+        else:
+            whole = True
+        if (
+            whole
+            and buf.startswith(b"data: ")
+            and buf.find(b"\n") == len(buf) - 2
+            and buf.endswith(b"\n\n")
+            and b"\r" not in buf
             and not self._data
             and not self._event
             and self._retry is None
         ):  # the usual read of a token stream: exactly one whole one-line "data:" event
-            return [(data[6:-2].decode("utf-8", "replace"), "message", self._last_id, None)]
-        else:
-            buf = data
+            return [(buf[6:-2].decode("utf-8", "replace"), "message", self._last_id, None)]
         end = buf.rfind(b"\n")
         cr = b"\r" in buf
         if cr:

@@ -89,6 +89,24 @@ def test_bom_at_start_only_and_split() -> None:
     assert later == [SSEEvent("a")]  # "\ufeffdata" is an unknown field name, so ignored
 
 
+def test_one_whole_event_per_feed_from_the_stream_start() -> None:
+    """The one-event fast path also serves the first feed (after the BOM check) and a feed
+    after a split CRLF, but never a feed that completes a partial line."""
+    bom = b"\xef\xbb\xbf"
+    assert decode(b"data: a\n\n", b"data: b\n\n") == [SSEEvent("a"), SSEEvent("b")]
+    assert decode(bom + b"data: a\n\n") == [SSEEvent("a")]
+    assert decode(b"data: a\r", b"\n\r\n", b"data: b\n\n") == [SSEEvent("a"), SSEEvent("b")]
+    # "data: x" is pending: the next feed looks like one whole event but continues that line
+    assert decode(b"data: x", b"data: y\n\n", b"data: z\n\n") == [
+        SSEEvent("xdata: y"),
+        SSEEvent("z"),
+    ]
+    assert decode(b"da", b"ta: y\n\n", b"data: z\n\n") == [SSEEvent("y"), SSEEvent("z")]
+    assert decode(b"event: e\n", b"data: y\n\n") == [SSEEvent("y", event="e")]
+    raw = SSEDecoder().feed_raw(b"data: a\n\n")
+    assert raw == [("a", "message", None, None)]
+
+
 def test_split_inside_multibyte_utf8() -> None:
     body = "data: héllo 🙂 世界\n\n".encode()
     for i in range(len(body) + 1):

@@ -77,6 +77,27 @@ def test_a_plain_stream_learns_its_frame_and_matches_the_full_parse() -> None:
     assert fast.text == "".join(f" t{i}" for i in range(20))
 
 
+def test_a_dialect_subclass_without_slots_learns_through_a_scratch_copy() -> None:
+    """The probe runs on a shallow copy; a subclass's instance attributes travel with it."""
+
+    class Tagged(OpenAIStreamState):  # no __slots__: has a __dict__
+        def __init__(self) -> None:
+            super().__init__(RequestRecord("r"), "chat", t0_ns=0)
+            self.tag = "kept"
+
+        def _event(self, data: str, event: str, t_rel: int) -> bool:
+            assert self.tag == "kept"  # the scratch copy has it too
+            return super()._event(data, event, t_rel)
+
+    s = Tagged()
+    s.on_headers(200, {"Content-Type": "text/event-stream"}, 0)
+    for i, data in enumerate([_chat(" a"), _chat(" b"), _chat(None, "stop"), b"data: [DONE]\n\n"]):
+        s.on_bytes(data, 10 + i)
+    s.finish(100)
+    assert s._tpl is not None
+    assert (s.record.outcome, s.text, s.record.chunk_ns) == ("ok", " a b", [10, 11])
+
+
 def test_spaced_json_learns_too() -> None:
     fast, _ = _feed([_chat(f"w{i}", spaced=True) for i in range(5)] + [b"data: [DONE]\n\n"])
     assert fast._tpl is not None
