@@ -183,6 +183,12 @@ def compare_level(
         "loop_lag_ms_p99": max(
             (float(p.get("loop_lag_ms_p99") or 0.0) for p in _parts(results)), default=None
         ),
+        "parse_backlog_ms": {
+            k: max(
+                (float(p.get(f"parse_backlog_ms_{k}") or 0.0) for p in _parts(results)), default=0.0
+            )
+            for k in ("p50", "p99", "max")
+        },
         "cpu_percent_mean": sum(float(p.get("cpu_percent_mean") or 0.0) for p in _parts(results)),
         # loadlab's own CPU time (all worker processes) per output token read
         "cpu_us_per_token": 1e6 * _cpu_s(results) / max(sum(len(r.chunk_ns) for r in ok), 1),
@@ -321,7 +327,7 @@ def render_levels(levels: list[Mapping[str, Any]]) -> str:
     head = (
         f"{'streams':>7} {'reqs':>5}  {'TTFT err ms p50/p90/p99':>24}  {'ITL p99 err':>11}  "
         f"{'out tok/s meas / truth (err)':>31}  {'server tok/s':>12}  {'lag p99':>7}  "
-        f"{'cpu us/tok':>10}  ok?"
+        f"{'backlog p50/p99':>15}  {'cpu us/tok':>10}  ok?"
     )
     lines = [head]
     for lv in levels:
@@ -332,10 +338,12 @@ def render_levels(levels: list[Mapping[str, Any]]) -> str:
             f"({_f(100 * (lv['tps_err_rel'] or 0.0), '{:+.2f}')}%)"
         )
         sat = " SATURATED" if lv["saturated"] else ""
+        b = lv.get("parse_backlog_ms") or {}
+        backlog = f"{_f(b.get('p50'), '{:.1f}')}/{_f(b.get('p99'), '{:.1f}')}"
         lines.append(
             f"{lv['streams']:>7} {lv['requests']:>5}  {ttft:>24}  {_f(lv['itl_p99_err_ms'], '{:+.3f}'):>11}  "
             f"{tps:>31}  {lv['server_tps']:>12,.0f}  {_f(lv['loop_lag_ms_p99'], '{:.1f}'):>7}  "
-            f"{_f(lv.get('cpu_us_per_token'), '{:.1f}'):>10}  "
+            f"{backlog:>15}  {_f(lv.get('cpu_us_per_token'), '{:.1f}'):>10}  "
             f"{'yes' if lv['within_tolerance'] else 'NO'}{sat}"
         )
     return "\n".join(lines)

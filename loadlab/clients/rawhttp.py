@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +43,10 @@ __all__ = [
     "header_value",
 ]
 
+# _Deferred: the most parsing one loop turn does before the loop polls again, unless the
+# oldest read still waiting to be parsed is PARSE_MAX_LAG_NS old
+PARSE_SLICE_NS = 500_000
+PARSE_MAX_LAG_NS = 50_000_000
 _MAX_HEAD = 64 * 1024
 _SIZE, _DATA, _CRLF, _TRAILER = 0, 1, 2, 3  # chunked-body parser states
 
@@ -363,23 +368,81 @@ class _Deferred:
     Without it, when many streams' tokens arrive together (a server writes a whole batch's
     tokens in one step), the k-th socket's stamp waited for k-1 responses' parsing, SSE
     decoding and bookkeeping. ``call_soon`` runs after this turn's I/O callbacks (asyncio and
-    uvloop alike), and one callback per turn parses everything that was read, in order.
+    uvloop alike), and one callback per turn parses what was read, in order.
+
+    That callback parses for at most ``slice_ns`` and leaves the rest, still in order, to the
+    next turn: the loop polls its sockets in between, so reads that arrive while a backlog is
+    parsed (the first tokens of 128 streams that started together, each a full parse and a
+    frame probe) are stamped within about a slice, not after the whole backlog.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        slice_ns: int = PARSE_SLICE_NS,
+        max_lag_ns: int = PARSE_MAX_LAG_NS,
+    ) -> None:
         self.loop = loop
+        self.slice_ns = slice_ns
+        self.max_lag_ns = max_lag_ns
         self.items: list[tuple[_Conn, bytes, int]] = []
+        self._scheduled = False
 
     def add(self, conn: _Conn, data: bytes, t: int) -> None:
         self.items.append((conn, data, t))
-        if len(self.items) == 1:
-            self.loop.call_soon(self.flush)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._turn)
 
-    def flush(self) -> None:
-        while self.items:
-            items, self.items = self.items, []
-            for conn, data, t in items:
+    def _turn(self) -> None:
+        self._scheduled = False
+        self.flush(time.perf_counter_ns() + self.slice_ns)
+
+    def flush(self, until_ns: int | None = None) -> None:
+        """Parse what was read, in order; with ``until_ns``, stop once it has passed and
+        schedule the rest for the next turn."""
+        items, clock = self.items, time.perf_counter_ns
+        i = 0
+        try:
+            while i < len(items):
+                conn, data, t = items[i]
+                i += 1
                 conn.feed(data, t)
+                if (
+                    until_ns is not None
+                    and i < len(items)
+                    and (now := clock()) >= until_ns
+                    and now - items[i][2] < self.max_lag_ns
+                ):  # the slice is used up, and what is left was read recently: next turn
+                    if not self._scheduled:
+                        self._scheduled = True
+                        self.loop.call_soon(self._turn)
+                    return
+        finally:
+            del items[:i]
+
+
+_DEFERRED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deferred] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _deferred_for(loop: asyncio.AbstractEventLoop) -> _Deferred:
+    """The loop's one parse queue, shared by every pool on it (one order for all reads)."""
+    deferred = _DEFERRED.get(loop)
+    if deferred is None:
+        deferred = _DEFERRED[loop] = _Deferred(loop)
+    return deferred
+
+
+def parse_backlog_ms(loop: asyncio.AbstractEventLoop) -> float:
+    """How long the oldest read on ``loop`` that is not parsed yet has waited (0: none). The
+    runner's monitor samples it: reads are stamped at once, so a backlog does not move a
+    timestamp, but it delays each response's end and the closed loop's next request."""
+    deferred = _DEFERRED.get(loop)
+    if deferred is None or not deferred.items:
+        return 0.0
+    return max(0.0, (time.perf_counter_ns() - deferred.items[0][2]) / 1e6)
 
 
 class RawPool:
@@ -389,7 +452,6 @@ class RawPool:
         self._idle: dict[Target, list[_Conn]] = {}
         self._sem = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._ssl: ssl.SSLContext | None = None
-        self._deferred: _Deferred | None = None
 
     async def request(
         self,
@@ -423,9 +485,7 @@ class RawPool:
 
     async def _connect(self, target: Target, deadline_ns: int) -> _Conn | RawResult:
         loop = asyncio.get_running_loop()
-        if self._deferred is None or self._deferred.loop is not loop:
-            self._deferred = _Deferred(loop)
-        deferred = self._deferred
+        deferred = _deferred_for(loop)
         if target.tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         wait_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)

@@ -12,6 +12,14 @@ machine is not saturation; the p99 rather than the mean, because a generator tha
 tick in a hundred already shifts the tail latencies users gate on. ``cpu_percent_mean`` near
 100 (one core) is reported as the likely cause.
 
+Each tick also samples the raw transport's *parse backlog*: how long the oldest read that was
+stamped but not yet parsed has waited (``loadlab.clients.rawhttp``: reads are stamped at once
+and parsed in slices, so a burst of work does not hold back the next reads' stamps). It moves
+no timestamp; it delays each response's end, so a closed loop's next request. A generator
+whose median backlog exceeds ``threshold_ms`` cannot keep up with interpreting what it reads
+(the backlog sits near its 50 ms cap, past which the parser stops yielding): that run is
+``saturated`` too.
+
 Example::
 
     mon = LoopMonitor(threshold_ms=20.0)
@@ -29,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from loadlab.clients.rawhttp import parse_backlog_ms
+
 __all__ = ["LoopMonitor", "saturation_warning"]
 
 
@@ -42,6 +52,7 @@ class LoopMonitor:
         self.tick_ns = int(tick_ms * 1e6)
         self.sample_ns = int(sample_s * 1e9)
         self.lags_ms: list[float] = []
+        self.backlog_ms: list[float] = []
         self.samples: list[list[float]] = []  # [t_ns, max lag in the interval ms, cpu %]
         self.cpu: list[float] = []
         self._task: asyncio.Task[None] | None = None
@@ -58,6 +69,7 @@ class LoopMonitor:
 
     async def _tick(self) -> None:
         proc = self._proc
+        loop = asyncio.get_running_loop()
         interval_max = 0.0
         next_sample = time.perf_counter_ns() + self.sample_ns
         expected = time.perf_counter_ns() + self.tick_ns
@@ -66,6 +78,7 @@ class LoopMonitor:
             now = time.perf_counter_ns()
             lag_ms = max(0.0, (now - expected) / 1e6)
             self.lags_ms.append(lag_ms)
+            self.backlog_ms.append(parse_backlog_ms(loop))
             interval_max = max(interval_max, lag_ms)
             # the next tick is due one period after this wake-up (a late tick is not caught up)
             expected = now + self.tick_ns
@@ -96,15 +109,23 @@ class LoopMonitor:
     def summary(self) -> dict[str, Any]:
         lags = np.asarray(self.lags_ms, dtype=float)
         p99 = float(np.percentile(lags, 99)) if lags.size else 0.0
+        backlog = np.asarray(self.backlog_ms, dtype=float)
+        backlog_p50 = float(np.percentile(backlog, 50)) if backlog.size else 0.0
         return {
-            "saturated": p99 > self.threshold_ms,
+            "saturated": p99 > self.threshold_ms or backlog_p50 > self.threshold_ms,
             "loop_lag_ms_max": float(lags.max()) if lags.size else 0.0,
             "loop_lag_ms_p99": p99,
             "loop_lag_ms_p50": float(np.percentile(lags, 50)) if lags.size else 0.0,
+            "parse_backlog_ms_p50": backlog_p50,
+            "parse_backlog_ms_p99": float(np.percentile(backlog, 99)) if backlog.size else 0.0,
+            "parse_backlog_ms_max": float(backlog.max()) if backlog.size else 0.0,
             "cpu_percent_mean": float(np.mean(self.cpu)) if self.cpu else None,
             "cpu_s": round(getattr(self, "cpu_s", 0.0), 3),  # user + system over the run
             "threshold_ms": self.threshold_ms,
-            "rule": "saturated when the p99 of a 10 ms ticker's oversleep exceeds threshold_ms",
+            "rule": (
+                "saturated when the p99 of a 10 ms ticker's oversleep, or the median age of the "
+                "oldest read not yet parsed, exceeds threshold_ms"
+            ),
             "samples": [[int(s[0]), s[1], s[2] if s[2] == s[2] else None] for s in self.samples],
         }
 
@@ -130,9 +151,18 @@ def saturation_warning(generator: dict[str, Any]) -> str | None:
         )
     else:
         cause = "use --workers N, lower the load, or run loadlab on another machine."
+    threshold = float(generator.get("threshold_ms") or 0.0)
+    backlog = float(generator.get("parse_backlog_ms_p50") or 0.0)
+    if backlog > threshold >= float(generator.get("loop_lag_ms_p99") or 0.0):
+        return (
+            "GENERATOR SATURATED: loadlab read the responses in time but interpreted them late "
+            f"(median parse backlog {backlog:.1f} ms, threshold {threshold:.0f} ms{cpu_text}). "
+            f"Timestamps are not affected; each request ended late, so a closed loop sent "
+            f"less than it would have; {cause}"
+        )
     return (
         "GENERATOR SATURATED: loadlab's own event loop lagged "
         f"p99 {generator.get('loop_lag_ms_p99', 0.0):.1f} ms "
-        f"(threshold {generator.get('threshold_ms', 0.0):.0f} ms{cpu_text}). "
+        f"(threshold {threshold:.0f} ms{cpu_text}). "
         f"Latencies include that delay; {cause}"
     )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 
 import pytest
 
+from loadlab.clients import rawhttp
 from loadlab.clients.rawhttp import Target, _Conn, _Deferred
 
 
@@ -160,3 +162,61 @@ def test_deferred_reads_are_stamped_at_once_and_parsed_in_order_later() -> None:
         assert sb.body == b"twofo" and b.result.error == "incomplete"
     finally:
         loop.close()
+
+
+def test_parsing_is_sliced_so_the_loop_polls_between_slices() -> None:
+    """With a zero slice, each loop turn parses one read and leaves the rest, in order, to the
+    next turn; a backlog older than the cap is parsed in one go."""
+    loop = asyncio.new_event_loop()
+    try:
+        deferred = _Deferred(loop, slice_ns=0, max_lag_ns=10**12)
+        conns = [_Conn(deferred) for _ in range(3)]
+        sinks = [Sink() for _ in conns]
+        for c, sk in zip(conns, sinks, strict=True):
+            c.start(sk, loop.create_future())
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for i, c in enumerate(conns):
+            c.data_received(head + b"1\r\n%d\r\n" % i)
+        conns[0].data_received(b"1\r\nx\r\n")  # a second read of the first stream: parsed last
+        assert rawhttp.parse_backlog_ms(loop) == 0.0  # not this loop's shared queue
+        bodies = []
+        for _ in range(4):
+            loop.call_soon(loop.stop)
+            loop.run_forever()  # one turn: one read parsed
+            bodies.append([sk.body for sk in sinks])
+        assert bodies == [
+            [b"0", b"", b""],
+            [b"0", b"1", b""],
+            [b"0", b"1", b"2"],
+            [b"0x", b"1", b"2"],
+        ]
+        assert not deferred.items and not deferred._scheduled
+
+        old = _Deferred(loop, slice_ns=0, max_lag_ns=0)  # everything waiting is past the cap
+        more = [_Conn(old) for _ in range(3)]
+        more_sinks = [Sink() for _ in more]
+        for c, sk in zip(more, more_sinks, strict=True):
+            c.start(sk, loop.create_future())
+            c.data_received(head + b"1\r\nz\r\n")
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        assert [sk.body for sk in more_sinks] == [b"z"] * 3 and not old.items
+    finally:
+        loop.close()
+
+
+def test_the_loops_parse_queue_reports_its_oldest_read() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert rawhttp.parse_backlog_ms(loop) == 0.0  # no raw connection yet
+        deferred = rawhttp._deferred_for(loop)
+        assert rawhttp._deferred_for(loop) is deferred  # one per loop, shared by every pool
+        conn = _Conn(deferred)
+        conn.start(Sink(), loop.create_future())
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+        time.sleep(0.003)
+        assert rawhttp.parse_backlog_ms(loop) >= 3.0  # stamped, not yet parsed
+        await asyncio.sleep(0)
+        assert rawhttp.parse_backlog_ms(loop) == 0.0
+
+    asyncio.run(main())

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from loadlab.clients import rawhttp
 from loadlab.commands import run as run_cmd
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.metrics import count_outcomes
@@ -34,6 +35,30 @@ def test_monitor_flags_a_blocked_loop() -> None:
     assert busy["saturated"] is True and busy["loop_lag_ms_max"] >= 40.0
     assert busy["samples"] and "SATURATED" in (saturation_warning(busy) or "")
     assert saturation_warning({"saturated": False}) is None
+
+
+def test_monitor_flags_a_parse_backlog_that_does_not_drain() -> None:
+    """Reads stamped but parsed 30 ms late, most of the time: saturated, though the loop's
+    own ticks are on time; a backlog that clears in bursts is reported but not flagged."""
+
+    async def go(ages_ms: list[float]) -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        deferred = rawhttp._deferred_for(loop)
+        mon = LoopMonitor(threshold_ms=20.0, sample_s=0.05)
+        mon.start(time.perf_counter_ns())
+        for age in ages_ms:
+            deferred.items[:] = (
+                [(None, b"", time.perf_counter_ns() - int(age * 1e6))] if age else []
+            )
+            await asyncio.sleep(0.012)
+        deferred.items.clear()
+        return await mon.stop()
+
+    behind = asyncio.run(go([30.0] * 12))
+    assert behind["saturated"] is True and behind["parse_backlog_ms_p50"] >= 30.0
+    assert "interpreted them late" in (saturation_warning(behind) or "")
+    bursty = asyncio.run(go([0.0] * 9 + [45.0] * 3))
+    assert bursty["parse_backlog_ms_max"] >= 45.0 and bursty["saturated"] is False
 
 
 def test_share_and_partition_keep_sessions_whole() -> None:
