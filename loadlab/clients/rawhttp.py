@@ -73,6 +73,7 @@ class RawResult:
     sent_ns: int | None = None
     error: str | None = None
     message: str = ""
+    end_ns: int | None = None  # when the read that ended it was read (else when it ended)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class _Conn(asyncio.Protocol):
         self.result = RawResult()
         self.last_ns = 0  # when the last byte came (read timeout)
         self.got_bytes = False
+        self._read_ns: int | None = None  # the stamp of the read being parsed, during feed()
         self._head = True
         self._buf = b""
         self._chunked = False
@@ -174,6 +176,7 @@ class _Conn(asyncio.Protocol):
             if data:
                 self.reusable = False  # bytes outside an exchange
             return
+        self._read_ns = t
         try:
             if self._chunked:
                 if self._state == _SIZE and not self._buf:
@@ -195,6 +198,8 @@ class _Conn(asyncio.Protocol):
                 self._plain(data, t)
         except Exception as exc:  # a sink bug must end this request, not hang it
             self.end("protocol", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._read_ns = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.deferred is not None:
@@ -211,6 +216,8 @@ class _Conn(asyncio.Protocol):
 
     def end(self, error: str | None, message: str = "") -> None:
         done, self.sink = self.done, None
+        if self.result.end_ns is None:  # a read parsed late (a backlog) ended at its stamp
+            self.result.end_ns = self._read_ns or time.perf_counter_ns()
         if error is not None:
             self.result.error, self.result.message = error, message
             self.reusable = False

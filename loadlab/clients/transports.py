@@ -88,10 +88,11 @@ class RawTransport:
         )
         if res.sent_ns is not None:
             state.on_sent(res.sent_ns)
+        end_ns = res.end_ns or time.perf_counter_ns()
         if res.error is None:
-            state.finish(time.perf_counter_ns())
+            state.finish(end_ns)
         else:
-            state.fail(RAW_OUTCOMES[res.error], res.message, time.perf_counter_ns())
+            state.fail(RAW_OUTCOMES[res.error], res.message, end_ns)
 
     async def close(self) -> None:
         self._pool.close()

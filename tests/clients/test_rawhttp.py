@@ -220,3 +220,23 @@ def test_the_loops_parse_queue_reports_its_oldest_read() -> None:
         assert rawhttp.parse_backlog_ms(loop) == 0.0
 
     asyncio.run(main())
+
+
+def test_a_response_parsed_late_ends_at_the_stamp_of_its_last_read() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        deferred = _Deferred(loop)
+        conn, done = _Conn(deferred), loop.create_future()
+        result = conn.start(Sink(), done)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        stamped = conn.last_ns
+        time.sleep(0.003)  # the parse runs later (a backlog)
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        assert done.done() and result.error is None and result.end_ns == stamped
+        late = _Conn(deferred)
+        late_result = late.start(Sink(), loop.create_future())
+        late.end("timeout", "no byte")  # ended by a timer, not by a read: now
+        assert late_result.end_ns is not None and late_result.end_ns > stamped + 2_000_000
+    finally:
+        loop.close()
