@@ -93,8 +93,8 @@ PRESETS: dict[str, SelftestConfig] = {
         itl_ms=5.0,
         tokens=128,
         # 44k tokens/s is about a core of reading (most of it the kernel's recv and ACK
-        # work): one process measures a TTFT p99 error of 11-14 ms here, two 6-9 ms
-        # (docs/harness.md); --workers 1 runs the one-process case
+        # work): one process measures a TTFT p99 error of 7-13 ms here and falls behind in
+        # parsing (flagged saturated), two 4-8 ms (docs/harness.md); --workers 1 runs one
         workers=2,
         ttft_tol_ms=10.0,
         itl_tol_ms=None,
