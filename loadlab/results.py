@@ -9,7 +9,7 @@ Layout (schema ``loadlab.results``, version ``SCHEMA_VERSION``)::
       "config":     what was asked (secrets redacted),
       "environment":{"loadlab", "python", "platform", "host", "cpu_count", ...},
       "generator":  {"saturated": bool, "loop_lag_ms_max", "loop_lag_ms_p99", "cpu_percent_mean",
-                     "parse_backlog_ms_p99", "parse_backlog_ms_max",
+                     "parse_backlog_ms_p50", "parse_backlog_ms_p99", "parse_backlog_ms_max",
                      "threshold_ms", "samples": [[t_ns, lag_ms, cpu_percent], ...]},
       "records":    [RequestRecord.to_dict(), ...],
       "server_samples": [{"t_ns": int, "metrics": {"name{labels}": value}}, ...],

@@ -445,7 +445,7 @@ def _deferred_for(loop: asyncio.AbstractEventLoop) -> _Deferred:
 def parse_backlog_ms(loop: asyncio.AbstractEventLoop) -> float:
     """How long the oldest read on ``loop`` that is not parsed yet has waited (0: none). The
     runner's monitor samples it: reads are stamped at once, so a backlog does not move a
-    timestamp, but it delays each response's end and the closed loop's next request."""
+    timestamp, but it delays what follows a response's end (a closed loop's next request)."""
     deferred = _DEFERRED.get(loop)
     if deferred is None or not deferred.items:
         return 0.0

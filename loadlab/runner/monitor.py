@@ -15,7 +15,8 @@ tick in a hundred already shifts the tail latencies users gate on. ``cpu_percent
 Each tick also samples the raw transport's *parse backlog*: how long the oldest read that was
 stamped but not yet parsed has waited (``loadlab.clients.rawhttp``: reads are stamped at once
 and parsed in slices, so a burst of work does not hold back the next reads' stamps). It moves
-no timestamp; it delays each response's end, so a closed loop's next request. A generator
+no timestamp; it delays what follows a response's end (its record, a closed loop's next
+request). A generator
 whose median backlog exceeds ``threshold_ms`` cannot keep up with interpreting what it reads
 (the backlog sits near its 50 ms cap, past which the parser stops yielding): that run is
 ``saturated`` too.
@@ -157,8 +158,8 @@ def saturation_warning(generator: dict[str, Any]) -> str | None:
         return (
             "GENERATOR SATURATED: loadlab read the responses in time but interpreted them late "
             f"(median parse backlog {backlog:.1f} ms, threshold {threshold:.0f} ms{cpu_text}). "
-            f"Timestamps are not affected; each request ended late, so a closed loop sent "
-            f"less than it would have; {cause}"
+            "Timestamps are not affected, but each finished response was handled late, so a "
+            f"closed loop started its next request late and sent less than asked; {cause}"
         )
     return (
         "GENERATOR SATURATED: loadlab's own event loop lagged "
