@@ -71,6 +71,17 @@ def test_open_loop_and_saturation_are_shown() -> None:
     assert text.count("SATURATED") >= 2  # a banner on top and a reminder at the end
 
 
+def test_a_parse_backlog_saturation_says_what_it_cost() -> None:
+    """Two worker processes, one whose parser fell behind while its loop kept time."""
+    res = hand_made()
+    part = {"threshold_ms": 20.0, "loop_lag_ms_p99": 6.0, "parse_backlog_ms_p50": 41.5}
+    calm = {"threshold_ms": 20.0, "loop_lag_ms_p99": 5.0, "parse_backlog_ms_p50": 0.0}
+    res.generator = {"saturated": True, "loop_lag_ms_max": 9.0, "parts": [calm, part]}
+    text = render_summary(res)
+    assert "lag up to 9.0 ms, median parse backlog 41.5 ms (threshold 20.0 ms)" in text
+    assert "timestamps are exact, but it sent less load than asked" in text
+
+
 def test_empty_run_and_number_format() -> None:
     text = render_summary(Results(records=[]))
     assert _row(text, "TTFT (ms)")[:2] == ["0", "-"]
