@@ -43,7 +43,7 @@ from loadlab.clients.base import Completion, Message
 from loadlab.clients.openai import OpenAIStreamState, api_url, build_body, read_api_key
 from loadlab.clients.rawhttp import ResponseReader, Target, frame_request
 from loadlab.clients.state import dumps
-from loadlab.clients.transports import RAW_OUTCOMES
+from loadlab.clients.transports import settle
 from loadlab.config import EndpointConfig
 from loadlab.records import (
     OUTCOME_CANCELLED,
@@ -213,10 +213,7 @@ class StreamConnection:
             if result.error == "connect" and reused and not reader.got_bytes:
                 continue  # the server closed the idle connection as we wrote: once more, new
             break
-        if result.error is None:
-            state.finish(clock())
-        else:
-            state.fail(RAW_OUTCOMES[result.error], result.message, clock())
+        settle(state, result)
         if not reader.reusable or result.error is not None:
             self.close()
 

@@ -44,6 +44,7 @@ from loadlab.config import EndpointConfig, RunConfig
 from loadlab.metrics import itl_ms, throughput
 from loadlab.records import RequestSpec
 from loadlab.results import Results, environment_info
+from loadlab.runner.monitor import generator_parts
 from loadlab.runner.workers import run_load
 
 __all__ = ["PRESETS", "SelftestConfig", "compare_level", "render_levels", "run_selftest"]
@@ -196,8 +197,7 @@ def compare_level(
 
 
 def _parts(results: Results) -> list[Mapping[str, Any]]:
-    """The generator section of each process (a --workers run merges them under "parts")."""
-    return list(results.generator.get("parts") or [results.generator])
+    return generator_parts(results.generator)
 
 
 def _cpu_s(results: Results) -> float:

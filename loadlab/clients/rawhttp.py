@@ -394,12 +394,16 @@ class _Deferred:
         self.max_lag_ns = max_lag_ns
         self.items: list[tuple[_Conn, bytes, int]] = []
         self._scheduled = False
+        _QUEUES.add(self)  # for parse_backlog_ms; the queue lives as long as its pool
 
     def add(self, conn: _Conn, data: bytes, t: int) -> None:
         self.items.append((conn, data, t))
         if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._turn)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        self.loop.call_soon(self._turn)
 
     def _turn(self) -> None:
         self._scheduled = False
@@ -422,34 +426,23 @@ class _Deferred:
                     and now - items[i][2] < self.max_lag_ns
                 ):  # the slice is used up, and what is left was read recently: next turn
                     if not self._scheduled:
-                        self._scheduled = True
-                        self.loop.call_soon(self._turn)
+                        self._schedule()
                     return
         finally:
             del items[:i]
 
 
-_DEFERRED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deferred] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _deferred_for(loop: asyncio.AbstractEventLoop) -> _Deferred:
-    """The loop's one parse queue, shared by every pool on it (one order for all reads)."""
-    deferred = _DEFERRED.get(loop)
-    if deferred is None:
-        deferred = _DEFERRED[loop] = _Deferred(loop)
-    return deferred
+_QUEUES: weakref.WeakSet[_Deferred] = weakref.WeakSet()  # every live parse queue
 
 
 def parse_backlog_ms(loop: asyncio.AbstractEventLoop) -> float:
     """How long the oldest read on ``loop`` that is not parsed yet has waited (0: none). The
     runner's monitor samples it: reads are stamped at once, so a backlog does not move a
     timestamp, but it delays what follows a response's end (a closed loop's next request)."""
-    deferred = _DEFERRED.get(loop)
-    if deferred is None or not deferred.items:
+    oldest = min((q.items[0][2] for q in list(_QUEUES) if q.loop is loop and q.items), default=None)
+    if oldest is None:
         return 0.0
-    return max(0.0, (time.perf_counter_ns() - deferred.items[0][2]) / 1e6)
+    return max(0.0, (time.perf_counter_ns() - oldest) / 1e6)
 
 
 class RawPool:
@@ -459,6 +452,7 @@ class RawPool:
         self._idle: dict[Target, list[_Conn]] = {}
         self._sem = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._ssl: ssl.SSLContext | None = None
+        self._deferred: _Deferred | None = None
 
     async def request(
         self,
@@ -492,7 +486,9 @@ class RawPool:
 
     async def _connect(self, target: Target, deadline_ns: int) -> _Conn | RawResult:
         loop = asyncio.get_running_loop()
-        deferred = _deferred_for(loop)
+        if self._deferred is None or self._deferred.loop is not loop:
+            self._deferred = _Deferred(loop)
+        deferred = self._deferred
         if target.tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         wait_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)

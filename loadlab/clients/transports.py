@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 from aiohttp.payload import BytesPayload
 
-from loadlab.clients.rawhttp import RawPool, Target, frame_request, header_value
+from loadlab.clients.rawhttp import RawPool, RawResult, Target, frame_request, header_value
 from loadlab.records import (
     OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
@@ -46,6 +46,7 @@ __all__ = [
     "RawTransport",
     "Transport",
     "make_transport",
+    "settle",
 ]
 
 TRANSPORTS = ("raw", "aiohttp")
@@ -55,6 +56,16 @@ RAW_OUTCOMES = {  # RawResult.error -> outcome class (the Locust transport share
     "incomplete": OUTCOME_INCOMPLETE,
     "protocol": OUTCOME_PROTOCOL_ERROR,
 }
+
+
+def settle(state: StreamState, result: RawResult) -> None:
+    """Hand a raw exchange's ending to its stream state: finished, or failed with the outcome
+    class of ``result.error``, at the stamp of the read that ended it (``RawResult.end_ns``)."""
+    end_ns = result.end_ns or time.perf_counter_ns()
+    if result.error is None:
+        state.finish(end_ns)
+    else:
+        state.fail(RAW_OUTCOMES[result.error], result.message, end_ns)
 
 
 class Transport(Protocol):
@@ -88,11 +99,7 @@ class RawTransport:
         )
         if res.sent_ns is not None:
             state.on_sent(res.sent_ns)
-        end_ns = res.end_ns or time.perf_counter_ns()
-        if res.error is None:
-            state.finish(end_ns)
-        else:
-            state.fail(RAW_OUTCOMES[res.error], res.message, end_ns)
+        settle(state, res)
 
     async def close(self) -> None:
         self._pool.close()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from loadlab import metrics
+from loadlab.runner.monitor import parser_fell_behind, worst_process
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -84,16 +85,14 @@ def latency_rows(results: Results, summary: dict[str, Any]) -> list[tuple[str, d
 
 def _saturation_banner(results: Results) -> str:
     g = results.generator
-    parts = g.get("parts") or [g]  # a --workers run keeps each process's section
+    lag_p99, _, thr = worst_process(g)
     lag = g.get("loop_lag_ms_max")
-    thr = g.get("threshold_ms", next((p.get("threshold_ms") for p in parts), None))
     detail = f": event-loop lag up to {fmt_num(lag)} ms" if lag is not None else ""
     why = "!!! the load generator was the bottleneck: latencies below are NOT trustworthy !!!"
-    backlog = max(float(p.get("parse_backlog_ms_p50") or 0.0) for p in parts)
-    lag_p99 = max(float(p.get("loop_lag_ms_p99") or 0.0) for p in parts)
-    if thr is not None and backlog > float(thr):  # the parser fell behind (runner/monitor.py)
+    backlog = parser_fell_behind(g)
+    if backlog is not None:
         detail += f", median parse backlog {fmt_num(backlog)} ms"
-        if lag_p99 <= float(thr):
+        if lag_p99 <= (thr or 0.0):
             why = (
                 "!!! the load generator was the bottleneck: its timestamps are exact, but it "
                 "sent less load than asked !!!"

@@ -34,13 +34,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from loadlab.clients.rawhttp import parse_backlog_ms
 
-__all__ = ["LoopMonitor", "saturation_warning"]
+__all__ = [
+    "LoopMonitor",
+    "generator_parts",
+    "parser_fell_behind",
+    "saturation_warning",
+    "worst_process",
+]
 
 
 class LoopMonitor:
@@ -139,6 +146,26 @@ def _process() -> Any:
     return psutil.Process()
 
 
+def generator_parts(generator: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Each process's generator section (a --workers run merges them under "parts")."""
+    return list(generator.get("parts") or [generator])
+
+
+def worst_process(generator: Mapping[str, Any]) -> tuple[float, float, float | None]:
+    """(loop-lag p99, parse-backlog p50, threshold) of the run's worst process."""
+    parts = generator_parts(generator)
+    lag = max(float(p.get("loop_lag_ms_p99") or 0.0) for p in parts)
+    backlog = max(float(p.get("parse_backlog_ms_p50") or 0.0) for p in parts)
+    threshold = generator.get("threshold_ms", next((p.get("threshold_ms") for p in parts), None))
+    return lag, backlog, None if threshold is None else float(threshold)
+
+
+def parser_fell_behind(generator: Mapping[str, Any]) -> float | None:
+    """The worst median parse backlog (ms) when it passed the threshold, else None."""
+    _, backlog, threshold = worst_process(generator)
+    return backlog if threshold is not None and backlog > threshold else None
+
+
 def saturation_warning(generator: dict[str, Any]) -> str | None:
     """The loud line the CLI prints for a saturated generator, or None."""
     if not generator.get("saturated"):
@@ -152,9 +179,10 @@ def saturation_warning(generator: dict[str, Any]) -> str | None:
         )
     else:
         cause = "use --workers N, lower the load, or run loadlab on another machine."
-    threshold = float(generator.get("threshold_ms") or 0.0)
-    backlog = float(generator.get("parse_backlog_ms_p50") or 0.0)
-    if backlog > threshold >= float(generator.get("loop_lag_ms_p99") or 0.0):
+    lag, _, thr = worst_process(generator)
+    threshold = thr or 0.0
+    backlog = parser_fell_behind(generator)
+    if backlog is not None and lag <= threshold:
         return (
             "GENERATOR SATURATED: loadlab read the responses in time but interpreted them late "
             f"(median parse backlog {backlog:.1f} ms, threshold {threshold:.0f} ms{cpu_text}). "
@@ -163,7 +191,7 @@ def saturation_warning(generator: dict[str, Any]) -> str | None:
         )
     return (
         "GENERATOR SATURATED: loadlab's own event loop lagged "
-        f"p99 {generator.get('loop_lag_ms_p99', 0.0):.1f} ms "
+        f"p99 {lag:.1f} ms "
         f"(threshold {threshold:.0f} ms{cpu_text}). "
         f"Latencies include that delay; {cause}"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Mapping
 
@@ -178,7 +179,7 @@ def test_parsing_is_sliced_so_the_loop_polls_between_slices() -> None:
         for i, c in enumerate(conns):
             c.data_received(head + b"1\r\n%d\r\n" % i)
         conns[0].data_received(b"1\r\nx\r\n")  # a second read of the first stream: parsed last
-        assert rawhttp.parse_backlog_ms(loop) == 0.0  # not this loop's shared queue
+        assert rawhttp.parse_backlog_ms(loop) > 0.0  # four reads wait to be parsed
         bodies = []
         for _ in range(4):
             loop.call_soon(loop.stop)
@@ -209,8 +210,7 @@ def test_the_loops_parse_queue_reports_its_oldest_read() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         assert rawhttp.parse_backlog_ms(loop) == 0.0  # no raw connection yet
-        deferred = rawhttp._deferred_for(loop)
-        assert rawhttp._deferred_for(loop) is deferred  # one per loop, shared by every pool
+        deferred = _Deferred(loop)  # a pool's parse queue
         conn = _Conn(deferred)
         conn.start(Sink(), loop.create_future())
         conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
@@ -240,3 +240,16 @@ def test_a_response_parsed_late_ends_at_the_stamp_of_its_last_read() -> None:
         assert late_result.end_ns is not None and late_result.end_ns > stamped + 2_000_000
     finally:
         loop.close()
+
+
+def test_a_finished_loop_leaves_no_parse_queue_behind() -> None:
+    async def main() -> None:
+        queue = _Deferred(asyncio.get_running_loop())
+        assert queue in rawhttp._QUEUES
+
+    gc.collect()  # earlier tests' queues
+    before = len(rawhttp._QUEUES)
+    for _ in range(3):
+        asyncio.run(main())
+    gc.collect()
+    assert len(rawhttp._QUEUES) == before

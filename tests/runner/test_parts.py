@@ -43,7 +43,7 @@ def test_monitor_flags_a_parse_backlog_that_does_not_drain() -> None:
 
     async def go(ages_ms: list[float]) -> dict[str, object]:
         loop = asyncio.get_running_loop()
-        deferred = rawhttp._deferred_for(loop)
+        deferred = rawhttp._Deferred(loop)  # a pool's parse queue
         mon = LoopMonitor(threshold_ms=20.0, sample_s=0.05)
         mon.start(time.perf_counter_ns())
         for age in ages_ms:
@@ -59,6 +59,18 @@ def test_monitor_flags_a_parse_backlog_that_does_not_drain() -> None:
     assert "interpreted them late" in (saturation_warning(behind) or "")
     bursty = asyncio.run(go([0.0] * 9 + [45.0] * 3))
     assert bursty["parse_backlog_ms_max"] >= 45.0 and bursty["saturated"] is False
+
+
+def test_a_merged_runs_warning_reads_its_worst_process() -> None:
+    """A --workers run keeps each process's section under "parts": the warning quotes the
+    worst one's lag or backlog, not the merged section's missing fields."""
+    lagging = {"threshold_ms": 20.0, "loop_lag_ms_p99": 31.5, "parse_backlog_ms_p50": 0.0}
+    calm = {"threshold_ms": 20.0, "loop_lag_ms_p99": 4.0, "parse_backlog_ms_p50": 0.0}
+    merged = {"saturated": True, "loop_lag_ms_max": 60.0, "parts": [calm, lagging]}
+    assert "lagged p99 31.5 ms (threshold 20 ms)" in (saturation_warning(merged) or "")
+    behind = {"threshold_ms": 20.0, "loop_lag_ms_p99": 6.0, "parse_backlog_ms_p50": 44.0}
+    merged["parts"] = [calm, behind]
+    assert "median parse backlog 44.0 ms" in (saturation_warning(merged) or "")
 
 
 def test_share_and_partition_keep_sessions_whole() -> None:
