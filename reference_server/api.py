@@ -21,7 +21,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from reference_server.engine import Engine, TokenEvent
+from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -148,7 +148,7 @@ class _Release:
     """Runs once, however the response ends: frees the in-flight slot and aborts the request
     in the engine unless it finished (a client that went away frees its KV blocks)."""
 
-    def __init__(self, state: dict[str, int], engine: Engine, seq_id: str) -> None:
+    def __init__(self, state: dict[str, int], engine: EngineLike, seq_id: str) -> None:
         self.state, self.engine, self.seq_id = state, engine, seq_id
         self.finished = False
         self._released = False
@@ -166,7 +166,7 @@ class _SSE(StreamingResponse):
     """Releases the request however the stream ends, even when the client hangs up before
     the first event (the generator may then never start, so its own ``finally`` never runs)."""
 
-    def __init__(self, events: AsyncIterator[str], release: _Release) -> None:
+    def __init__(self, events: AsyncGenerator[str, None], release: _Release) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._events, self._release = events, release
@@ -175,14 +175,14 @@ class _SSE(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._events.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()
             self._release()
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> Any:
-    """The ASGI app (FastAPI wrapped in the auth and body-size guard)."""
+def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
+    """The ASGI app (FastAPI wrapped in the auth and body-size guard) over any engine."""
     state = {"in_flight": 0}
-    capacity = engine.scheduler.max_num_seqs + settings.max_queue
+    capacity = engine.max_num_seqs + settings.max_queue
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -256,10 +256,10 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
         kind: Kind, body: ChatRequest | CompletionRequest, prompt: str, request: Request
     ) -> Response:
         seq = _admit(kind, body, prompt)
-        queue: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
+        queue: EventQueue = asyncio.Queue()
         state["in_flight"] += 1
         release = _Release(state, engine, seq.seq_id)
-        engine.submit(seq, asyncio.get_running_loop(), queue)  # type: ignore[arg-type]
+        engine.submit(seq, asyncio.get_running_loop(), queue)
         if body.stream:
             return _SSE(_events(kind, seq, body.include_usage, queue, release), release)
         return await _whole(kind, seq, queue, request, release)
@@ -296,9 +296,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
         kind: Kind,
         seq: Sequence,
         include_usage: bool,
-        queue: asyncio.Queue[TokenEvent | None],
+        queue: EventQueue,
         release: _Release,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         created, model, rid = int(time.time()), settings.model_name, seq.seq_id
         first = True
         try:
@@ -335,7 +335,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
     async def _whole(
         kind: Kind,
         seq: Sequence,
-        queue: asyncio.Queue[TokenEvent | None],
+        queue: EventQueue,
         request: Request,
         release: _Release,
     ) -> Response:
@@ -370,7 +370,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Any:
     return _Guard(app, settings)
 
 
-async def _watch_disconnect(request: Request, queue: asyncio.Queue[TokenEvent | None]) -> None:
+async def _watch_disconnect(request: Request, queue: EventQueue) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     queue.put_nowait(None)
@@ -393,17 +393,15 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def _render_metrics(engine: Engine, in_flight: int) -> str:
-    sched, bm = engine.scheduler, engine.scheduler.block_manager
-    slots = getattr(sched, "num_batch_slots", sched.num_running)
+def _render_metrics(engine: EngineLike, in_flight: int) -> str:
+    g = engine.gauges()
     gauges = {
         "requests_in_flight": in_flight,
-        "queue_depth": engine.queue_depth,
-        "running_requests": sched.num_running,
-        "batch_slots": slots,
-        "kv_blocks_used": bm.num_used_blocks,
-        "kv_blocks_total": bm.num_blocks,
+        "queue_depth": g.queue_depth,
+        "running_requests": g.running_requests,
+        "batch_slots": g.batch_slots,
+        "kv_blocks_used": g.kv_blocks_used,
+        "kv_blocks_total": g.kv_blocks_total,
     }
-    text = engine.stats.render(gauges=gauges, counters={"preemptions_total": sched.num_preemptions})
-    extra = getattr(engine, "extra_metrics", None)  # disaggregated mode: per pool, transfers
-    return text + "".join(line + "\n" for line in extra()) if extra is not None else text
+    text = engine.stats.render(gauges=gauges, counters={"preemptions_total": g.preemptions_total})
+    return text + "".join(line + "\n" for line in engine.extra_metrics())

@@ -20,7 +20,9 @@ from typing import Any
 import uvicorn
 
 from reference_server.api import ServerSettings, create_app
+from reference_server.config import ServerConfig
 from reference_server.engine import Engine
+from reference_server.engine_like import EngineLike
 from reference_server.kv_cache import BlockManager
 from reference_server.scheduler import MODES, make_scheduler
 from reference_server.scheduler.static import FINISHED_SLOTS
@@ -28,7 +30,8 @@ from reference_server.scheduler.static import FINISHED_SLOTS
 __all__ = ["build_app", "main", "parse_args"]
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
+    """``loadlab-server`` flags -> ``ServerConfig`` (exits with a usage message on bad flags)."""
     p = argparse.ArgumentParser(prog="loadlab-server", description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=sorted([*MODES, "disaggregated"]), default="continuous")
     p.add_argument(
@@ -86,53 +89,55 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.api_key_env and not os.environ.get(args.api_key_env):
         p.error(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
-    return args
+    return ServerConfig(**vars(args))
 
 
-def _runner(args: argparse.Namespace) -> Any:
-    if args.preset == "fake":
+def _runner(config: ServerConfig) -> Any:
+    if config.preset == "fake":
         from reference_server.fake_runner import FakeModelRunner
 
-        return FakeModelRunner(args.num_kv_blocks or 4096, args.block_size, sleep_s_per_step=0.002)
+        return FakeModelRunner(
+            config.num_kv_blocks or 4096, config.block_size, sleep_s_per_step=0.002
+        )
     from reference_server.model_runner import ModelRunner  # torch is imported only here
 
-    kv_bytes = int(args.kv_cache_mb * 2**20) if args.kv_cache_mb else None
-    return ModelRunner(args.preset, num_kv_blocks=args.num_kv_blocks, kv_cache_bytes=kv_bytes,
-                       block_size=args.block_size, seed=args.seed, threads=args.threads)  # fmt: skip
+    kv_bytes = int(config.kv_cache_mb * 2**20) if config.kv_cache_mb else None
+    return ModelRunner(config.preset, num_kv_blocks=config.num_kv_blocks, kv_cache_bytes=kv_bytes,
+                       block_size=config.block_size, seed=config.seed, threads=config.threads)  # fmt: skip
 
 
-def build_app(args: argparse.Namespace) -> tuple[Any, Engine, dict[str, Any]]:
-    """Runner, block manager, scheduler, engine and ASGI app from parsed flags."""
-    if args.mode == "disaggregated":  # worker processes behind the same engine interface
-        from reference_server.disaggregated import build_app as build_disaggregated
+def build_app(config: ServerConfig) -> tuple[Any, EngineLike, dict[str, Any]]:
+    """Runner, block manager, scheduler, engine and ASGI app from a config."""
+    if config.mode == "disaggregated":  # worker processes behind the same engine interface
+        from reference_server.disagg.router import build_app as build_disaggregated
 
-        return build_disaggregated(args)  # type: ignore[return-value]
-    runner = _runner(args)
+        return build_disaggregated(config)
+    runner = _runner(config)
     info = dict(runner.info())
     capacity = runner.num_kv_blocks * runner.block_size
     # One request must always fit the cache alone, or admission could wait forever.
     max_model_len = min(
         int(info.get("max_model_len") or info.get("max_seq_len") or capacity), capacity
     )
-    if args.max_model_len:
-        max_model_len = min(max_model_len, args.max_model_len)
+    if config.max_model_len:
+        max_model_len = min(max_model_len, config.max_model_len)
     bm = BlockManager(runner.num_kv_blocks, runner.block_size)
-    batched = args.max_batched_tokens or (512 if args.mode == "chunked" else None)
-    scheduler = make_scheduler(args.mode, bm, max_num_seqs=args.max_num_seqs,
+    batched = config.max_batched_tokens or (512 if config.mode == "chunked" else None)
+    scheduler = make_scheduler(config.mode, bm, max_num_seqs=config.max_num_seqs,
                                max_model_len=max_model_len, max_num_batched_tokens=batched,
-                               chunk_size=args.chunk_size, finished_slots=args.static_finished,
+                               chunk_size=config.chunk_size, finished_slots=config.static_finished,
                                eos_id=int(info.get("eos_id", 256)))  # fmt: skip
     engine = Engine(runner, scheduler)
-    info.update(mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=max_model_len,
+    info.update(mode=config.mode, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
                 block_size=runner.block_size, num_kv_blocks=runner.num_kv_blocks,
                 max_num_batched_tokens=scheduler.max_num_batched_tokens)  # fmt: skip
-    if args.mode == "chunked":
-        info["chunk_size"] = args.chunk_size
-    if args.mode == "static":
-        info["static_finished"] = args.static_finished
-    settings = ServerSettings(model_name=args.model_name, max_model_len=max_model_len,
-                              max_queue=args.max_queue, info=info,
-                              api_key=os.environ[args.api_key_env] if args.api_key_env else None)  # fmt: skip
+    if config.mode == "chunked":
+        info["chunk_size"] = config.chunk_size
+    if config.mode == "static":
+        info["static_finished"] = config.static_finished
+    settings = ServerSettings(model_name=config.model_name, max_model_len=max_model_len,
+                              max_queue=config.max_queue, info=info,
+                              api_key=config.api_key())  # fmt: skip
     return create_app(engine, settings), engine, info
 
 
@@ -146,22 +151,22 @@ class _Server(uvicorn.Server):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    config = parse_args(argv)
     try:
-        app, _engine, info = build_app(args)
+        app, _engine, info = build_app(config)
     except (ValueError, RuntimeError) as exc:
         print(f"loadlab-server: {exc}", file=sys.stderr)
         return 2
     # Hand the GIL over every 0.5 ms instead of 5 ms: the engine thread releases it inside
     # each torch op and must not wait a whole interval for the HTTP thread to give it back.
     sys.setswitchinterval(0.0005)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=3, access_log=False)  # fmt: skip
-    server = _Server(config)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                               timeout_graceful_shutdown=3, access_log=False)  # fmt: skip
+    server = _Server(uv_config)
     server.ready_line = (
-        f"loadlab-server ready: http://{args.host}:{args.port} mode={args.mode} "
-        f"preset={args.preset} device={info.get('device')} kv_blocks={info['num_kv_blocks']} "
-        f"max_num_seqs={args.max_num_seqs} max_model_len={info['max_model_len']}"
+        f"loadlab-server ready: http://{config.host}:{config.port} mode={config.mode} "
+        f"preset={config.preset} device={info.get('device')} kv_blocks={info['num_kv_blocks']} "
+        f"max_num_seqs={config.max_num_seqs} max_model_len={info['max_model_len']}"
     )
     server.run()
     return 0

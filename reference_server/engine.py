@@ -27,11 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from reference_server.engine_like import EngineGauges, EventQueue, TokenEvent
 from reference_server.metrics import ServerStats
 from reference_server.scheduler.base import Scheduler
 from reference_server.sequence import ScheduledBatch, Sequence
 
-__all__ = ["Engine", "Runner", "TextStream", "TokenEvent"]
+__all__ = ["Engine", "Runner", "TextStream"]
 
 log = logging.getLogger("reference_server.engine")
 
@@ -43,18 +44,6 @@ class Runner(Protocol):
     def run(self, batch: ScheduledBatch) -> list[int | None]: ...
 
     def info(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """What one step produced for one request: a text delta for one new token, and at the
-    end a ``finish_reason`` (``length``, ``stop``, ``abort`` or ``error``)."""
-
-    text: str
-    completion_tokens: int  # total generated so far
-    finish_reason: str | None = None
-    error: str | None = None
-    kv_transfer: dict[str, Any] | None = None  # disaggregated mode: {"bytes", "seconds"}
 
 
 class TextStream:
@@ -98,12 +87,12 @@ class TextStream:
 class _Request:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenEvent]
+    queue: EventQueue
     text: TextStream
 
 
 class Engine:
-    """Drives a scheduler and a model runner; see the module docstring."""
+    """Drives a scheduler and a model runner; see the module docstring. An ``EngineLike``."""
 
     def __init__(
         self,
@@ -127,9 +116,7 @@ class Engine:
 
     # -- called from any thread -------------------------------------------------------------
 
-    def submit(
-        self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[TokenEvent]
-    ) -> None:
+    def submit(self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: EventQueue) -> None:
         """Queue ``seq``; its ``TokenEvent``s arrive on ``queue`` via ``loop``."""
         self._inbox.append(("add", _Request(seq, loop, queue, TextStream(seq.params.stop))))
         self._wake.set()
@@ -144,6 +131,21 @@ class Engine:
         """Requests not yet running: waiting in the scheduler or still in the inbox."""
         pending = sum(1 for kind, _ in list(self._inbox) if kind == "add")
         return self.scheduler.num_waiting + pending
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    def gauges(self) -> EngineGauges:
+        sched = self.scheduler
+        bm = sched.block_manager
+        return EngineGauges(queue_depth=self.queue_depth, running_requests=sched.num_running,
+                            batch_slots=sched.num_batch_slots, kv_blocks_used=bm.num_used_blocks,
+                            kv_blocks_total=bm.num_blocks,
+                            preemptions_total=sched.num_preemptions)  # fmt: skip
+
+    def extra_metrics(self) -> list[str]:
+        return []  # everything this engine has is in the gauges and ServerStats
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)

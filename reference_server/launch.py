@@ -4,6 +4,8 @@ Usage::
 
     with start_server(mode="continuous", preset="tiny") as server:
         print(server.url)       # http://127.0.0.1:<port>, /health already answers
+    with start_server(config=ServerConfig(mode="chunked", preset="tiny", chunk_size=16)) as s:
+        ...                     # every flag from a config (its host and port are replaced)
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+
+from reference_server.config import ServerConfig
 
 __all__ = ["RunningServer", "free_port", "start_server"]
 
@@ -48,13 +53,15 @@ class RunningServer:
         log_path: str | Path | None = None,
         api_key: str | None = None,
         env: dict[str, str] | None = None,
+        config: ServerConfig | None = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path) if log_path else None
         self.api_key = api_key
-        cmd = [sys.executable, "-m", "reference_server.cli", "--mode", mode, "--preset", preset,
-               "--port", str(self.port), "--host", "127.0.0.1", *extra_args]  # fmt: skip
+        base = config or ServerConfig(mode=mode, preset=preset)
+        flags = replace(base, host="127.0.0.1", port=self.port).to_argv()
+        cmd = [sys.executable, "-m", "reference_server.cli", *flags, *extra_args]
         child_env = {**os.environ, **(env or {})}
         paths = [str(ROOT), child_env.get("PYTHONPATH", "")]
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -92,13 +99,15 @@ def start_server(
     log_path: str | Path | None = None,
     api_key: str | None = None,
     env: dict[str, str] | None = None,
+    config: ServerConfig | None = None,
 ) -> Iterator[RunningServer]:
     """Run ``python3 -m reference_server.cli`` until the block exits; waits for ``/health``.
 
-    ``api_key`` is only sent to ``/health`` (pass the key to the server through ``env`` and
+    ``config`` replaces ``mode``, ``preset`` and the flags ``extra_args`` would otherwise have
+    to spell (``extra_args`` still go after it). ``api_key`` is only sent to ``/health`` (pass the key to the server through ``env`` and
     ``--api-key-env``). The process gets SIGTERM on exit and SIGKILL if still alive after 10 s.
     """
-    server = RunningServer(mode, preset, port, extra_args, log_path, api_key, env)
+    server = RunningServer(mode, preset, port, extra_args, log_path, api_key, env, config)
     try:
         yield server.wait_ready(timeout_s)
     finally:

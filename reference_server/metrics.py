@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
+from collections.abc import Mapping
 
 __all__ = ["PHASES", "STEP_BUCKETS_S", "ServerStats"]
 
@@ -81,7 +82,7 @@ class ServerStats:
         with self._lock:
             return sum(self._bucket_counts[phase])
 
-    def render(self, *, gauges: dict[str, float], counters: dict[str, float]) -> str:
+    def render(self, *, gauges: Mapping[str, float], counters: Mapping[str, float]) -> str:
         """Prometheus text format 0.0.4 of these stats plus the caller's gauges and counters."""
         lines: list[str] = []
         for name, value in gauges.items():

@@ -127,6 +127,11 @@ class Scheduler(ABC):
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def num_batch_slots(self) -> int:
+        """Rows the forward pass runs (static mode also counts finished members)."""
+        return len(self.running)
+
     # -- shared rules ----------------------------------------------------------------------
 
     def finish_reason(self, seq: Sequence) -> str | None:

@@ -10,37 +10,37 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import uvicorn
 
-from reference_server.cli import build_app, parse_args
+from reference_server.cli import build_app
+from reference_server.config import ServerConfig
 from reference_server.launch import RunningServer, free_port
+from tests.helpers.server import API_KEY
 
-API_KEY = "test-key-not-a-secret"
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODES = ("static", "continuous", "chunked", "disaggregated")
 # A short context keeps every request (and every fuzzed one) to a few hundred milliseconds;
 # 40 blocks of 16 tokens is less than 8 sequences x 128 tokens, so busy runs preempt.
-MODE_ARGS = ("--max-num-seqs", "8", "--max-queue", "64", "--max-model-len", "128",
-             "--num-kv-blocks", "40", "--max-batched-tokens", "64", "--chunk-size", "16")  # fmt: skip
+BASE = ServerConfig(preset="tiny", api_key_env="LOADLAB_TEST_KEY", threads=1)
+MODE_CONFIG = replace(BASE, max_num_seqs=8, max_queue=64, max_model_len=128, num_kv_blocks=40,
+                      max_batched_tokens=64, chunk_size=16)  # fmt: skip
 # Capacity 2 (one running, one queued) and the full context, for overload and disconnects.
-SMALL_ARGS = ("--max-num-seqs", "1", "--max-queue", "1")
+SMALL_CONFIG = replace(BASE, mode="continuous", max_num_seqs=1, max_queue=1)
 
 
 class InProcessServer:
     """The real app (``cli.build_app``) under uvicorn in a thread of the test process, as
     httpx's tests do: one torch import serves every mode, which keeps start-up cheap."""
 
-    def __init__(self, mode: str, args: tuple[str, ...]) -> None:
+    def __init__(self, config: ServerConfig) -> None:
         os.environ["LOADLAB_TEST_KEY"] = API_KEY
-        self.mode = mode
+        self.mode = mode = config.mode
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = ["--mode", mode, "--preset", "tiny", "--port", str(self.port), *args,
-                "--api-key-env", "LOADLAB_TEST_KEY", "--threads", "1"]  # fmt: skip
-        app, self.engine, _info = build_app(parse_args(argv))
+        app, self.engine, _info = build_app(replace(config, port=self.port))
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                 timeout_graceful_shutdown=2, access_log=False)  # fmt: skip
         self._server = uvicorn.Server(config)
@@ -74,11 +74,11 @@ class _Servers:
 
     def get(self, name: str) -> Any:
         if not self._running:
-            full = (*SMALL_ARGS, "--api-key-env", "LOADLAB_TEST_KEY", "--threads", "1")
-            self._running["small"] = RunningServer("continuous", "tiny", extra_args=full,
-                api_key=API_KEY, env={"LOADLAB_TEST_KEY": API_KEY})  # fmt: skip
+            self._running["small"] = RunningServer(
+                config=SMALL_CONFIG, api_key=API_KEY, env={"LOADLAB_TEST_KEY": API_KEY}
+            )
         if name not in self._running:
-            self._running[name] = InProcessServer(name, MODE_ARGS)
+            self._running[name] = InProcessServer(replace(MODE_CONFIG, mode=name))
         return self._running[name].wait_ready(60)
 
     def close(self) -> None:

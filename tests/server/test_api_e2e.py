@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.server._http import label, metrics, post, session, stream, wait_idle
+from tests.helpers.server import label, metrics, post, session, stream, wait_idle
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MODEL = "loadlab-ref"

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.server._http import label, metrics, post, session, wait_idle
+from tests.helpers.server import label, metrics, post, session, wait_idle
 
 MODEL = "loadlab-ref"
 COMPLETIONS = "/v1/completions"

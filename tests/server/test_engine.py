@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from reference_server.engine import Engine, TextStream, TokenEvent
+from reference_server.engine import Engine, TextStream
+from reference_server.engine_like import TokenEvent
 from reference_server.fake_runner import FakeClock, FakeModelRunner
 from reference_server.kv_cache import BlockManager
 from reference_server.scheduler import ChunkedScheduler

@@ -53,7 +53,7 @@ def test_bad_args_say_the_fix() -> None:
 def test_1b_preset_runs_on_gpu_in_bf16() -> None:
     from reference_server.model_runner import ModelRunner
     from reference_server.sequence import ScheduledBatch, ScheduledSeq
-    from tests.server_model.driver import Driver, dense_forward, prompt_of, seq
+    from tests.helpers.model_driver import Driver, dense_forward, prompt_of, seq
 
     runner = ModelRunner("1b", num_kv_blocks=256)
     assert runner.device.type == "cuda" and runner.dtype == torch.bfloat16

@@ -10,7 +10,7 @@ import torch
 
 from reference_server.model_runner import ModelRunner
 from reference_server.sequence import ScheduledBatch, ScheduledSeq, Sequence
-from tests.server_model.driver import (
+from tests.helpers.model_driver import (
     Driver,
     assert_close,
     dense_forward,

@@ -1,4 +1,5 @@
-"""Small aiohttp helpers for the server tests (SSE parsing, metrics scraping)."""
+"""Helpers for the reference server's tests: the API key every test server requires, and small
+aiohttp helpers (SSE parsing, metrics scraping)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.server.conftest import AUTH
+API_KEY = "test-key-not-a-secret"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def session(**kw: Any) -> aiohttp.ClientSession:

@@ -8,16 +8,17 @@ in the group; it talks to workers through multiprocessing queues). Only the KV b
 
 The pull protocol (backpressure: the decode side asks only when its block manager can admit)::
 
-    prefill: prompt -> one forward pass -> first token -> "ready" (KV held, bounded)
-    API:     "offer" the request to the least-loaded decode worker
-    decode:  when blocks are free: allocate, send "pull" to the prefill worker
-    prefill: export KV, free its blocks, isend(KV), tell the decode worker "coming" (or "gone"
+    prefill: prompt -> one forward pass -> first token -> Ready (KV held, bounded)
+    router:  Offer the request to the least-loaded decode worker
+    decode:  when blocks are free: allocate, send Pull to the prefill worker
+    prefill: export KV, free its blocks, isend(KV), tell the decode worker Coming (or Gone
              when the request was aborted meanwhile); a thread serves pulls at once, even
              while a forward pass runs
     decode:  irecv(KV) into its own blocks, then continuous batching takes it from there
 
-Every pull is answered with "coming" or "gone", so an abort anywhere never leaves a receive
-waiting and every block is freed on both sides. Usage (from ``disaggregated.py``)::
+Every Pull is answered with Coming or Gone, so an abort anywhere never leaves a receive
+waiting and every block is freed on both sides. The messages are in ``messages.py``. Usage
+(from ``router.py``)::
 
     ctx.Process(target=worker_main, args=(WorkerConfig(...), inbox, outbox, prefill_inboxes))
 """
@@ -37,6 +38,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reference_server.disagg.messages import (
+    Abort,
+    Add,
+    Coming,
+    Crashed,
+    Failed,
+    Gone,
+    Lost,
+    Offer,
+    Pull,
+    Ready,
+    State,
+    Step,
+    StepToken,
+    Stop,
+    ToWorker,
+    Transfer,
+    Up,
+)
 from reference_server.kv_cache import BlockManager
 from reference_server.model_runner import ModelRunner
 from reference_server.scheduler.base import Scheduler
@@ -170,16 +190,16 @@ def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any, peers: list[Any]) ->
                              seed=cfg.seed, threads=cfg.threads or torch.get_num_threads(),
                              device=cfg.device)  # fmt: skip
     except Exception as exc:
-        outbox.put(("failed", cfg.rank, f"{type(exc).__name__}: {exc}"))
+        outbox.put(Failed(cfg.rank, f"{type(exc).__name__}: {exc}"))
         return
     info = {**runner.info(), "cpus": list(cfg.cpus), "threads": torch.get_num_threads(),
             "nice": os.nice(0) if hasattr(os, "nice") else 0}  # fmt: skip
-    outbox.put(("up", cfg.rank, info))
+    outbox.put(Up(cfg.rank, info))
     worker = (_Prefill if cfg.role == "prefill" else _Decode)(cfg, runner, inbox, outbox, peers)
     try:
         worker.loop()
     except Exception:  # report it: the API process fails requests in flight and logs this
-        outbox.put(("crashed", cfg.rank, traceback.format_exc()))
+        outbox.put(Crashed(cfg.rank, traceback.format_exc()))
         outbox.close()
         outbox.join_thread()
         os._exit(1)
@@ -201,10 +221,10 @@ class _Worker:
             peers,
         )
         self.bm = BlockManager(runner.num_kv_blocks, runner.block_size)
-        kw = {"max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
-              "max_num_batched_tokens": cfg.max_batched_tokens}  # fmt: skip
         cls = PrefillScheduler if cfg.role == "prefill" else ContinuousScheduler
-        self.sched: Scheduler = cls(self.bm, **kw)
+        self.sched: Scheduler = cls(self.bm, max_num_seqs=cfg.max_num_seqs,
+                                    max_model_len=cfg.max_model_len,
+                                    max_num_batched_tokens=cfg.max_batched_tokens)  # fmt: skip
         self.stopping = False
         self.lock = threading.Lock()  # the prefill side serves pulls from another thread
         self._reported = (-1, -1)
@@ -226,9 +246,9 @@ class _Worker:
             state = (self.bm.num_used_blocks, self.sched.num_preemptions)
             if state != self._reported:
                 self._reported = state
-                self.outbox.put(("state", self.cfg.rank, *state))
+                self.outbox.put(State(self.cfg.rank, *state))
 
-    def _next_msg(self, timeout_s: float | None) -> tuple[Any, ...]:
+    def _next_msg(self, timeout_s: float | None) -> ToWorker:
         """The next message (``queue.Empty`` when none comes within ``timeout_s``; None:
         do not wait)."""
         return self.inbox.get(timeout=timeout_s) if timeout_s else self.inbox.get_nowait()
@@ -245,15 +265,17 @@ class _Worker:
         with self.lock:
             updated = self.sched.postprocess(batch, tokens)
         seconds = time.perf_counter() - t0
-        out = [(s.seq_id, s.output_token_ids[-1], s.finish_reason) for s in updated]
-        self.outbox.put(("step", self.cfg.rank, self.cfg.role, seconds, batch.num_prefill_tokens,
-                         batch.num_decode_tokens, out))  # fmt: skip
+        out: list[StepToken] = [
+            (s.seq_id, s.output_token_ids[-1], s.finish_reason) for s in updated
+        ]
+        self.outbox.put(Step(self.cfg.rank, self.cfg.role, seconds, batch.num_prefill_tokens,
+                             batch.num_decode_tokens, out))  # fmt: skip
         return updated
 
     def busy(self) -> bool:
         return self.sched.has_work
 
-    def handle(self, msg: tuple[Any, ...]) -> None:
+    def handle(self, msg: ToWorker) -> None:
         raise NotImplementedError
 
     def work(self) -> None:
@@ -266,7 +288,7 @@ class _Prefill(_Worker):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.sends: queue.Queue[Any] = queue.Queue()
-        self.local: queue.Queue[tuple[Any, ...]] = queue.Queue()  # inbox minus the pulls
+        self.local: queue.Queue[ToWorker] = queue.Queue()  # inbox minus the pulls
         # gloo's send Work only completes inside wait(): a thread waits so prefill never does.
         threading.Thread(target=self._reap, daemon=True, name="kv-send").start()
         # Pulls are served at once, even during a forward pass: a request prefilled just
@@ -280,13 +302,13 @@ class _Prefill(_Worker):
                 msg = self.inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if msg[0] == "pull":
+            if isinstance(msg, Pull):
                 with self.lock:
-                    self._send(msg[1], msg[2], msg[3])
-            else:  # add, abort, stop: between forward passes, in the main loop
+                    self._send(msg.seq_id, msg.dst, msg.tag)
+            else:  # Add, Abort, Stop: between forward passes, in the main loop
                 self.local.put(msg)
 
-    def _next_msg(self, timeout_s: float | None) -> tuple[Any, ...]:
+    def _next_msg(self, timeout_s: float | None) -> ToWorker:
         return self.local.get(timeout=timeout_s) if timeout_s else self.local.get_nowait()
 
     def _reap(self) -> None:
@@ -297,21 +319,20 @@ class _Prefill(_Worker):
             except RuntimeError:  # the decode side is gone or timed out; its side reports it
                 pass
 
-    def handle(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
+    def handle(self, msg: ToWorker) -> None:
         with self.lock:
-            if kind == "add":
-                self.sched.add(msg[1])
-            elif kind == "abort":
-                self.sched.abort(msg[1])
-            elif kind == "stop":  # ("pull" never comes here: the inbox thread serves it)
+            if isinstance(msg, Add):
+                self.sched.add(msg.seq)
+            elif isinstance(msg, Abort):
+                self.sched.abort(msg.seq_id)
+            elif isinstance(msg, Stop):  # (Pull never comes here: the inbox thread serves it)
                 self.stopping = True
 
     def _send(self, seq_id: str, dst: int, tag: int) -> None:
         peer = self.peers[dst - self.cfg.num_prefill]
         seq = self.sched.take(seq_id)
         if seq is None:  # aborted since it was offered
-            peer.put(("gone", seq_id))
+            peer.put(Gone(seq_id))
             return
         kv = self.runner.export_kv(seq)  # [L, 2, n, KVH, hd], a copy: the blocks can go now
         self.bm.free(seq)
@@ -320,7 +341,7 @@ class _Prefill(_Worker):
             kv = kv.cpu()
         work = dist.isend(kv, dst, tag=tag)
         self.sends.put((work, kv))
-        peer.put(("coming", seq_id, tag, int(kv.shape[2])))
+        peer.put(Coming(seq_id, tag, int(kv.shape[2])))
 
     def busy(self) -> bool:
         return bool(self.sched.waiting or self.sched.running)
@@ -331,7 +352,7 @@ class _Prefill(_Worker):
             return
         for seq in self.step():
             if seq.seq_id in self.sched.held:
-                self.outbox.put(("ready", self.cfg.rank, seq.seq_id, seq.num_computed_tokens))
+                self.outbox.put(Ready(self.cfg.rank, seq.seq_id, seq.num_computed_tokens))
 
 
 class _Decode(_Worker):
@@ -356,21 +377,20 @@ class _Decode(_Worker):
                 buf = None
             self.arrived.put((seq_id, buf, t0, time.perf_counter()))
 
-    def handle(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "offer":
-            self.offers.append((msg[1], msg[2]))
-        elif kind == "coming":
-            self._receive(msg[1], msg[2], msg[3])
-        elif kind == "gone":
-            seq = self.pulling.pop(msg[1], None)
-            self.aborted.discard(msg[1])
-            self.srcs.pop(msg[1], None)
+    def handle(self, msg: ToWorker) -> None:
+        if isinstance(msg, Offer):
+            self.offers.append((msg.seq, msg.prefill_rank))
+        elif isinstance(msg, Coming):
+            self._receive(msg.seq_id, msg.tag, msg.num_tokens)
+        elif isinstance(msg, Gone):
+            seq = self.pulling.pop(msg.seq_id, None)
+            self.aborted.discard(msg.seq_id)
+            self.srcs.pop(msg.seq_id, None)
             if seq is not None:
                 self.bm.free(seq)
-        elif kind == "abort":
-            self._abort(msg[1])
-        elif kind == "stop":
+        elif isinstance(msg, Abort):
+            self._abort(msg.seq_id)
+        elif isinstance(msg, Stop):
             self.stopping = True
 
     def _abort(self, seq_id: str) -> None:
@@ -405,7 +425,7 @@ class _Decode(_Worker):
                 self.aborted.discard(seq_id)
                 self.bm.free(seq)
                 if buf is None:
-                    self.outbox.put(("lost", self.cfg.rank, seq_id))
+                    self.outbox.put(Lost(self.cfg.rank, seq_id))
             else:
                 t2 = time.perf_counter()
                 self.runner.import_kv(seq, buf)
@@ -414,7 +434,7 @@ class _Decode(_Worker):
                 seq.status = SeqStatus.RUNNING
                 self.sched.running.append(seq)
                 nbytes = buf.numel() * buf.element_size()
-                self.outbox.put(("transfer", self.cfg.rank, seq_id, nbytes, seconds))
+                self.outbox.put(Transfer(self.cfg.rank, seq_id, nbytes, seconds))
             try:
                 item = self.arrived.get_nowait()
             except queue.Empty:
@@ -445,4 +465,4 @@ class _Decode(_Worker):
             self.pulling[seq.seq_id] = seq
             self.srcs[seq.seq_id] = src
             tag, self.next_tag = self.next_tag, self.next_tag + 1
-            self.peers[src].put(("pull", seq.seq_id, self.cfg.rank, tag))
+            self.peers[src].put(Pull(seq.seq_id, self.cfg.rank, tag))

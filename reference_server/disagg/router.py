@@ -1,11 +1,10 @@
 """The ``disaggregated`` mode: prefill and decode worker pools behind the engine's interface.
 
-``DisaggregatedEngine`` offers what the API uses of ``Engine`` (``submit``, ``abort``,
-``stats``, ``queue_depth``, ``start``/``stop``, ``TokenEvent``s back to the asyncio loop), so
-the API never asks which mode runs. Requests go to a prefill worker (least loaded), their first
+``DisaggregatedEngine`` is an ``EngineLike`` (``engine_like.py``), as ``Engine`` is, so the
+API never asks which mode runs. Requests go to a prefill worker (least loaded), their first
 token comes back, the KV is pulled by a decode worker over ``torch.distributed`` (see
-``disagg_worker.py`` for the protocol and rank layout), and the decode worker's tokens come
-back here. Each transfer's bytes and seconds go to ``/metrics`` and to the request's final
+``worker.py`` for the protocol and rank layout, ``messages.py`` for the messages), and the
+decode worker's tokens come back here. Each transfer's bytes and seconds go to ``/metrics`` and to the request's final
 event (``TokenEvent.kv_transfer``), which the API puts in the response body.
 
 Compute split: each pool is pinned to its own CPUs (``--prefill-cpus``/``--decode-cpus``;
@@ -22,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import bisect
@@ -33,16 +31,37 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reference_server.engine import TextStream, TokenEvent
+from reference_server.config import ServerConfig
+from reference_server.disagg.messages import (
+    Abort,
+    Add,
+    Crashed,
+    Failed,
+    Lost,
+    Offer,
+    Ready,
+    State,
+    Step,
+    StepToken,
+    Stop,
+    ToRouter,
+    Transfer,
+    Up,
+)
+from reference_server.engine import TextStream
+from reference_server.engine_like import EngineGauges, EventQueue, TokenEvent
 from reference_server.launch import free_port
 from reference_server.metrics import PREFIX, ServerStats
 from reference_server.sequence import Sequence
 
+if TYPE_CHECKING:  # the worker module imports torch; the router imports it when it starts workers
+    from reference_server.disagg.worker import WorkerConfig
+
 __all__ = ["DisaggregatedEngine", "TransferStats", "build_app", "parse_cpus", "split_cpus"]
 
-log = logging.getLogger("reference_server.disaggregated")
+log = logging.getLogger("reference_server.disagg.router")
 
 TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -109,7 +128,7 @@ class TransferStats:
 class _Req:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenEvent]
+    queue: EventQueue
     text: TextStream
     prefill_rank: int
     decode_rank: int | None = None
@@ -118,49 +137,18 @@ class _Req:
     kv_transfer: dict[str, Any] = field(default_factory=lambda: {"bytes": 0, "seconds": 0.0})
 
 
-class _BlocksView:
-    def __init__(self, engine: DisaggregatedEngine) -> None:
-        self._e = engine
-
-    @property
-    def num_used_blocks(self) -> int:
-        return sum(self._e.blocks_used.values())
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(self._e.blocks_total.values())
-
-
-class _SchedulerView:
-    """What the API reads of ``engine.scheduler``: batch size, running count, preemptions and
-    KV blocks (both pools summed; ``/metrics`` also has them per pool)."""
-
-    def __init__(self, engine: DisaggregatedEngine, max_num_seqs: int) -> None:
-        self._e = engine
-        self.max_num_seqs = max_num_seqs
-        self.block_manager = _BlocksView(engine)
-
-    @property
-    def num_running(self) -> int:
-        return self._e.count_phase("decode")
-
-    @property
-    def num_preemptions(self) -> int:
-        return sum(self._e.preemptions.values())
-
-
 class DisaggregatedEngine:
     """Starts the worker processes, routes requests and tokens; see the module docstring."""
 
-    def __init__(self, configs: list[Any], *, max_num_seqs: int, stats: ServerStats | None = None) -> None:  # fmt: skip
-        from reference_server.disagg_worker import worker_main
+    def __init__(self, configs: list[WorkerConfig], *, max_num_seqs: int, stats: ServerStats | None = None) -> None:  # fmt: skip
+        from reference_server.disagg.worker import worker_main
 
         self.stats = stats or ServerStats()
         self.transfers = TransferStats()
         self.num_prefill = sum(1 for c in configs if c.role == "prefill")
         self.configs = configs
         ctx = mp.get_context("forkserver")  # workers fork from a clean process with torch loaded
-        ctx.set_forkserver_preload(["reference_server.disagg_worker"])
+        ctx.set_forkserver_preload(["reference_server.disagg.worker"])
         self.outbox: Any = ctx.Queue()
         self.inboxes: list[Any] = [ctx.Queue() for _ in configs]
         pre, dec = self.inboxes[: self.num_prefill], self.inboxes[self.num_prefill :]
@@ -173,7 +161,7 @@ class DisaggregatedEngine:
             )
             for c in configs
         ]
-        self.scheduler = _SchedulerView(self, max_num_seqs)
+        self._max_num_seqs = max_num_seqs
         self.blocks_used: dict[int, int] = {c.rank: 0 for c in configs}
         self.blocks_total: dict[int, int] = {}
         self.preemptions: dict[int, int] = {c.rank: 0 for c in configs}
@@ -204,12 +192,12 @@ class DisaggregatedEngine:
                         f"disaggregated workers did not start (dead: {dead})"
                     ) from None
                 continue
-            if msg[0] == "failed":
+            if isinstance(msg, Failed):
                 self.stop()
-                raise RuntimeError(f"worker rank {msg[1]} failed to start: {msg[2]}")
-            if msg[0] == "up":
-                self.worker_info[msg[1]] = msg[2]
-                self.blocks_total[msg[1]] = int(msg[2]["num_kv_blocks"])
+                raise RuntimeError(f"worker rank {msg.rank} failed to start: {msg.error}")
+            if isinstance(msg, Up):
+                self.worker_info[msg.rank] = msg.info
+                self.blocks_total[msg.rank] = int(msg.info["num_kv_blocks"])
         return self.worker_info
 
     def start(self) -> None:
@@ -221,7 +209,7 @@ class DisaggregatedEngine:
         self._stopping.set()
         for inbox, p in zip(self.inboxes, self.procs, strict=True):
             if p.is_alive():
-                inbox.put(("stop",))
+                inbox.put(Stop())
         deadline = time.monotonic() + timeout_s
         for p in self.procs:
             if p.pid is None:
@@ -242,7 +230,7 @@ class DisaggregatedEngine:
 
     # -- called from the API thread -----------------------------------------------------------
 
-    def submit(self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[TokenEvent]) -> None:  # fmt: skip
+    def submit(self, seq: Sequence, loop: asyncio.AbstractEventLoop, queue: EventQueue) -> None:
         if self._dead is not None:
             event = TokenEvent("", 0, "error", error=self._dead)
             loop.call_soon_threadsafe(queue.put_nowait, event)
@@ -254,7 +242,7 @@ class DisaggregatedEngine:
                     load[r.prefill_rank] += 1
             rank = min(load, key=lambda k: load[k])
             self._requests[seq.seq_id] = _Req(seq, loop, queue, TextStream(seq.params.stop), rank)
-            self.inboxes[rank].put(("add", seq))
+            self.inboxes[rank].put(Add(seq))
 
     def abort(self, seq_id: str) -> None:
         """Both sides drop the request; each frees its blocks whatever stage it is at."""
@@ -262,15 +250,27 @@ class DisaggregatedEngine:
             req = self._requests.pop(seq_id, None)
             if req is None:
                 return
-            self.inboxes[req.prefill_rank].put(("abort", seq_id))
+            self.inboxes[req.prefill_rank].put(Abort(seq_id))
             if req.decode_rank is not None:
-                self.inboxes[req.decode_rank].put(("abort", seq_id))
+                self.inboxes[req.decode_rank].put(Abort(seq_id))
         self.stats.record_finished("abort")
 
     @property
     def queue_depth(self) -> int:
         """Requests without their first token yet, or waiting to be pulled."""
         return self.count_phase("prefill") + self.count_phase("offered")
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._max_num_seqs
+
+    def gauges(self) -> EngineGauges:
+        """Both pools summed (``extra_metrics`` has the blocks per pool); running = decoding."""
+        running = self.count_phase("decode")
+        return EngineGauges(queue_depth=self.queue_depth, running_requests=running,
+                            batch_slots=running, kv_blocks_used=sum(self.blocks_used.values()),
+                            kv_blocks_total=sum(self.blocks_total.values()),
+                            preemptions_total=sum(self.preemptions.values()))  # fmt: skip
 
     def count_phase(self, phase: str) -> int:
         with self._lock:
@@ -294,29 +294,30 @@ class DisaggregatedEngine:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                msg = self.outbox.get(timeout=0.1)
+                msg: ToRouter = self.outbox.get(timeout=0.1)
             except (queue.Empty, OSError, ValueError):
                 self._check_workers()
                 continue
-            kind = msg[0]
-            if kind == "step":
-                self._on_step(*msg[1:])
-            elif kind == "ready":
-                self._on_ready(msg[2])
-            elif kind == "transfer":
-                _, _, seq_id, nbytes, seconds = msg
-                self.transfers.record(nbytes, seconds)
+            if isinstance(msg, Step):  # the most frequent first
+                self._on_step(msg.seconds, msg.prefill_tokens, msg.decode_tokens, msg.tokens)
+            elif isinstance(msg, State):
+                self.blocks_used[msg.rank], self.preemptions[msg.rank] = (
+                    msg.blocks_used,
+                    msg.preemptions,
+                )
+            elif isinstance(msg, Ready):
+                self._on_ready(msg.seq_id)
+            elif isinstance(msg, Transfer):
+                self.transfers.record(msg.nbytes, msg.seconds)
                 with self._lock:
-                    if (req := self._requests.get(seq_id)) is not None:
+                    if (req := self._requests.get(msg.seq_id)) is not None:
                         req.phase = "decode"
-                        req.kv_transfer = {"bytes": nbytes, "seconds": seconds}
-            elif kind == "lost":  # its KV transfer failed: an error event, not a hang
-                self._fail_request(msg[2], "KV transfer from the prefill worker failed")
-            elif kind == "crashed":
-                log.error("disaggregated worker rank %d crashed:\n%s", msg[1], msg[2])
-                self.crashes.append(msg[2])
-            elif kind == "state":
-                self.blocks_used[msg[1]], self.preemptions[msg[1]] = msg[2], msg[3]
+                        req.kv_transfer = {"bytes": msg.nbytes, "seconds": msg.seconds}
+            elif isinstance(msg, Lost):  # its KV transfer failed: an error event, not a hang
+                self._fail_request(msg.seq_id, "KV transfer from the prefill worker failed")
+            elif isinstance(msg, Crashed):
+                log.error("disaggregated worker rank %d crashed:\n%s", msg.rank, msg.traceback)
+                self.crashes.append(msg.traceback)
 
     def _fail_request(self, seq_id: str, message: str) -> None:
         with self._lock:
@@ -348,8 +349,7 @@ class DisaggregatedEngine:
         for req in failed:
             self._send_error(req, message)
 
-    def _on_step(self, rank: int, role: str, seconds: float, prefill: int, decode: int,
-                 out: list[tuple[str, int, str | None]]) -> None:  # fmt: skip
+    def _on_step(self, seconds: float, prefill: int, decode: int, out: list[StepToken]) -> None:
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
         # One cross-thread call per step and event loop, not one per token.
@@ -388,7 +388,7 @@ class DisaggregatedEngine:
             req.decode_rank, req.phase = rank, "offered"
             s = req.seq
             offer = Sequence(s.seq_id, s.prompt_token_ids, s.params, s.arrival_ns, list(req.tokens))
-            self.inboxes[rank].put(("offer", offer, req.prefill_rank))
+            self.inboxes[rank].put(Offer(offer, req.prefill_rank))
 
 
 def _put_all(items: list[tuple[_Req, TokenEvent]]) -> None:
@@ -396,56 +396,56 @@ def _put_all(items: list[tuple[_Req, TokenEvent]]) -> None:
         req.queue.put_nowait(event)
 
 
-def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[str, Any]]:
+def build_app(config: ServerConfig) -> tuple[Any, DisaggregatedEngine, dict[str, Any]]:
     """``cli.build_app`` for ``--mode disaggregated``: workers, engine, settings and app."""
     import torch
 
     from reference_server.api import ServerSettings, create_app
-    from reference_server.disagg_worker import WorkerConfig
+    from reference_server.disagg.worker import WorkerConfig
     from reference_server.model_runner import resolve_args
 
-    if args.preset == "fake":
+    if config.preset == "fake":
         raise ValueError("--mode disaggregated needs a real model preset (tiny, cpu, 1b)")
-    model = resolve_args(args.preset)
-    n_pre, n_dec = args.prefill_workers, args.decode_workers
+    model = resolve_args(config.preset)
+    n_pre, n_dec = config.prefill_workers, config.decode_workers
     if n_pre < 1 or n_dec < 1:
         raise ValueError("--prefill-workers and --decode-workers must be >= 1")
     world = n_pre + n_dec
     avail = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
     pre_cpus, dec_cpus = split_cpus(avail)
-    if args.prefill_cpus:
-        pre_cpus = parse_cpus(args.prefill_cpus)
-    if args.decode_cpus:
-        dec_cpus = parse_cpus(args.decode_cpus)
+    if config.prefill_cpus:
+        pre_cpus = parse_cpus(config.prefill_cpus)
+    if config.decode_cpus:
+        dec_cpus = parse_cpus(config.decode_cpus)
     ndev = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = "nccl" if ndev >= world else "gloo"
-    nice = args.prefill_nice if args.prefill_nice is not None else (0 if ndev else 10)
+    nice = config.prefill_nice if config.prefill_nice is not None else (0 if ndev else 10)
     if nice < 0:
         raise ValueError(f"--prefill-nice must be >= 0 (raising priority needs root), got {nice}")
     small = model.num_params < 5_000_000  # one thread: a tiny model's ops are too small to split
-    max_len = min(model.max_seq_len, args.max_model_len or model.max_seq_len)
-    kv_bytes = int(args.kv_cache_mb * 2**20) if args.kv_cache_mb else None
-    init = args.dist_init or f"tcp://127.0.0.1:{free_port()}"
-    configs = []
+    max_len = min(model.max_seq_len, config.max_model_len or model.max_seq_len)
+    kv_bytes = int(config.kv_cache_mb * 2**20) if config.kv_cache_mb else None
+    init = config.dist_init or f"tcp://127.0.0.1:{free_port()}"
+    configs: list[WorkerConfig] = []
     for rank in range(world):
         role = "prefill" if rank < n_pre else "decode"
         cpus = pre_cpus if role == "prefill" else dec_cpus
         per = n_pre if role == "prefill" else n_dec
-        threads = args.threads or (1 if small else max(1, len(cpus) // per))
+        threads = config.threads or (1 if small else max(1, len(cpus) // per))
         configs.append(WorkerConfig(role=role, rank=rank, world_size=world, num_prefill=n_pre,
-            init_method=init, preset=args.preset, seed=args.seed, num_kv_blocks=args.num_kv_blocks,
-            kv_cache_bytes=kv_bytes, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-            max_model_len=max_len, max_batched_tokens=args.max_batched_tokens, cpus=cpus,
+            init_method=init, preset=config.preset, seed=config.seed, num_kv_blocks=config.num_kv_blocks,
+            kv_cache_bytes=kv_bytes, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+            max_model_len=max_len, max_batched_tokens=config.max_batched_tokens, cpus=cpus,
             threads=threads, device=f"cuda:{rank % ndev}" if ndev else None, backend=backend,
-            max_held=args.max_held or args.max_num_seqs, api_pid=os.getpid(),
+            max_held=config.max_held or config.max_num_seqs, api_pid=os.getpid(),
             nice=nice if role == "prefill" else 0))  # fmt: skip
-    engine = DisaggregatedEngine(configs, max_num_seqs=args.max_num_seqs)
+    engine = DisaggregatedEngine(configs, max_num_seqs=config.max_num_seqs)
     workers = engine.launch()
-    max_len = min(max_len, *(int(w["num_kv_blocks"]) * args.block_size for w in workers.values()))
+    max_len = min(max_len, *(int(w["num_kv_blocks"]) * config.block_size for w in workers.values()))
     first = workers[0]
-    info = {k: first[k] for k in ("preset", "num_params", "dtype", "kv_bytes_per_token",
+    info: dict[str, Any] = {k: first[k] for k in ("preset", "num_params", "dtype", "kv_bytes_per_token",
                                   "block_size", "max_seq_len") if k in first}  # fmt: skip
-    info.update(mode="disaggregated", device=first.get("device"), max_num_seqs=args.max_num_seqs,
+    info.update(mode="disaggregated", device=first.get("device"), max_num_seqs=config.max_num_seqs,
                 max_model_len=max_len, num_kv_blocks=sum(engine.blocks_total.values()),
                 prefill_workers=n_pre, decode_workers=n_dec, kv_transfer_backend=backend,
                 dist_init=init.split("://")[0],
@@ -456,7 +456,7 @@ def build_app(args: argparse.Namespace) -> tuple[Any, DisaggregatedEngine, dict[
                           "nice": workers[r].get("nice"),
                           "num_kv_blocks": workers[r].get("num_kv_blocks")}
                          for r, c in enumerate(configs)])  # fmt: skip
-    settings = ServerSettings(model_name=args.model_name, max_model_len=max_len,
-                              max_queue=args.max_queue, info=info,
-                              api_key=os.environ[args.api_key_env] if args.api_key_env else None)  # fmt: skip
-    return create_app(engine, settings), engine, info  # type: ignore[arg-type]
+    settings = ServerSettings(model_name=config.model_name, max_model_len=max_len,
+                              max_queue=config.max_queue, info=info,
+                              api_key=config.api_key())  # fmt: skip
+    return create_app(engine, settings), engine, info

@@ -15,10 +15,11 @@ import aiohttp
 from loadlab.clients.openai import OpenAIClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
-from reference_server.cli import build_app, parse_args
-from reference_server.disagg_worker import _gone
-from reference_server.disaggregated import parse_cpus, split_cpus
-from tests.server._http import label, metrics, post, session, stream
+from reference_server.cli import build_app
+from reference_server.config import ServerConfig
+from reference_server.disagg.router import parse_cpus, split_cpus
+from reference_server.disagg.worker import _gone
+from tests.helpers.server import label, metrics, post, session, stream
 
 COMPLETIONS = "/v1/completions"
 MODEL = "loadlab-ref"
@@ -157,9 +158,9 @@ async def _read_all(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) ->
 
 def test_stopping_the_engine_ends_every_worker() -> None:
     """A second engine (forked from the warm fork server: cheap) that is started and stopped."""
-    argv = ["--mode", "disaggregated", "--preset", "tiny", "--num-kv-blocks", "8",
-            "--max-model-len", "64", "--threads", "1", "--decode-workers", "2"]  # fmt: skip
-    _app, engine, info = build_app(parse_args(argv))
+    config = ServerConfig(mode="disaggregated", preset="tiny", num_kv_blocks=8, max_model_len=64,
+                          threads=1, decode_workers=2)  # fmt: skip
+    _app, engine, info = build_app(config)
     try:
         assert info["decode_workers"] == 2 and len(engine.procs) == 3
         assert all(p.is_alive() for p in engine.procs)
