@@ -3,8 +3,8 @@
 It has ``ModelRunner``'s interface (``run(batch)``, ``num_kv_blocks``, ``block_size``,
 ``kv_bytes_per_token``, ``info()``) and checks the scheduler's side of the contract in
 ``sequence.py`` on every step (block tables cover the scheduled tokens, no block is shared),
-so scheduler tests fail loudly on a bookkeeping bug. It is for deterministic scheduler and
-engine tests; the server runs the real ``ModelRunner``.
+so scheduler tests fail loudly on a bookkeeping bug. It serves deterministic scheduler and
+engine tests, and ``loadlab-server --preset fake`` (no torch: harness development and tests).
 
 Usage::
 
