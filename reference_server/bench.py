@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -136,13 +137,13 @@ def machine_peaks(device: torch.device | str = "cpu", size_mb: int = 256) -> dic
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     a = torch.ones(n, n, device=dev, dtype=dt)
 
-    def best(fn: object, reps: int) -> float:
+    def best(fn: Callable[[], object], reps: int) -> float:
         out = []
         for _ in range(reps + 1):
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             out.append(time.perf_counter() - t0)
