@@ -116,3 +116,25 @@ def test_a_failing_request_fails_alone_and_the_engine_goes_on() -> None:
     assert len(bad) == 1 and bad[0].finish_reason == "error" and "RuntimeError" in str(bad[0].error)
     assert [e.completion_tokens for e in ok] == [1, 2] and ok[-1].finish_reason == "length"
     assert engine.scheduler.block_manager.num_used_blocks == 0 and not engine.scheduler.has_work
+
+
+def test_gauges_follow_the_scheduler_and_the_inbox() -> None:
+    clock = FakeClock()
+    engine, _ = _engine(clock)
+    loop = asyncio.new_event_loop()
+    try:
+        q: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
+        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=50)), loop, q)
+        before = engine.gauges()
+        engine.step()  # a: prefill of 6 tokens into 2 blocks of 4
+        during = engine.gauges()
+        engine.abort("a")
+        engine.step()
+        after = engine.gauges()
+    finally:
+        loop.close()
+    assert (before.queue_depth, before.running_requests, before.kv_blocks_used) == (1, 0, 0)
+    assert (during.queue_depth, during.running_requests, during.batch_slots) == (0, 1, 1)
+    assert during.kv_blocks_used == 2 and during.kv_blocks_total == 32
+    assert (after.running_requests, after.kv_blocks_used, after.preemptions_total) == (0, 0, 0)
+    assert engine.max_num_seqs == 4 and engine.extra_metrics() == []
