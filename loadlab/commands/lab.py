@@ -39,10 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.lab import run_lab
-    from loadlab.lab_render import render_html, render_markdown
-    from loadlab.lab_report import lab_summary
-    from loadlab.lab_settings import ALL_MODES, settings_for
+    from loadlab.lab import (
+        ALL_MODES,
+        lab_summary,
+        render_html,
+        render_markdown,
+        run_lab,
+        settings_for,
+    )
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ALL_MODES]

@@ -36,6 +36,7 @@ __all__ = [
     "escape_text",
     "render_comparison_html",
     "render_html",
+    "render_template",
     "write_comparison_html",
     "write_html",
 ]
@@ -99,6 +100,12 @@ def _globals() -> dict[str, Any]:
     return {"num": fmt_num, "ci": _ci, "version": __version__}
 
 
+def render_template(name: str, **context: Any) -> str:
+    """One page from ``report/templates/`` with this module's escaping and helpers (``num``,
+    ``ci``, ``version``): how the run, comparison and lab pages are all made."""
+    return _env().get_template(name).render(**context, **_globals())
+
+
 def render_html(results: Results, verdict: Verdict | None = None, source: str = "") -> str:
     """The whole report page as a string."""
     s = metrics.summarize(results)
@@ -136,7 +143,7 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "environment": _flatten(results.environment),
         "generator": _flatten(gen) if gen else [],
     }
-    return _env().get_template("report.html.j2").render(**ctx, **_globals())
+    return render_template("report.html.j2", **ctx)
 
 
 def _write(text: str, path: str | Path) -> Path:
@@ -174,7 +181,7 @@ def render_comparison_html(
         "footer": footer_lines(cmp, fail_on_regression_pct),
         "cdfs": plots.comparison_cdfs(runs, cmp.labels),
     }
-    return _env().get_template("compare.html.j2").render(**ctx, **_globals())
+    return render_template("compare.html.j2", **ctx)
 
 
 def write_comparison_html(

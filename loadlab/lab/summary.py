@@ -2,7 +2,7 @@
 
 ``class_stats`` turns one results file into the numbers of one request class (pure, tested on
 hand-made records); ``lab_summary`` gathers them for every mode and experiment into plain data
-(``lab.json``); ``loadlab.lab_render`` lays that out as tables for Markdown and HTML.
+(``lab.json``); ``loadlab.lab.render`` lays that out as tables for Markdown and HTML.
 
 Example::
 
@@ -21,15 +21,19 @@ import numpy as np
 from loadlab import metrics
 
 if TYPE_CHECKING:
-    from loadlab.lab import LabOutcome
-    from loadlab.lab_settings import LabSettings
+    from loadlab.lab.experiments import LabOutcome
+    from loadlab.lab.settings import LabSettings
     from loadlab.results import Results
 
 __all__ = [
     "CLAIMS",
     "acceptance",
+    "batch_stats",
     "class_stats",
+    "dig",
+    "kv_transfer_stats",
     "lab_summary",
+    "ratio",
     "server_counter",
 ]
 
@@ -109,7 +113,11 @@ def server_counter(results: Results, pattern: str, labels: str = "") -> float | 
     return sum(hits) if hits else None
 
 
-def _kv(results: Results) -> dict[str, Any]:
+def kv_transfer_stats(results: Results) -> dict[str, Any]:
+    """The KV cache transfers of an experiment (disaggregated mode): bytes, seconds, per request.
+
+    From the server's counters where it has them, else from the records' ``server`` fields.
+    """
     recs = [r for r in results.records if r.ok]
     per_s = [float(r.server["kv_transfer_s"]) for r in recs if "kv_transfer_s" in r.server]
     per_b = [float(r.server["kv_transfer_bytes"]) for r in recs if "kv_transfer_bytes" in r.server]
@@ -129,7 +137,8 @@ def _kv(results: Results) -> dict[str, Any]:
     }
 
 
-def _batch_stats(results: Results) -> dict[str, Any]:
+def batch_stats(results: Results) -> dict[str, Any]:
+    """The batch job's numbers: job time, output tokens (and per second), mean decode batch."""
     recs = [r for r in results.records if r.sent_ns is not None]
     ends = [r.chunk_ns[-1] for r in results.records if r.chunk_ns]
     job_s = (max(ends) - min(r.sent_ns or 0 for r in recs)) / 1e9 if ends and recs else None
@@ -139,7 +148,7 @@ def _batch_stats(results: Results) -> dict[str, Any]:
     decoded = server_counter(results, r"tokens_total$", 'phase="decode"')
     steps = server_counter(results, r"steps_total$", 'phase="(decode|mixed)"')
     return {
-        "mean_decode_batch": _ratio(decoded, steps),
+        "mean_decode_batch": ratio(decoded, steps),
         "job_s": job_s,
         "output_tokens": out,
         "output_tokens_per_s": out / job_s if job_s else None,
@@ -158,14 +167,14 @@ def lab_summary(outcome: LabOutcome, s: LabSettings) -> dict[str, Any]:
             row["chat"] = class_stats(r, "chat", objectives, s.stall_k)
             row["long"] = class_stats(r, "long_prompt", None, s.stall_k)
             row["preemptions"] = server_counter(r, r"preemptions_total$")
-            row["kv"] = _kv(r)
+            row["kv"] = kv_transfer_stats(r)
             row["server_info"] = r.extra.get("lab", {}).get("server_info", {})
         if "baseline" in runs:
             row["baseline"] = class_stats(runs["baseline"], "chat", objectives, s.stall_k)
         if "batch" in runs:
-            row["batch"] = _batch_stats(runs["batch"])
+            row["batch"] = batch_stats(runs["batch"])
             row["batch"]["preemptions"] = server_counter(runs["batch"], r"preemptions_total$")
-            row["batch"]["kv"] = _kv(runs["batch"])
+            row["batch"]["kv"] = kv_transfer_stats(runs["batch"])
         # torch threads of a one-engine server (None: torch's default; disaggregated: per worker)
         row["threads"] = s.threads if mode != "disaggregated" else None
         modes[mode] = row
@@ -182,7 +191,14 @@ def lab_summary(outcome: LabOutcome, s: LabSettings) -> dict[str, Any]:
     return summary
 
 
-def _get(d: Mapping[str, Any], *keys: str) -> Any:
+def dig(d: Mapping[str, Any], *keys: str) -> Any:
+    """``d[k1][k2]...``, or ``None`` where a key is missing (a mode or experiment not run).
+
+    >>> dig({"chunked": {"chat": {"itl_ms_p99": 12.5}}}, "chunked", "chat", "itl_ms_p99")
+    12.5
+    >>> dig({}, "static", "batch") is None
+    True
+    """
     for k in keys:
         if not isinstance(d, Mapping) or k not in d:
             return None
@@ -190,7 +206,12 @@ def _get(d: Mapping[str, Any], *keys: str) -> Any:
     return d
 
 
-def _ratio(a: Any, b: Any) -> float | None:
+def ratio(a: Any, b: Any) -> float | None:
+    """``a / b`` when both are numbers and ``b`` is not 0, else ``None``.
+
+    >>> ratio(3, 4), ratio(None, 4), ratio(3, 0)
+    (0.75, None, None)
+    """
     return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
 
 
@@ -198,9 +219,7 @@ def acceptance(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Issue 7's interference checks: (what, measured ratio or value, limit, met)."""
     m = summary["modes"]
     out = []
-    r = _ratio(
-        _get(m, "chunked", "chat", "itl_ms_p99"), _get(m, "continuous", "chat", "itl_ms_p99")
-    )
+    r = ratio(dig(m, "chunked", "chat", "itl_ms_p99"), dig(m, "continuous", "chat", "itl_ms_p99"))
     out.append(
         {
             "check": "p99 ITL of the streams, chunked / continuous (long prompts arriving)",
@@ -209,9 +228,9 @@ def acceptance(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "met": None if r is None else r <= 1 / 3,
         }
     )
-    r = _ratio(
-        _get(m, "disaggregated", "chat", "itl_ms_p99"),
-        _get(m, "disaggregated", "baseline", "itl_ms_p99"),
+    r = ratio(
+        dig(m, "disaggregated", "chat", "itl_ms_p99"),
+        dig(m, "disaggregated", "baseline", "itl_ms_p99"),
     )
     out.append(
         {
@@ -221,7 +240,7 @@ def acceptance(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "met": None if r is None else r <= 1.5,
         }
     )
-    t = _get(m, "chunked", "long", "ttft_ms_p50")
+    t = dig(m, "chunked", "long", "ttft_ms_p50")
     out.append(
         {
             "check": "the long prompt's own TTFT in chunked mode (ms, p50)",

@@ -1,4 +1,4 @@
-"""``loadlab lab``: the reference server's modes side by side, on the same seeded workload.
+"""The lab's experiments: the reference server's modes on the same seeded workload.
 
 For each mode (static, continuous, chunked, disaggregated) the lab starts the reference
 server, runs three experiments against it and writes one results file per experiment:
@@ -9,13 +9,13 @@ server, runs three experiments against it and writes one results file per experi
 
 plus ``<out>/batching.json`` (decode and prefill tokens/s against batch size, measured on the
 model runner in a subprocess) and the report (``lab.md``, ``lab.html``, ``lab.json``; see
-``loadlab.lab_report``). Each results file carries the server's ``/v1/server_info`` and the
+``loadlab.lab.summary``). Each results file carries the server's ``/v1/server_info`` and the
 change of its ``/metrics`` counters over the experiment in ``extra["lab"]``.
 
 Example::
 
     outcome = run_lab(settings_for("tiny"), ["continuous", "chunked"], Path("reports/lab"))
-    print(outcome.report_md)
+    print(outcome.paths["chunked"]["interference"])   # reports/lab/chunked-interference.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.lab_settings import ALL_MODES, LabSettings
+from loadlab.lab.settings import ALL_MODES, LabSettings
 from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results, write_results
 from loadlab.runner.runner import run_async
@@ -235,8 +235,8 @@ def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str) -> Res
 def _batching(s: LabSettings, out_dir: Path, log: Log) -> dict[str, Any]:
     """The batching experiment in its own process (torch threads and memory stay there)."""
     log("batching experiment: decode and prefill tokens/s against batch size ...")
-    cmd = [sys.executable, "-m", "loadlab.lab_batching", json.dumps(s.to_dict())]
-    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "loadlab.lab.batching", json.dumps(s.to_dict())]
+    root = Path(__file__).resolve().parents[2]  # the checkout: loadlab/lab/ -> ..
     try:
         proc = subprocess.run(  # noqa: S603 (our own interpreter and module)
             cmd, capture_output=True, text=True, timeout=600, cwd=root, check=False

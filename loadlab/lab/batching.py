@@ -6,7 +6,7 @@ compute binds); a prefill step is already a large matmul, so a batch of prompts 
 idle capacity. Measured with ``reference_server.bench`` on the real model runner; run as a
 subprocess by ``loadlab lab`` (it imports torch) and prints one JSON object::
 
-    python3 -m loadlab.lab_batching '{"preset": "tiny", "decode_batches": [1, 4], ...}'
+    python3 -m loadlab.lab.batching '{"preset": "tiny", "decode_batches": [1, 4], ...}'
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from loadlab.lab_report import CLAIMS, _get, _ratio
+from loadlab.lab.summary import CLAIMS, dig, ratio
 from loadlab.report.text import fmt_num
 
 __all__ = ["Section", "render_html", "render_markdown", "sections"]
@@ -61,12 +61,12 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
             [
                 [
                     n,
-                    _n(_get(m, n, "batch", "job_s"), 2),
-                    _n(_get(m, n, "batch", "output_tokens")),
-                    _n(_get(m, n, "batch", "output_tokens_per_s")),
-                    _n(_get(m, n, "batch", "mean_decode_batch"), 2),
-                    _n(_get(m, n, "batch", "preemptions")),
-                    _n(_get(m, n, "batch", "failed")),
+                    _n(dig(m, n, "batch", "job_s"), 2),
+                    _n(dig(m, n, "batch", "output_tokens")),
+                    _n(dig(m, n, "batch", "output_tokens_per_s")),
+                    _n(dig(m, n, "batch", "mean_decode_batch"), 2),
+                    _n(dig(m, n, "batch", "preemptions")),
+                    _n(dig(m, n, "batch", "failed")),
                 ]
                 for n in names
             ],
@@ -99,7 +99,7 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
                 [
                     n,
                     *(
-                        _n(_get(m, n, "chat", k))
+                        _n(dig(m, n, "chat", k))
                         for k in (
                             "itl_ms_p50",
                             "itl_ms_p99",
@@ -108,13 +108,13 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
                             "stall_ms_max",
                         )
                     ),
-                    _n(_get(m, n, "chat", "stalls_per_stream"), 2),
-                    _n(_get(m, n, "chat", "ttft_ms_p50")),
-                    _n(_get(m, n, "chat", "ttft_ms_p99")),
-                    _n(_get(m, n, "chat", "output_tokens_per_s")),
-                    _n(_get(m, n, "chat", "goodput_rps"), 3),
-                    _n(_get(m, n, "preemptions")),
-                    _n(_get(m, n, "chat", "failed")),
+                    _n(dig(m, n, "chat", "stalls_per_stream"), 2),
+                    _n(dig(m, n, "chat", "ttft_ms_p50")),
+                    _n(dig(m, n, "chat", "ttft_ms_p99")),
+                    _n(dig(m, n, "chat", "output_tokens_per_s")),
+                    _n(dig(m, n, "chat", "goodput_rps"), 3),
+                    _n(dig(m, n, "preemptions")),
+                    _n(dig(m, n, "chat", "failed")),
                 ]
                 for n in names
             ],
@@ -130,14 +130,10 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
             [
                 [
                     n,
-                    _n(_get(m, n, "baseline", "itl_ms_p50")),
-                    _n(_get(m, n, "baseline", "itl_ms_p99")),
-                    _n(_get(m, n, "baseline", "stall_ms_max")),
-                    _x(
-                        _ratio(
-                            _get(m, n, "chat", "itl_ms_p99"), _get(m, n, "baseline", "itl_ms_p99")
-                        )
-                    ),
+                    _n(dig(m, n, "baseline", "itl_ms_p50")),
+                    _n(dig(m, n, "baseline", "itl_ms_p99")),
+                    _n(dig(m, n, "baseline", "stall_ms_max")),
+                    _x(ratio(dig(m, n, "chat", "itl_ms_p99"), dig(m, n, "baseline", "itl_ms_p99"))),
                 ]
                 for n in names
             ],
@@ -151,10 +147,10 @@ def sections(summary: Mapping[str, Any]) -> list[Section]:
             [
                 [
                     n,
-                    _n(_get(m, n, "long", "requests")),
-                    _n(_get(m, n, "long", "ttft_ms_p50")),
-                    _n(_get(m, n, "long", "ttft_ms_max")),
-                    _n(_get(m, n, "long", "failed")),
+                    _n(dig(m, n, "long", "requests")),
+                    _n(dig(m, n, "long", "ttft_ms_p50")),
+                    _n(dig(m, n, "long", "ttft_ms_max")),
+                    _n(dig(m, n, "long", "failed")),
                 ]
                 for n in names
             ],
@@ -229,9 +225,9 @@ def _disagg_section(m: Mapping[str, Any]) -> Section:
         for k, v in d.get("server_info", {}).items()
         if re.search(r"prefill|decode|thread|worker|affinity|cpu|device", k)
     }
-    tp_d = _get(d, "batch", "output_tokens_per_s")
-    tp_c = _get(m, "continuous", "batch", "output_tokens_per_s")
-    bw = _ratio(kv.get("bytes_total"), kv.get("seconds_total"))
+    tp_d = dig(d, "batch", "output_tokens_per_s")
+    tp_c = dig(m, "continuous", "batch", "output_tokens_per_s")
+    bw = ratio(kv.get("bytes_total"), kv.get("seconds_total"))
     rows = [
         ["KV transferred (bytes, interference run)", _n(kv.get("bytes_total"), 0)],
         ["KV bytes per prompt token", _n(kv.get("bytes_per_prompt_token"), 0)],
@@ -245,10 +241,10 @@ def _disagg_section(m: Mapping[str, Any]) -> Section:
             "transfer added to each TTFT (ms, mean / p99)",
             f"{_n(kv.get('per_request_ms_mean'))} / {_n(kv.get('per_request_ms_p99'))}",
         ],
-        ["chat TTFT p50 (ms), for scale", _n(_get(d, "chat", "ttft_ms_p50"))],
+        ["chat TTFT p50 (ms), for scale", _n(dig(d, "chat", "ttft_ms_p50"))],
         [
             "batch job output tok/s: disaggregated / continuous (one combined server)",
-            f"{_n(tp_d)} / {_n(tp_c)} = {_x(_ratio(tp_d, tp_c))}",
+            f"{_n(tp_d)} / {_n(tp_c)} = {_x(ratio(tp_d, tp_c))}",
         ],
         _per_thread_row(d, tp_d, tp_c, m.get("continuous", {}).get("threads")),
         ["how the hardware was split", ", ".join(f"{k}={v}" for k, v in split.items()) or "-"],
@@ -298,36 +294,16 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_TEMPLATE = """{% extends "base.html.j2" %}
-{% block title %}loadlab lab{% endblock %}
-{% block body %}
-<h1>loadlab lab: the reference server's modes side by side</h1>
-<p class="sub">preset {{ settings.preset }} · lab time {{ elapsed }} s · {{ machine }}</p>
-{% for sec in sections %}
-<h2>{{ sec.title }}</h2>
-{% if sec.claim %}<p class="note">Supports: {{ sec.claim }}.</p>{% endif %}
-<table>
-  <tr>{% for h in sec.header %}<th>{{ h }}</th>{% endfor %}</tr>
-  {% for row in sec.rows %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}
-</table>
-{% if sec.note %}<p class="note">{{ sec.note }}</p>{% endif %}
-{% endfor %}
-{% endblock %}
-"""
-
-
 def render_html(summary: Mapping[str, Any]) -> str:
     """The same sections as one self-contained HTML page (the HTML report's escaping)."""
-    from loadlab.report.html import _env, _globals
+    from loadlab.report.html import render_template  # plots: matplotlib, only for this page
 
-    env = _env()
-    template = env.from_string(_TEMPLATE)
-    return template.render(
+    return render_template(
+        "lab.html.j2",
         settings=summary["settings"],
         elapsed=f"{summary.get('elapsed_s', 0):.0f}",
         machine=", ".join(f"{k} {v}" for k, v in (summary.get("machine") or {}).items()),
         sections=sections(summary),
-        **_globals(),
     )
 
 
@@ -335,8 +311,8 @@ def _per_thread_row(d: Mapping[str, Any], tp_d: Any, tp_c: Any, threads_c: Any) 
     """Tokens/s per torch thread: what each pool's share of the hardware delivers."""
     workers = d.get("server_info", {}).get("workers") or []
     threads_d = sum(int(w.get("threads") or 0) for w in workers if isinstance(w, Mapping))
-    per_d = _ratio(tp_d, threads_d or None)
-    per_c = _ratio(tp_c, threads_c)
+    per_d = ratio(tp_d, threads_d or None)
+    per_c = ratio(tp_c, threads_c)
     return [
         "batch job output tok/s per torch thread: disaggregated / combined",
         f"{_n(per_d)} ({threads_d or '?'} threads) / {_n(per_c)} ({threads_c or '?'} threads)",

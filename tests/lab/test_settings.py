@@ -1,0 +1,19 @@
+"""The lab's settings: presets, overrides and what they refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadlab.lab.settings import LabSettings, settings_for
+
+
+def test_settings_validate() -> None:
+    with pytest.raises(ValueError, match="raise --duration"):
+        LabSettings(preset="cpu", duration_s=3.0, long_first_s=5.0)
+    with pytest.raises(ValueError, match="--preset"):
+        settings_for("huge")
+    s = settings_for("cpu", duration_s=80.0, chunk_size=None)
+    assert s.duration_s == 80.0 and s.chunk_size == 64
+    assert s.long_prompts == 19  # at 5, 9, 13, ..., 77 s
+    assert "--chunk-size" in s.server_args("chunked") and "--threads" in s.server_args("static")
+    assert "--chunk-size" not in s.server_args("continuous")
