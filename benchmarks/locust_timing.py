@@ -95,7 +95,7 @@ def client_probe(mode: str, url: str, users: int, duration_s: float, tokens: int
         return b'"content":"' in line and b'"content":""' not in line
 
     from loadlab.config import EndpointConfig
-    from loadlab.locust_stream import StreamConnection
+    from loadlab.locust.stream import StreamConnection
     from loadlab.records import RequestSpec
 
     ep = EndpointConfig(url, model="m")

@@ -3,20 +3,15 @@ always on 127.0.0.1 and bounded in time."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.loopback import ROOT, free_port
+
+__all__ = ["ROOT", "SHARED_DATA", "free_port"]  # tests that still import them from here
+
 SHARED_DATA = ROOT.parent / "shared" / "data"
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

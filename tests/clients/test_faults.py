@@ -15,23 +15,9 @@ from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from loadlab.results import Results, write_results
 from loadlab.testing.fault_server import FaultServer
-from tests.conftest import free_port
+from tests.helpers.loopback import FAULT_OUTCOMES, free_port
 
-EXPECTED = {
-    "ok": "ok",
-    "malformed": "protocol_error",
-    "stream_error": "stream_error",
-    "eof": "incomplete",
-    "close": "incomplete",
-    "reset": "incomplete",
-    "reset_early": "connect_error",
-    "429": "http_429",
-    "500_html": "http_500",
-    "non_json": "protocol_error",
-    "not_sse": "protocol_error",
-    "stall": "timeout",
-    "drip": "timeout",
-}
+EXPECTED = FAULT_OUTCOMES
 
 
 async def _send_one(url: str, api: str, *, stream: bool = True, **kw: float) -> object:

@@ -4,9 +4,7 @@ trusted through SSL_CERT_FILE (as a user would trust a private CA)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,19 +14,12 @@ from loadlab.clients import OpenAIClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from loadlab.testing.fixed_server import FixedScheduleServer
+from tests.helpers.loopback import self_signed_cert
 
 
 @pytest.fixture
 def cert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not found")
-    crt, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(crt)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    crt, key = self_signed_cert(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(crt))
     return crt, key
 

@@ -18,7 +18,7 @@ import time  # noqa: E402
 import gevent  # noqa: E402
 
 from loadlab.config import EndpointConfig  # noqa: E402
-from loadlab.locust_stream import StreamConnection  # noqa: E402
+from loadlab.locust.stream import StreamConnection  # noqa: E402
 from loadlab.records import RequestSpec  # noqa: E402
 from loadlab.testing.fault_server import MODES  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.locust_collect import RecordCollector, RecordShipper, shift_record
+from loadlab.locust.collect import RecordCollector, RecordShipper, shift_record
 from loadlab.records import RequestRecord
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from loadlab import metrics
 from loadlab.results import read_results
-from tests.locust.conftest import finish, free_port, locust_cmd, spawn
+from tests.helpers.locust import finish, locust_cmd, spawn
+from tests.helpers.loopback import free_port
 
 pytestmark = pytest.mark.locust
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from loadlab.results import read_results
-from tests.locust.conftest import finish, free_port, get_json, locust_cmd, spawn
+from tests.helpers.locust import finish, get_json, locust_cmd, spawn
+from tests.helpers.loopback import free_port
 
 pytestmark = pytest.mark.locust
 

@@ -17,10 +17,13 @@ import pytest
 
 from loadlab.testing.fault_server import FaultServer
 from loadlab.testing.fixed_server import FixedScheduleServer
-from tests.clients.conftest import _serve_in_thread
-from tests.clients.test_faults import EXPECTED
-from tests.clients.test_tls import cert  # noqa: F401 (a fixture)
-from tests.conftest import ROOT, free_port
+from tests.helpers.loopback import (
+    FAULT_OUTCOMES,
+    ROOT,
+    free_port,
+    self_signed_cert,
+    serve_in_thread,
+)
 
 
 def _probe(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -38,13 +41,13 @@ def _probe(*args: str, env: dict[str, str] | None = None) -> Any:
 
 @pytest.fixture(scope="module")
 def fault_server() -> Iterator[FaultServer]:
-    yield from _serve_in_thread(FaultServer)
+    yield from serve_in_thread(FaultServer)
 
 
 def test_each_fault_becomes_its_outcome_under_gevent(fault_server: FaultServer) -> None:
     out = _probe(fault_server.url, f"http://127.0.0.1:{free_port()}")
-    assert {m: out[m]["outcome"] for m in EXPECTED} == EXPECTED
-    assert all(out[m]["timed"] for m in EXPECTED)
+    assert {m: out[m]["outcome"] for m in FAULT_OUTCOMES} == FAULT_OUTCOMES
+    assert all(out[m]["timed"] for m in FAULT_OUTCOMES)
     assert out["429"]["retry_after_s"] == 7.0 and "model overloaded" in out["429"]["error"]
     assert "500 Internal Server Error" in out["500_html"]["error"]
     assert out["ok"]["chunks"] == 3 and out["ok"]["tokens"] == 3
@@ -54,10 +57,11 @@ def test_each_fault_becomes_its_outcome_under_gevent(fault_server: FaultServer) 
     assert out["refused"]["outcome"] == "connect_error"
 
 
-def test_streams_over_tls_and_keeps_the_connection(cert: tuple[Path, Path]) -> None:  # noqa: F811
+def test_streams_over_tls_and_keeps_the_connection(tmp_path: Path) -> None:
+    cert = self_signed_cert(tmp_path)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(*cert)
-    servers = _serve_in_thread(lambda: FixedScheduleServer(ttft_ms=5, itl_ms=1, ssl_context=ctx))
+    servers = serve_in_thread(lambda: FixedScheduleServer(ttft_ms=5, itl_ms=1, ssl_context=ctx))
     srv = next(servers)
     try:
         assert srv.url.startswith("https://")

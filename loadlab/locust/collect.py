@@ -1,7 +1,7 @@
 """Exact records across Locust workers: what a worker ships and how the master merges it.
 
 Pure data, no Locust or gevent import (so it is unit-tested in the pytest process; the glue
-that sends the batches lives in ``loadlab.locust``). A worker keeps its records relative to its
+that sends the batches lives in ``loadlab.locust.hooks``). A worker keeps its records relative to its
 own ``t0`` (``perf_counter_ns`` at its ``test_start``) and ships them in batches::
 
     {"worker": 1, "host": "box", "t0_perf_ns": int, "t0_wall_ns": int, "seq": 3,

@@ -1,6 +1,6 @@
-"""Locust integration: ``LLMUser`` streams from an OpenAI-compatible endpoint with exact timing.
+"""``LLMUser``: a Locust user that streams from an OpenAI-compatible endpoint with exact timing.
 
-Import this only from a locustfile (Locust monkey-patches the interpreter with gevent)::
+Import it only from a locustfile (Locust monkey-patches the interpreter with gevent)::
 
     # my_locustfile.py
     from loadlab.locust import LLMUser, workload_specs
@@ -43,11 +43,12 @@ from greenlet import GreenletExit
 from locust import User, events, task
 from locust.exception import StopUser
 
-from loadlab import locust_hooks, metrics
+from loadlab import metrics
 from loadlab.clients.base import Message
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.locust_options import add_options, endpoint_from_options
-from loadlab.locust_stream import StreamConnection
+from loadlab.locust import hooks
+from loadlab.locust.options import add_options, endpoint_from_options
+from loadlab.locust.stream import StreamConnection
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.workloads import build_requests
 
@@ -142,8 +143,8 @@ class LLMUser(User):
         self._conn = StreamConnection(
             self.endpoint, read_timeout_s=float(getattr(opts, "read_timeout", 30.0))
         )
-        seed = locust_hooks.next_user_seed(environment)
-        self._tag = locust_hooks.user_tag(environment)  # request ids unique across the run
+        seed = hooks.next_user_seed(environment)
+        self._tag = hooks.user_tag(environment)  # request ids unique across the run
         self._specs: Iterator[RequestSpec] = iter(self.make_specs(seed))
         self._next: RequestSpec | None = None
         self._history: list[Message] = []
@@ -180,7 +181,7 @@ class LLMUser(User):
         try:
             done = self._conn.send(
                 spec,
-                t0_ns=locust_hooks.t0_ns(),
+                t0_ns=hooks.t0_ns(),
                 history=self._history if self.endpoint.api == "chat" else (),
                 timeout_s=self.timeout_s,
             )
@@ -189,13 +190,13 @@ class LLMUser(User):
             # with the default --stop-timeout 0 every run would then exit 1 (Locust's code for
             # "there were failures"); the summary counts them.
             for rec in self._conn.cancelled_records:
-                locust_hooks.record_done(rec)
+                hooks.record_done(rec)
             self._conn.cancelled_records.clear()
             raise
         self._after(spec, done.record, done.text)
 
     def _after(self, spec: RequestSpec, record: RequestRecord, text: str) -> None:
-        locust_hooks.record_done(record)
+        hooks.record_done(record)
         fire_locust_events(self.environment, record)
         # The history a later turn sends is what was really asked and answered.
         self._history += [
@@ -259,4 +260,4 @@ def _add_options(parser: Any, **_: Any) -> None:
     add_options(parser)
 
 
-locust_hooks.install(events)
+hooks.install(events)
