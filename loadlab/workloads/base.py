@@ -18,7 +18,7 @@ import numpy as np
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.runner.arrivals import arrival_times
+from loadlab.workloads.arrivals import arrival_times
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, get_bool, get_float, get_int, resolve_path
 from loadlab.workloads.prompts import prompt_text

@@ -30,8 +30,8 @@ from typing import Any
 import pydantic
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
-from loadlab.runner.arrivals import PROCESSES
 from loadlab.workloads import resolve_workload_paths, validate_workload
+from loadlab.workloads.arrivals import PROCESSES
 from loadlab.workloads.params import WorkloadError, closest
 
 __all__ = ["ScenarioError", "load_scenario", "scenario_from_dict"]

@@ -16,8 +16,8 @@ from loadlab.config import RunConfig
 from loadlab.metrics import count_outcomes
 from loadlab.records import RequestSpec
 from loadlab.results import Results
-from loadlab.runner.arrivals import arrival_times
 from loadlab.runner.runner import Runner, group_units
+from loadlab.workloads.arrivals import arrival_times
 from tests.runner.fakes import FakeClient
 
 

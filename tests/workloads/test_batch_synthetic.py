@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 from loadlab.config import RunConfig
-from loadlab.runner.arrivals import arrival_times
 from loadlab.workloads import build_requests
+from loadlab.workloads.arrivals import arrival_times
 
 
 def test_batch_open_loop_submits_the_whole_job_at_once():

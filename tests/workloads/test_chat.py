@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from loadlab.config import RunConfig
-from loadlab.runner.arrivals import arrival_times
 from loadlab.workloads import build_requests, workload_extra
+from loadlab.workloads.arrivals import arrival_times
 
 THINK = {"dist": "lognormal", "median": 2.0, "sigma": 0.5}
 
