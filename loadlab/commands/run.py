@@ -186,7 +186,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     fields: dict[str, Any] = {}
     base_endpoints: tuple[EndpointConfig, ...] = ()
     if args.scenario:
-        from loadlab.workloads.scenario import load_scenario
+        from loadlab.scenario import load_scenario
 
         base = load_scenario(args.scenario, overrides=given)  # flags win, checked together
         fields = {k: getattr(base, k) for k in base.to_dict()}

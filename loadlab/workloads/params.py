@@ -1,7 +1,7 @@
 """Checking ``[workload]`` parameters: unknown keys, types, paths. Shared by every kind.
 
 Errors are ``WorkloadError`` (a ``ValueError``) whose message names the key, the value and the
-fix; ``loadlab.workloads.scenario`` prefixes the scenario file's name.
+fix; ``loadlab.scenario`` prefixes the scenario file's name.
 
 Example::
 

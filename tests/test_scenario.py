@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from loadlab.config import RunConfig
+from loadlab.scenario import ScenarioError, load_scenario
 from loadlab.workloads import build_requests
-from loadlab.workloads.scenario import ScenarioError, load_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 
 
