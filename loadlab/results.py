@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadlab.generator import merge_parts
 from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -227,8 +228,6 @@ def merge_results(parts: Iterable[Results]) -> Results:
         raise ValueError("merge_results needs at least one part")
     first = parts[0]
     windows = [p.window_ns for p in parts if p.window_ns is not None]
-    gens = [p.generator for p in parts]
-    lag_max = max((float(g.get("loop_lag_ms_max", 0.0)) for g in gens), default=0.0)
     return Results(
         records=[r for p in parts for r in p.records],
         config=first.config,
@@ -239,11 +238,7 @@ def merge_results(parts: Iterable[Results]) -> Results:
         scheduled=sum(p.scheduled_count for p in parts),
         workers=sum(p.workers for p in parts),
         kind=first.kind,
-        generator={
-            "saturated": any(bool(g.get("saturated")) for g in gens),
-            "loop_lag_ms_max": lag_max,
-            "parts": gens,
-        },
+        generator=merge_parts(p.generator for p in parts),
         server_samples=sorted(
             (s for p in parts for s in p.server_samples), key=lambda s: s.get("t_ns", 0)
         ),

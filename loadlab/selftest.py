@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.generator import generator_parts
 from loadlab.metrics import itl_ms, throughput
 from loadlab.records import RequestSpec
 from loadlab.results import Results, environment_info
-from loadlab.runner.monitor import generator_parts
 from loadlab.runner.workers import run_load
 
 __all__ = ["PRESETS", "SelftestConfig", "compare_level", "render_levels", "run_selftest"]

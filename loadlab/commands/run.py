@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.generator import saturation_warning
 from loadlab.results import Results, write_results
-from loadlab.runner.monitor import saturation_warning
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
 
 __all__ = ["HELP", "add_arguments", "config_from_args", "run"]

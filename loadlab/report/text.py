@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from loadlab import metrics
-from loadlab.runner.monitor import parser_fell_behind, worst_process
+from loadlab.generator import parser_fell_behind, worst_process
 
 if TYPE_CHECKING:
     from loadlab.results import Results

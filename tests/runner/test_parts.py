@@ -12,9 +12,10 @@ import pytest
 from loadlab.clients import rawhttp
 from loadlab.commands import run as run_cmd
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.generator import saturation_warning
 from loadlab.metrics import count_outcomes
 from loadlab.records import RequestSpec
-from loadlab.runner.monitor import LoopMonitor, saturation_warning
+from loadlab.runner.monitor import LoopMonitor
 from loadlab.runner.progress import Progress, format_line
 from loadlab.runner.runner import LiveStats
 from loadlab.runner.workers import partition, run_load, share
@@ -59,18 +60,6 @@ def test_monitor_flags_a_parse_backlog_that_does_not_drain() -> None:
     assert "interpreted them late" in (saturation_warning(behind) or "")
     bursty = asyncio.run(go([0.0] * 9 + [45.0] * 3))
     assert bursty["parse_backlog_ms_max"] >= 45.0 and bursty["saturated"] is False
-
-
-def test_a_merged_runs_warning_reads_its_worst_process() -> None:
-    """A --workers run keeps each process's section under "parts": the warning quotes the
-    worst one's lag or backlog, not the merged section's missing fields."""
-    lagging = {"threshold_ms": 20.0, "loop_lag_ms_p99": 31.5, "parse_backlog_ms_p50": 0.0}
-    calm = {"threshold_ms": 20.0, "loop_lag_ms_p99": 4.0, "parse_backlog_ms_p50": 0.0}
-    merged = {"saturated": True, "loop_lag_ms_max": 60.0, "parts": [calm, lagging]}
-    assert "lagged p99 31.5 ms (threshold 20 ms)" in (saturation_warning(merged) or "")
-    behind = {"threshold_ms": 20.0, "loop_lag_ms_p99": 6.0, "parse_backlog_ms_p50": 44.0}
-    merged["parts"] = [calm, behind]
-    assert "median parse backlog 44.0 ms" in (saturation_warning(merged) or "")
 
 
 def test_share_and_partition_keep_sessions_whole() -> None:
