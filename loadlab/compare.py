@@ -211,8 +211,7 @@ def _latency_samples(lat: Sequence[RequestRecord], metric: str) -> tuple[np.ndar
 def _per_second_bins(r: Results) -> np.ndarray:
     """Output tokens/s of each whole second inside the measurement window."""
     lo, hi = r.measurement_window_ns()
-    tp = metrics.throughput(r.records, (lo, hi))
-    series = tp["output_tokens_per_s_series"]
+    series = metrics.throughput(r.records, (lo, hi)).output_tokens_per_s_series
     first, last = -(-lo // 1_000_000_000), hi // 1_000_000_000  # whole bins only
     return np.asarray(series[first:last], dtype=float)
 
@@ -242,7 +241,7 @@ def _latency_row(
     alpha: float,
 ) -> MetricChange:
     samples = [_latency_samples(lat, metric) for lat in lats]
-    values = [float(np.percentile(v, q)) if v.size else None for v, _ in samples]
+    values = [metrics.percentile(v, q) for v, _ in samples]
     tail = min(q, 100 - q) / 100
     boots = [
         _boot_quantile(v, c, q / 100, res) if v.size * tail >= MIN_TAIL_SAMPLES else None
@@ -282,8 +281,7 @@ def _latency_row(
 
 def _throughput_row(runs: Sequence[Results], alpha: float, n_boot: int, seed: int) -> MetricChange:
     values = [
-        float(metrics.throughput(r.records, r.measurement_window_ns())["output_tokens_per_s"])
-        for r in runs
+        metrics.throughput(r.records, r.measurement_window_ns()).output_tokens_per_s for r in runs
     ]
     bins = [_per_second_bins(r) for r in runs]
     changes: list[float | None] = [None]
@@ -376,9 +374,9 @@ def compare(
     rows.append(
         _count_row(
             "error_rate",
-            [c["error_rate"] for c in counts],
-            [c["failed"] for c in counts],
-            [c["sent"] for c in counts],
+            [c.error_rate for c in counts],
+            [c.failed for c in counts],
+            [c.sent for c in counts],
             True,
             a,
         )
@@ -396,7 +394,7 @@ def compare(
                 "goodput_rps",
                 [g / s for g, s in zip(good, spans, strict=True)],
                 good,
-                [c["sent"] for c in counts],
+                [c.sent for c in counts],
                 False,
                 a,
             )

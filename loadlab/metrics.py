@@ -12,12 +12,16 @@ Per request (milliseconds; ``None`` when undefined for that request)::
 
 Over a run: exact percentiles (numpy, linear interpolation) of ok requests sent inside the
 measurement window; throughput over the window; goodput from per-request objectives.
-``LogHistogram`` is the mergeable, bounded-relative-error form for merging many workers.
+``percentile`` is the one percentile of loadlab: every figure it prints or gates on (the
+summary, the SLO verdict, the comparison, the lab, the selftest, the generator's own lag)
+goes through it. ``LogHistogram`` is the mergeable, bounded-relative-error form for merging
+many workers. ``loadlab.summary`` gathers these into a run's summary.
 
 Example::
 
-    >>> percentiles([float(i) for i in range(1, 101)])["p50"]
-    50.5
+    >>> values = [float(i) for i in range(1, 101)]
+    >>> percentile(values, 50), distribution(values).at(99), distribution([]).at(99)
+    (50.5, 99.01, None)
 """
 
 from __future__ import annotations
@@ -26,19 +30,20 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, RequestRecord, is_failed
 
-if TYPE_CHECKING:
-    from loadlab.results import Results
-
 __all__ = [
     "DEFAULT_PERCENTILES",
+    "Counts",
+    "Distribution",
     "LogHistogram",
+    "Throughput",
     "count_outcomes",
+    "distribution",
     "e2e_from_intended_ms",
     "e2e_ms",
     "good_requests",
@@ -47,9 +52,8 @@ __all__ = [
     "latency_records",
     "max_gap_ms",
     "output_token_count",
-    "percentiles",
+    "percentile",
     "stall_count",
-    "summarize",
     "throughput",
     "tpot_ms",
     "ttft_from_intended_ms",
@@ -135,28 +139,59 @@ def stall_count(r: RequestRecord, k: float = 3.0) -> int:
 # ---------------------------------------------------------------- percentiles
 
 
-def percentiles(
-    values: Sequence[float] | np.ndarray, qs: Iterable[float] = DEFAULT_PERCENTILES
-) -> dict[str, float | int | None]:
-    """Exact percentiles (numpy, linear) plus ``count``, ``mean``, ``min`` and ``max``.
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
+    """The ``q``-th percentile (0-100) by linear interpolation between the closest ranks
+    (numpy's default, Hyndman & Fan 1996 type 7); ``None`` for no values.
 
-    Keys are ``p50``, ``p90``, ``p99.9`` ... An empty input gives ``None`` values, count 0.
+    >>> percentile([1.0, 2.0, 3.0, 4.0], 50), percentile([], 99)
+    (2.5, None)
     """
     arr = np.asarray(values, dtype=float)
-    out: dict[str, float | int | None] = {"count": int(arr.size)}
-    qs = list(qs)
     if arr.size == 0:
-        out.update({_pkey(q): None for q in qs})
-        out.update({"mean": None, "min": None, "max": None})
+        return None
+    return float(np.percentile(arr, q, method="linear"))
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One metric's values over a run: count, exact percentiles, mean, min and max.
+
+    Every value is ``None`` when there were no values (count 0). In the results file it is
+    ``{"count", "p50", "p90", ..., "mean", "min", "max"}`` (``to_dict``).
+    """
+
+    count: int
+    quantiles: tuple[tuple[float, float | None], ...]  # (q in 0-100, value), in asked order
+    mean: float | None
+    min: float | None
+    max: float | None
+
+    def at(self, q: float) -> float | None:
+        """The ``q``-th percentile; ``q`` must be one this distribution was computed for."""
+        for have, value in self.quantiles:
+            if have == q:
+                return value
+        known = ", ".join(f"{have:g}" for have, _ in self.quantiles)
+        raise ValueError(f"p{q:g} was not computed; computed: {known} (pass it in qs)")
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        out: dict[str, float | int | None] = {"count": self.count}
+        out.update({f"p{q:g}": v for q, v in self.quantiles})
+        out.update({"mean": self.mean, "min": self.min, "max": self.max})
         return out
-    for q, v in zip(qs, np.percentile(arr, qs, method="linear"), strict=True):
-        out[_pkey(q)] = float(v)
-    out.update({"mean": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max())})
-    return out
 
 
-def _pkey(q: float) -> str:
-    return f"p{q:g}"
+def distribution(
+    values: Sequence[float] | np.ndarray, qs: Iterable[float] = DEFAULT_PERCENTILES
+) -> Distribution:
+    """The ``Distribution`` of ``values``, its percentiles by ``percentile``."""
+    arr = np.asarray(values, dtype=float)
+    quantiles = tuple((float(q), percentile(arr, q)) for q in qs)
+    if arr.size == 0:
+        return Distribution(0, quantiles, None, None, None)
+    return Distribution(
+        int(arr.size), quantiles, float(arr.mean()), float(arr.min()), float(arr.max())
+    )
 
 
 @dataclass
@@ -231,26 +266,53 @@ class LogHistogram:
 # ---------------------------------------------------------------- run level
 
 
-def count_outcomes(
-    records: Iterable[RequestRecord], scheduled: int | None = None
-) -> dict[str, Any]:
-    """Counts with the invariants scheduled = sent + dropped and sent = ok + failed."""
+@dataclass(frozen=True)
+class Counts:
+    """Requests by outcome, with the invariants scheduled = sent + dropped, sent = ok + failed."""
+
+    scheduled: int
+    sent: int
+    dropped: int
+    ok: int
+    failed: int
+    late: int  # sent later than intended by more than the run's tolerance
+    by_outcome: Mapping[str, int]  # outcome class -> requests, sorted by name
+
+    @property
+    def error_rate(self) -> float:
+        """Failed / sent (0 when nothing was sent)."""
+        return self.failed / self.sent if self.sent else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scheduled": self.scheduled,
+            "sent": self.sent,
+            "dropped": self.dropped,
+            "ok": self.ok,
+            "failed": self.failed,
+            "late": self.late,
+            "by_outcome": dict(self.by_outcome),
+            "error_rate": self.error_rate,
+        }
+
+
+def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = None) -> Counts:
+    """Counts by outcome; ``scheduled`` defaults to sent + dropped."""
     records = list(records)
     by = Counter(r.outcome for r in records)
     dropped = by.get(OUTCOME_DROPPED, 0)
     ok = by.get(OUTCOME_OK, 0)
     failed = sum(c for o, c in by.items() if is_failed(o))
     sent = ok + failed
-    return {
-        "scheduled": scheduled if scheduled is not None else sent + dropped,
-        "sent": sent,
-        "dropped": dropped,
-        "ok": ok,
-        "failed": failed,
-        "late": sum(1 for r in records if r.late),
-        "by_outcome": dict(sorted(by.items())),
-        "error_rate": failed / sent if sent else 0.0,
-    }
+    return Counts(
+        scheduled=scheduled if scheduled is not None else sent + dropped,
+        sent=sent,
+        dropped=dropped,
+        ok=ok,
+        failed=failed,
+        late=sum(1 for r in records if r.late),
+        by_outcome=dict(sorted(by.items())),
+    )
 
 
 def latency_records(
@@ -272,9 +334,34 @@ def _chunk_token_weights(r: RequestRecord) -> list[float]:
     return [total / n] * n
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """Rates over the measurement window, and output tokens/s per ``series_bin_s`` bin from
+    the run's start (the whole run, for plots and the comparison's per-second test)."""
+
+    window_s: float
+    output_tokens: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    requests_per_s: float
+    output_tokens_per_s_series: tuple[float, ...]
+    series_bin_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        """The results file's ``summary.throughput`` (without the series)."""
+        return {
+            "window_s": self.window_s,
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "total_tokens_per_s": self.total_tokens_per_s,
+            "requests_per_s": self.requests_per_s,
+            "series_bin_s": self.series_bin_s,
+        }
+
+
 def throughput(
     records: Sequence[RequestRecord], window_ns: tuple[int, int], bin_s: float = 1.0
-) -> dict[str, Any]:
+) -> Throughput:
     """Output tokens/s, total tokens/s and requests/s over the window, plus a per-second series.
 
     Output tokens count when their chunk arrives inside the window (failed streams included:
@@ -298,15 +385,15 @@ def throughput(
         if r.ok and r.chunk_ns and lo <= r.chunk_ns[-1] <= hi:
             completed += 1
     n_bins = (max(series) + 1) if series else 0
-    return {
-        "window_s": span_s,
-        "output_tokens": out_tokens,
-        "output_tokens_per_s": out_tokens / span_s,
-        "total_tokens_per_s": (out_tokens + prompt_tokens) / span_s,
-        "requests_per_s": completed / span_s,
-        "output_tokens_per_s_series": [series.get(i, 0) / bin_s for i in range(n_bins)],
-        "series_bin_s": bin_s,
-    }
+    return Throughput(
+        window_s=span_s,
+        output_tokens=out_tokens,
+        output_tokens_per_s=out_tokens / span_s,
+        total_tokens_per_s=(out_tokens + prompt_tokens) / span_s,
+        requests_per_s=completed / span_s,
+        output_tokens_per_s_series=tuple(series.get(i, 0) / bin_s for i in range(n_bins)),
+        series_bin_s=bin_s,
+    )
 
 
 # A per-request objective: metric name -> maximum (ms). Names are the per-request functions.
@@ -350,35 +437,3 @@ def goodput_rps(
     span_s = max((hi - lo) / NS_PER_S, 1e-9)
     good = good_requests(records, objectives)
     return sum(1 for r in good if r.chunk_ns and lo <= r.chunk_ns[-1] <= hi) / span_s
-
-
-def summarize(results: Results, qs: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
-    """Everything ``loadlab report`` prints, as plain data."""
-    qs = list(qs)
-    window = results.measurement_window_ns()
-    lat = latency_records(results.records, window)
-
-    def dist(fn: Callable[[RequestRecord], float | None]) -> dict[str, Any]:
-        return percentiles([v for v in map(fn, lat) if v is not None], qs)
-
-    itl = [g for r in lat for g in itl_ms(r)]
-    return {
-        "counts": count_outcomes(results.records, results.scheduled_count),
-        "window_ns": list(window),
-        "ttft_ms": dist(ttft_ms),
-        "ttft_from_intended_ms": dist(ttft_from_intended_ms),
-        "itl_ms": percentiles(itl, qs),
-        "tpot_ms": dist(tpot_ms),
-        "e2e_ms": dist(e2e_ms),
-        "e2e_from_intended_ms": dist(e2e_from_intended_ms),
-        "max_gap_ms": dist(max_gap_ms),
-        "stalls_per_stream_mean": (sum(stall_count(r) for r in lat) / len(lat)) if lat else 0.0,
-        "output_tokens_per_request": percentiles([output_token_count(r) for r in lat], qs),
-        "token_count_disagreements": sum(1 for r in results.records if r.output_tokens_disagree),
-        "throughput": {
-            k: v
-            for k, v in throughput(results.records, window).items()
-            if k != "output_tokens_per_s_series"
-        },
-        "saturated": results.saturated,
-    }

@@ -14,7 +14,7 @@ Layout (schema ``loadlab.results``, version ``SCHEMA_VERSION``)::
       "records":    [RequestRecord.to_dict(), ...],
       "server_samples": [{"t_ns": int, "metrics": {"name{labels}": value}}, ...],
       "extra":      free-form sections (selftest truth, lab modes, capacity, ...),
-      "summary":    loadlab.metrics.summarize() at write time (informative; recomputed on read)
+      "summary":    loadlab.summary.summarize() at write time (informative; recomputed on read)
     }
 
 Example::
@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadlab import metrics
 from loadlab.generator import merge_parts
 from loadlab.records import RequestRecord
+from loadlab.summary import summarize
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,8 +108,6 @@ class Results:
         return (0, end)
 
     def to_dict(self) -> dict[str, Any]:
-        from loadlab.metrics import summarize  # metrics imports this module's types only
-
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
@@ -125,7 +125,7 @@ class Results:
             "records": [r.to_dict() for r in self.records],
             "server_samples": self.server_samples,
             "extra": self.extra,
-            "summary": summarize(self),
+            "summary": summarize(self).to_dict(),
         }
 
     @classmethod
@@ -249,8 +249,6 @@ def merge_results(parts: Iterable[Results]) -> Results:
 def to_dataframe(results: Results) -> pd.DataFrame:
     """One row per request with the derived metrics (ms) beside the raw fields."""
     import pandas as pd
-
-    from loadlab import metrics
 
     rows = []
     for r in results.records:

@@ -38,11 +38,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.generator import generator_parts
-from loadlab.metrics import itl_ms, throughput
+from loadlab.metrics import distribution, itl_ms, throughput
 from loadlab.records import RequestSpec
 from loadlab.results import Results, environment_info
 from loadlab.runner.workers import run_load
@@ -105,15 +103,9 @@ PRESETS: dict[str, SelftestConfig] = {
 
 
 def _pcts(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "max": None}
-    a = np.asarray(values, dtype=float)
-    return {
-        "p50": float(np.percentile(a, 50)),
-        "p90": float(np.percentile(a, 90)),
-        "p99": float(np.percentile(a, 99)),
-        "max": float(a.max()),
-    }
+    """p50, p90, p99 and max, the selftest's columns (``metrics.distribution``)."""
+    d = distribution(values, (50.0, 90.0, 99.0))
+    return {"p50": d.at(50), "p90": d.at(90), "p99": d.at(99), "max": d.max}
 
 
 def compare_level(
@@ -155,7 +147,7 @@ def compare_level(
         itl_rep.extend(rep_gaps)
         gap_err.extend(abs(x - y) for x, y in zip(rep_gaps, true_gaps, strict=True))
     window = results.measurement_window_ns()
-    measured = throughput(results.records, window)["output_tokens_per_s"]
+    measured = throughput(results.records, window).output_tokens_per_s
     span_s = max((last_write - t0_ns - window[0]) / 1e9, 1e-9)
     truth_tps = written / span_s
     server_span_s = max((last_write - (first_recv or last_write)) / 1e9, 1e-9)

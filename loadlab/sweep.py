@@ -194,11 +194,11 @@ def run_level(
     inconclusive: str = "fail",
 ) -> Level:
     """One real level: run the load, write its results file, judge it against ``spec``."""
-    from loadlab.metrics import summarize
     from loadlab.report.text import objective_line
     from loadlab.results import write_results
     from loadlab.runner.workers import run_load
     from loadlab.slo import evaluate
+    from loadlab.summary import summarize
     from loadlab.workloads import build_requests
 
     if mode == "rate":
@@ -211,18 +211,17 @@ def run_level(
     write_results(results, path)
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
     s = summarize(results)
-    counts = s["counts"]
-    sent = counts.get("sent", 0) or 0
+    counts = s.counts
     return Level(
         load=float(load),
         passed=verdict.exit_code == 0,
         exit_code=int(verdict.exit_code),
-        throughput_rps=float(s["throughput"]["requests_per_s"]),
-        output_tokens_per_s=float(s["throughput"]["output_tokens_per_s"]),
-        ttft_p95_ms=s["ttft_ms"].get("p95"),
-        e2e_p95_ms=s["e2e_ms"].get("p95"),
-        tpot_p95_ms=s["tpot_ms"].get("p95"),
-        error_rate=(counts.get("failed", 0) / sent) if sent else 0.0,
+        throughput_rps=s.throughput.requests_per_s,
+        output_tokens_per_s=s.throughput.output_tokens_per_s,
+        ttft_p95_ms=s.ttft_ms.at(95),
+        e2e_p95_ms=s.e2e_ms.at(95),
+        tpot_p95_ms=s.tpot_ms.at(95),
+        error_rate=counts.error_rate,
         path=str(path),
         failed_objectives=tuple(
             [objective_line(r) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)

@@ -82,7 +82,7 @@ def compare_run(results: Results, model: ModelSpec, hw: Hardware) -> list[RunRow
     if tpots:
         conc = results.config.get("concurrency")
         if not conc:
-            rps = metrics.throughput(lat, results.measurement_window_ns())["requests_per_s"]
+            rps = metrics.throughput(lat, results.measurement_window_ns()).requests_per_s
             e2e = [e for e in map(metrics.e2e_ms, lat) if e is not None]
             conc = max(1, round(rps * statistics.mean(e2e) / 1e3))  # Little's law
         prompt = statistics.mean([r.prompt_tokens or r.prompt_tokens_requested or 0 for r in lat])

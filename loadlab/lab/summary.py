@@ -13,7 +13,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,10 +50,6 @@ CLAIMS = {
 }
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
-
-
 def class_stats(
     results: Results,
     request_class: str | None = None,
@@ -82,18 +78,18 @@ def class_stats(
     return {
         "requests": len(lat),
         "failed": sum(1 for r in recs if r.failed),
-        "ttft_ms_p50": _pct(ttft, 50),
-        "ttft_ms_p99": _pct(ttft, 99),
+        "ttft_ms_p50": metrics.percentile(ttft, 50),
+        "ttft_ms_p99": metrics.percentile(ttft, 99),
         "ttft_ms_max": max(ttft) if ttft else None,
-        "itl_ms_p50": _pct(itl, 50),
-        "itl_ms_p99": _pct(itl, 99),
-        "stall_ms_p50": _pct(gaps, 50),
-        "stall_ms_p99": _pct(gaps, 99),
+        "itl_ms_p50": metrics.percentile(itl, 50),
+        "itl_ms_p99": metrics.percentile(itl, 99),
+        "stall_ms_p50": metrics.percentile(gaps, 50),
+        "stall_ms_p99": metrics.percentile(gaps, 99),
         "stall_ms_max": max(gaps) if gaps else None,
         "stalls_per_stream": (sum(metrics.stall_count(r, k) for r in lat) / len(lat))
         if lat
         else None,
-        "output_tokens_per_s": tp["output_tokens_per_s"],
+        "output_tokens_per_s": tp.output_tokens_per_s,
         "requests_per_s": len(lat) / span_s,
         "good_requests": good_n,
         "goodput_rps": None if good_n is None else good_n / span_s,
@@ -132,7 +128,7 @@ def kv_transfer_stats(results: Results) -> dict[str, Any]:
         "bytes_total": total_b if total_b is not None else (sum(per_b) if per_b else None),
         "seconds_total": total_s if total_s is not None else (sum(per_s) if per_s else None),
         "per_request_ms_mean": mean_ms,
-        "per_request_ms_p99": _pct(per_s, 99) * 1e3 if per_s else None,  # type: ignore[operator]
+        "per_request_ms_p99": metrics.percentile(per_s, 99) * 1e3 if per_s else None,  # type: ignore[operator]
         "bytes_per_prompt_token": (total_b / prompt_tokens) if total_b and prompt_tokens else None,
     }
 

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 from markupsafe import Markup, escape
 
-from loadlab import __version__, metrics
+from loadlab import __version__
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
-from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows
+from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
 from loadlab.scrape import server_series
+from loadlab.summary import summarize
 
 if TYPE_CHECKING:
     from loadlab.compare import Comparison
@@ -108,9 +109,9 @@ def render_template(name: str, **context: Any) -> str:
 
 def render_html(results: Results, verdict: Verdict | None = None, source: str = "") -> str:
     """The whole report page as a string."""
-    s = metrics.summarize(results)
-    c = s["counts"]
-    lo, hi = s["window_ns"]
+    s = summarize(results)
+    c = s.counts
+    lo, hi = s.window_ns
     series = server_series(results.server_samples)
     gen = {k: v for k, v in results.generator.items() if k not in ("samples", "parts")}
     ctx = {
@@ -122,12 +123,12 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "saturated": results.saturated,
         "lag": fmt_num(results.generator.get("loop_lag_ms_max")),
         "pct_keys": PCT_KEYS,
-        "latency": latency_rows(results, s),
+        "latency": [(label, d.count, pct_cells(d)) for label, d in latency_rows(results, s)],
         "counts": c,
-        "failed_text": f"{c['failed']:,} of {c['sent']:,}" if c["failed"] else "0",
-        "tp": s["throughput"],
-        "longest_stall": s["max_gap_ms"].get("max"),
-        "stalls": s["stalls_per_stream_mean"],
+        "failed_text": f"{c.failed:,} of {c.sent:,}" if c.failed else "0",
+        "tp": s.throughput,
+        "longest_stall": s.max_gap_ms.max,
+        "stalls": s.stalls_per_stream_mean,
         "errors": _errors(results),
         "verdict": verdict,
         "pct": f"{verdict.confidence * 100:g} %" if verdict else "",

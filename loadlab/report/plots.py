@@ -148,12 +148,12 @@ def throughput_inflight(results: Results) -> str:
     """Output tokens/s per second and requests in flight, measurement window shaded."""
     lo, hi = results.measurement_window_ns()
     tp = metrics.throughput(results.records, (lo, hi))
-    series = np.asarray(tp["output_tokens_per_s_series"], dtype=float)
+    series = np.asarray(tp.output_tokens_per_s_series, dtype=float)
     with matplotlib.rc_context(_RC):
         fig = _figure(9, 4.5)
         ax1, ax2 = fig.subplots(2, 1, sharex=True)
         if series.size:
-            ax1.step(np.arange(series.size) * tp["series_bin_s"], series, where="post")
+            ax1.step(np.arange(series.size) * tp.series_bin_s, series, where="post")
         ax1.set_ylabel("output tokens/s")
         t, n = _in_flight(results)
         if t.size:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from loadlab import metrics
 from loadlab.generator import parser_fell_behind, worst_process
+from loadlab.metrics import Distribution
+from loadlab.summary import RunSummary, summarize
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -23,12 +25,13 @@ __all__ = [
     "fmt_num",
     "latency_rows",
     "objective_line",
+    "pct_cells",
     "render_summary",
     "render_table",
     "render_verdict",
 ]
 
-# (label, summary key, only for open loop)
+# (label, RunSummary latency metric, only for open loop)
 LATENCY_ROWS = (
     ("TTFT", "ttft_ms", False),
     ("TTFT from intended", "ttft_from_intended_ms", True),
@@ -39,7 +42,12 @@ LATENCY_ROWS = (
     ("E2E", "e2e_ms", False),
     ("E2E from intended", "e2e_from_intended_ms", True),
 )
-PCT_KEYS = ("p50", "p90", "p95", "p99", "max")
+PCT_KEYS = ("p50", "p90", "p95", "p99", "max")  # the table's columns
+
+
+def pct_cells(d: Distribution) -> list[float | None]:
+    """A distribution's values under ``PCT_KEYS``."""
+    return [d.at(50), d.at(90), d.at(95), d.at(99), d.max]
 
 
 def fmt_num(v: Any, digits: int = 1) -> str:
@@ -77,10 +85,12 @@ def is_open_loop(results: Results) -> bool:
     return any(r.intended_ns is not None for r in results.records)
 
 
-def latency_rows(results: Results, summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(label, percentiles) for each latency metric shown (from-intended only for open loop)."""
+def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distribution]]:
+    """(label, distribution) for each latency metric shown (from-intended only for open loop)."""
     open_loop = is_open_loop(results)
-    return [(label, summary[key]) for label, key, ol in LATENCY_ROWS if open_loop or not ol]
+    return [
+        (label, summary.latency(name)) for label, name, ol in LATENCY_ROWS if open_loop or not ol
+    ]
 
 
 def _saturation_banner(results: Results) -> str:
@@ -133,36 +143,35 @@ def _trace_line(t: dict[str, Any]) -> str:
 
 def render_summary(results: Results) -> str:
     """The summary table of ``loadlab report`` and the end of ``loadlab run``."""
-    s = metrics.summarize(results)
-    c = s["counts"]
-    lo, hi = s["window_ns"]
+    s = summarize(results)
+    c = s.counts
+    lo, hi = s.window_ns
     parts = []
     head = f"run {results.started_at or '-'}  kind {results.kind}  workers {results.workers}"
     head += f"  window {fmt_num((hi - lo) / 1e9, 2)} s ({fmt_num(lo / 1e9, 2)} to {fmt_num(hi / 1e9, 2)} s)"
     parts.append(head)
     if results.saturated:
         parts.append(_saturation_banner(results))
-    failed = f"{c['failed']:,} of {c['sent']:,}" if c["failed"] else "0"
+    failed = f"{c.failed:,} of {c.sent:,}" if c.failed else "0"
     rows = []
     for label, d in latency_rows(results, s):
-        vals = [fmt_num(d.get(k)) for k in PCT_KEYS]
-        rows.append([f"{label} (ms)", fmt_num(d.get("count")), *vals, failed])
+        vals = [fmt_num(v) for v in pct_cells(d)]
+        rows.append([f"{label} (ms)", fmt_num(d.count), *vals, failed])
     parts.append(render_table(["latency", "n", *PCT_KEYS, "failed (not in n)"], rows))
-    t = s["throughput"]
+    t = s.throughput
     parts.append(
-        f"throughput  output {fmt_num(t['output_tokens_per_s'])} tok/s   "
-        f"total {fmt_num(t['total_tokens_per_s'])} tok/s   "
-        f"requests {fmt_num(t['requests_per_s'], 2)} req/s"
+        f"throughput  output {fmt_num(t.output_tokens_per_s)} tok/s   "
+        f"total {fmt_num(t.total_tokens_per_s)} tok/s   "
+        f"requests {fmt_num(t.requests_per_s, 2)} req/s"
     )
-    err_pct = f" ({c['error_rate'] * 100:.1f} %)" if c["sent"] else ""
-    by = ", ".join(f"{k} {v:,}" for k, v in c["by_outcome"].items() if k != "ok") or "none"
+    err_pct = f" ({c.error_rate * 100:.1f} %)" if c.sent else ""
+    by = ", ".join(f"{k} {v:,}" for k, v in c.by_outcome.items() if k != "ok") or "none"
+    sent = f"outcomes    scheduled {c.scheduled:,}  sent {c.sent:,}  ok {c.ok:,}  "
     parts.append(
-        f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
-        f"FAILED {c['failed']:,}{err_pct}  dropped {c['dropped']:,}  late {c['late']:,}\n"
+        f"{sent}FAILED {c.failed:,}{err_pct}  dropped {c.dropped:,}  late {c.late:,}\n"
         f"            not ok, by outcome: {by}"
-        if c["failed"] or c["dropped"]
-        else f"outcomes    scheduled {c['scheduled']:,}  sent {c['sent']:,}  ok {c['ok']:,}  "
-        f"failed 0  dropped 0  late {c['late']:,}"
+        if c.failed or c.dropped
+        else f"{sent}failed 0  dropped 0  late {c.late:,}"
     )
     first_error = next((r.error for r in results.records if not r.ok and r.error), None)
     if first_error:
@@ -174,11 +183,11 @@ def render_summary(results: Results) -> str:
     if gap is not None:
         parts.append(
             f"stalls      longest {fmt_num(gap)} ms (request {rid}); "
-            f"stalls per stream (gap > 3x its median), mean {s['stalls_per_stream_mean']:.2f}"
+            f"stalls per stream (gap > 3x its median), mean {s.stalls_per_stream_mean:.2f}"
         )
-    if s["token_count_disagreements"]:
+    if s.token_count_disagreements:
         parts.append(
-            f"note        {s['token_count_disagreements']} requests: server usage and streamed "
+            f"note        {s.token_count_disagreements} requests: server usage and streamed "
             "chunks disagree on the output token count"
         )
     if results.saturated:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from loadlab.clients.rawhttp import parse_backlog_ms
+from loadlab.metrics import distribution
 
 __all__ = ["LoopMonitor"]
 
@@ -110,18 +111,18 @@ class LoopMonitor:
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
-        lags = np.asarray(self.lags_ms, dtype=float)
-        p99 = float(np.percentile(lags, 99)) if lags.size else 0.0
-        backlog = np.asarray(self.backlog_ms, dtype=float)
-        backlog_p50 = float(np.percentile(backlog, 50)) if backlog.size else 0.0
+        lags = distribution(self.lags_ms, (50.0, 99.0))
+        backlog = distribution(self.backlog_ms, (50.0, 99.0))
+        p99 = lags.at(99) or 0.0
+        backlog_p50 = backlog.at(50) or 0.0
         return {
             "saturated": p99 > self.threshold_ms or backlog_p50 > self.threshold_ms,
-            "loop_lag_ms_max": float(lags.max()) if lags.size else 0.0,
+            "loop_lag_ms_max": lags.max or 0.0,
             "loop_lag_ms_p99": p99,
-            "loop_lag_ms_p50": float(np.percentile(lags, 50)) if lags.size else 0.0,
+            "loop_lag_ms_p50": lags.at(50) or 0.0,
             "parse_backlog_ms_p50": backlog_p50,
-            "parse_backlog_ms_p99": float(np.percentile(backlog, 99)) if backlog.size else 0.0,
-            "parse_backlog_ms_max": float(backlog.max()) if backlog.size else 0.0,
+            "parse_backlog_ms_p99": backlog.at(99) or 0.0,
+            "parse_backlog_ms_max": backlog.max or 0.0,
             "cpu_percent_mean": float(np.mean(self.cpu)) if self.cpu else None,
             "cpu_s": round(getattr(self, "cpu_s", 0.0), 3),  # user + system over the run
             "threshold_ms": self.threshold_ms,

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.config import RunConfig
+from loadlab.metrics import percentile
 from loadlab.records import (
     OUTCOME_CANCELLED,
     OUTCOME_DROPPED,
@@ -232,7 +233,8 @@ class Runner:
             gc.unfreeze()
             generator = await monitor.stop()
         end_ns = time.perf_counter_ns() - self.t0_ns
-        generator["dispatch_lag_ms_p99"] = _p99_ms(self.dispatch_lag_ns)
+        lag_p99_ns = percentile(self.dispatch_lag_ns, 99)
+        generator["dispatch_lag_ms_p99"] = None if lag_p99_ns is None else lag_p99_ns / 1e6
         return Results(
             records=self.records,
             config=self.cfg.to_dict(),
@@ -441,10 +443,3 @@ async def _freeze_every(period_s: float) -> None:
 
 def _record_for(spec: RequestSpec, outcome: str, error: str) -> RequestRecord:
     return RequestRecord.for_spec(spec, outcome=outcome, error=error)
-
-
-def _p99_ms(values_ns: list[int]) -> float | None:
-    if not values_ns:
-        return None
-    ordered = sorted(values_ns)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] / 1e6

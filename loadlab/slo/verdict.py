@@ -11,8 +11,8 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,7 +111,7 @@ class Verdict:
     invalid_reasons: tuple[str, ...] = ()
     confidence: float = 0.95
     name: str = ""
-    counts: Mapping[str, Any] = field(default_factory=dict)
+    counts: metrics.Counts | None = None
 
     @classmethod
     def unreadable(cls, reason: str) -> Verdict:
@@ -180,7 +180,7 @@ def _eval_distribution(
         return ObjectiveResult(obj, None, "fail", note="no measurements: no ok request in window")
     x = np.sort(np.asarray(values, dtype=float))
     pct = float(obj.percentile or 0.0)
-    measured = float(np.percentile(x, pct))
+    measured = float(metrics.percentile(x, pct) or 0.0)  # x is not empty: never None
     lo, hi = percentile_ci(x, pct, conf)
     status = _decides(obj, lo, hi)
     extra, note = None, ""
@@ -226,10 +226,10 @@ def _eval_one(
         return _eval_distribution(obj, recs, window, spec.confidence)
     counts = metrics.count_outcomes(recs)
     if obj.metric == "error_rate":
-        return _eval_proportion(obj, counts["failed"], counts["sent"], spec.confidence)
+        return _eval_proportion(obj, counts.failed, counts.sent, spec.confidence)
     if obj.metric == "drop_rate":
-        scheduled = counts["sent"] + counts["dropped"]
-        return _eval_proportion(obj, counts["dropped"], scheduled, spec.confidence)
+        scheduled = counts.sent + counts.dropped
+        return _eval_proportion(obj, counts.dropped, scheduled, spec.confidence)
     if obj.metric == "goodput_rps":
         good = _good_records(recs, spec)
         value = metrics.goodput_rps(good, window, {})
@@ -238,10 +238,10 @@ def _eval_one(
             ", ".join(f"{k} <= {v:g}" for k, v in limits.items()) or "no per-request limits"
         )
     else:
-        value = float(metrics.throughput(recs, window)[obj.metric])
+        value = float(getattr(metrics.throughput(recs, window), obj.metric))
         note = "a rate over the measurement window (no interval)"
     status: Status = "pass" if obj.holds(value) else "fail"
-    return ObjectiveResult(obj, value, status, n=counts["sent"], note=note)
+    return ObjectiveResult(obj, value, status, n=counts.sent, note=note)
 
 
 def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") -> Verdict:
@@ -258,9 +258,9 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
             "lower the load, use --workers, or a bigger client machine"
         )
-    if counts["sent"] < spec.min_requests:
+    if counts.sent < spec.min_requests:
         reasons.append(
-            f"only {counts['sent']} requests were sent; the SLO asks for at least "
+            f"only {counts.sent} requests were sent; the SLO asks for at least "
             f"{spec.min_requests} (min_requests): run longer or at a higher rate"
         )
     rows = tuple(_eval_one(o, results, spec, window) for o in spec.objectives)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from loadlab.metrics import percentiles
+from loadlab.metrics import distribution
 from loadlab.records import RequestRecord
 
 __all__ = ["rate_series", "replay_fidelity", "send_lag_ms"]
@@ -42,7 +42,7 @@ def send_lag_ms(records: Sequence[RequestRecord]) -> dict[str, float | int | Non
         for r in records
         if r.sent_ns is not None and r.intended_ns is not None
     ]
-    return percentiles(lags, (50.0, 90.0, 99.0))
+    return distribution(lags, (50.0, 90.0, 99.0)).to_dict()
 
 
 def rate_series(times_ns: Sequence[int], bin_s: float, n_bins: int | None = None) -> list[int]:

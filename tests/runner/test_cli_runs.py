@@ -81,9 +81,9 @@ def test_ctrl_c_cancels_in_flight_and_writes_results(fixed_url: str, tmp_path: P
     assert "interrupted" in stderr and str(out) in stdout
     res = read_results(out)
     c = count_outcomes(res.records, res.scheduled_count)
-    assert c["scheduled"] == c["sent"] + c["dropped"] and c["sent"] == c["ok"] + c["failed"]
+    assert c.scheduled == c.sent + c.dropped and c.sent == c.ok + c.failed
     # each request lives ~1.4 s: the six in flight at Ctrl-C were cancelled, and kept
-    assert c["by_outcome"].get("cancelled", 0) >= 1
+    assert c.by_outcome.get("cancelled", 0) >= 1
     assert res.extra["interrupted"] is True
 
 

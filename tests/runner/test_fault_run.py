@@ -92,6 +92,6 @@ def test_a_run_mixing_faults_completes_and_keeps_every_request(
     modes = list(EXPECTED)
     assert got == {str(i): EXPECTED[modes[i % len(modes)]] for i in range(20)}
     c = count_outcomes(back.records, back.scheduled_count)
-    assert c["scheduled"] == c["sent"] + c["dropped"] == 20
-    assert c["sent"] == c["ok"] + c["failed"] and c["ok"] == 2
+    assert c.scheduled == c.sent + c.dropped == 20
+    assert c.sent == c.ok + c.failed and c.ok == 2
     assert CANARY not in path.read_text(encoding="utf-8")

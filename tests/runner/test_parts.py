@@ -90,7 +90,7 @@ def test_two_workers_merge_into_one_results() -> None:
     assert len(res.records) == 40 and res.workers == 2
     assert {r.worker for r in res.records} == {0, 1}
     assert sorted(r.request_id for r in res.records) == sorted(f"syn-{i:06d}" for i in range(40))
-    assert count_outcomes(res.records)["ok"] == 40 and res.scheduled_count == 40
+    assert count_outcomes(res.records).ok == 40 and res.scheduled_count == 40
     assert {r.endpoint for r in res.records} == {"x"}
 
 

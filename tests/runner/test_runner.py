@@ -13,7 +13,7 @@ import pytest
 
 from loadlab.clients.base import Completion
 from loadlab.config import RunConfig
-from loadlab.metrics import count_outcomes
+from loadlab.metrics import Counts, count_outcomes
 from loadlab.records import RequestSpec
 from loadlab.results import Results
 from loadlab.runner.runner import Runner, group_units
@@ -33,10 +33,10 @@ def _open(n: int, rate: float) -> list[RequestSpec]:
     return [RequestSpec(f"r{i}", "p", 3, intended_at_s=t) for i, t in enumerate(times)]
 
 
-def _invariants(res: Results) -> dict[str, int]:
+def _invariants(res: Results) -> Counts:
     c = count_outcomes(res.records, res.scheduled_count)
-    assert c["scheduled"] == c["sent"] + c["dropped"]
-    assert c["sent"] == c["ok"] + c["failed"]
+    assert c.scheduled == c.sent + c.dropped
+    assert c.sent == c.ok + c.failed
     return c
 
 
@@ -50,7 +50,7 @@ def test_open_loop_sends_on_schedule_at_50_rps() -> None:
     assert [r.intended_ns for r in sorted(res.records, key=lambda r: r.intended_ns or 0)][
         1
     ] == 20_000_000
-    assert _invariants(res)["ok"] == 60
+    assert _invariants(res).ok == 60
 
 
 def test_cap_drops_instead_of_delaying() -> None:
@@ -58,9 +58,9 @@ def test_cap_drops_instead_of_delaying() -> None:
     res = _run(RunConfig(rate_rps=50, requests=20, max_in_flight=2), _open(20, 50.0), client)
     c = _invariants(res)
     assert client.max_in_flight <= 2
-    assert c["scheduled"] == 20
+    assert c.scheduled == 20
     # two requests live 0.25 s each while 50/s arrive: most of the 20 (0.4 s) must drop
-    assert 10 <= c["dropped"] <= 17
+    assert 10 <= c.dropped <= 17
     dropped = [r for r in res.records if r.outcome == "dropped"]
     assert all(r.intended_ns is not None and r.sent_ns is None for r in dropped)
 
@@ -83,7 +83,7 @@ def test_requests_behind_schedule_are_marked_late() -> None:
     )
     late = {r.request_id: r.late for r in res.records}
     assert late == {"r0": False, "r1": True, "r2": True, "r3": True}
-    assert _invariants(res)["late"] == 3
+    assert _invariants(res).late == 3
 
 
 def test_closed_loop_never_exceeds_concurrency() -> None:
@@ -91,7 +91,7 @@ def test_closed_loop_never_exceeds_concurrency() -> None:
     specs = (RequestSpec(f"c{i}", "p", 3) for i in itertools.count())  # infinite: lazy
     res = _run(RunConfig(concurrency=3, requests=30), specs, client)
     assert client.max_in_flight == 3
-    assert _invariants(res)["ok"] == 30
+    assert _invariants(res).ok == 30
     assert all(r.intended_ns is None for r in res.records)
 
 
@@ -125,7 +125,7 @@ def test_sessions_send_history_and_respect_think_time() -> None:
     by = {r.request_id: r for r in res.records}
     for prev, nxt in (("a-0", "a-1"), ("a-1", "a-2"), ("b-0", "b-1")):
         assert by[nxt].sent_ns - by[prev].end_ns >= 100_000_000  # type: ignore[operator]
-    assert _invariants(res)["ok"] == 5
+    assert _invariants(res).ok == 5
 
 
 def test_open_loop_session_later_turns_get_intended_times() -> None:
@@ -141,7 +141,7 @@ def test_failed_turn_ends_its_session() -> None:
     client = FakeClient(fail_ids=frozenset({"a-1"}))
     res = _run(RunConfig(concurrency=1, requests=3), _session("a", 3, 0.0), client)
     assert [r.outcome for r in res.records] == ["ok", "http_500"]
-    assert _invariants(res)["failed"] == 1
+    assert _invariants(res).failed == 1
 
 
 def test_duration_run_cancels_after_drain_and_keeps_every_request() -> None:
@@ -152,7 +152,7 @@ def test_duration_run_cancels_after_drain_and_keeps_every_request() -> None:
     assert time.perf_counter() - start < 5.0
     assert [r.outcome for r in res.records] == ["cancelled"] * 4
     assert all(r.sent_ns is not None for r in res.records)
-    assert _invariants(res)["failed"] == 4
+    assert _invariants(res).failed == 4
 
 
 def test_stop_cancels_in_flight_and_records_them() -> None:
@@ -166,7 +166,7 @@ def test_stop_cancels_in_flight_and_records_them() -> None:
     res, runner = asyncio.run(go())
     assert runner.interrupted and res.extra["interrupted"] is True
     c = _invariants(res)
-    assert 3 <= c["scheduled"] <= 20 and c["by_outcome"] == {"cancelled": c["scheduled"]}
+    assert 3 <= c.scheduled <= 20 and c.by_outcome == {"cancelled": c.scheduled}
 
 
 def test_measurement_window_excludes_warmup_and_cooldown() -> None:
@@ -221,6 +221,6 @@ def test_a_client_that_raises_is_recorded_and_the_run_goes_on() -> None:
     specs = (RequestSpec(f"c{i}", "p", 3) for i in itertools.count())
     res = _run(RunConfig(concurrency=2, requests=5), specs, Raising(ttft_s=0.001))
     c = _invariants(res)
-    assert c["ok"] == 4 and c["by_outcome"].get("protocol_error") == 1
+    assert c.ok == 4 and c.by_outcome.get("protocol_error") == 1
     bad = next(r for r in res.records if r.request_id == "c1")
     assert "client bug" in (bad.error or "")

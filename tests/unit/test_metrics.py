@@ -6,6 +6,7 @@ import pytest
 from loadlab import metrics
 from loadlab.records import RequestRecord
 from loadlab.results import Results
+from loadlab.summary import summarize
 
 MS = 1_000_000
 
@@ -39,11 +40,26 @@ def test_tpot_uses_usage_count_and_needs_two_tokens() -> None:
 
 def test_percentiles_equal_numpy() -> None:
     vals = [float(i) for i in range(1, 101)]
-    p = metrics.percentiles(vals)
-    assert p["p50"] == 50.5
-    assert p["p99"] == pytest.approx(np.percentile(vals, 99))
-    assert p["count"] == 100 and p["max"] == 100
-    assert metrics.percentiles([])["p50"] is None
+    d = metrics.distribution(vals)
+    assert d.at(50) == metrics.percentile(vals, 50) == 50.5
+    assert d.at(99) == pytest.approx(np.percentile(vals, 99))
+    assert d.count == 100 and d.max == 100 and d.min == 1 and d.mean == 50.5
+    assert metrics.distribution([]).at(50) is None and metrics.distribution([]).count == 0
+    with pytest.raises(ValueError, match="p97 was not computed"):
+        d.at(97)
+
+
+def test_percentile_interpolates_where_nearest_rank_would_not() -> None:
+    """Linear (type 7): with 10 values the p99 lies between the two largest, not on the max."""
+    vals = [float(i) for i in range(1, 11)]
+    assert metrics.percentile(vals, 99) == pytest.approx(9.91)
+    assert metrics.percentile([7.0], 99) == 7.0
+
+
+def test_a_distribution_writes_the_results_files_keys() -> None:
+    d = metrics.distribution([1.0, 2.0, 3.0], (50.0, 99.9))
+    assert list(d.to_dict()) == ["count", "p50", "p99.9", "mean", "min", "max"]
+    assert d.to_dict()["p50"] == 2.0
 
 
 def test_counts_invariants() -> None:
@@ -54,9 +70,10 @@ def test_counts_invariants() -> None:
         RequestRecord("d", outcome="incomplete"),
     ]
     c = metrics.count_outcomes(recs)
-    assert c["scheduled"] == c["sent"] + c["dropped"] == 4
-    assert c["sent"] == c["ok"] + c["failed"] == 3
-    assert c["error_rate"] == pytest.approx(2 / 3)
+    assert c.scheduled == c.sent + c.dropped == 4
+    assert c.sent == c.ok + c.failed == 3
+    assert c.error_rate == pytest.approx(2 / 3) == c.to_dict()["error_rate"]
+    assert c.by_outcome == {"dropped": 1, "http_429": 1, "incomplete": 1, "ok": 1}
 
 
 def test_throughput_and_goodput_in_window() -> None:
@@ -66,9 +83,10 @@ def test_throughput_and_goodput_in_window() -> None:
         rec(0, [], outcome="timeout", request_id="c"),
     ]
     t = metrics.throughput(recs, (0, 1000 * MS))
-    assert t["output_tokens"] == 4  # a's three, b's first
-    assert t["output_tokens_per_s"] == pytest.approx(4.0)
-    assert t["requests_per_s"] == pytest.approx(1.0)
+    assert t.output_tokens == 4  # a's three, b's first
+    assert t.output_tokens_per_s == pytest.approx(4.0)
+    assert t.requests_per_s == pytest.approx(1.0)
+    assert "output_tokens_per_s_series" not in t.to_dict()  # the summary keeps no series
     assert metrics.goodput_rps(recs, (0, 1000 * MS), {"ttft_ms": 150}) == pytest.approx(1.0)
     assert metrics.goodput_rps(recs, (0, 1000 * MS), {"ttft_ms": 50}) == 0.0
     with pytest.raises(ValueError, match="unknown per-request objective"):
@@ -96,4 +114,5 @@ def test_summary_roundtrip(tmp_path) -> None:
     path = write_results(res, tmp_path / "r.json")
     assert "sk-x" not in path.read_text()
     back = read_results(path)
-    assert metrics.summarize(back)["ttft_ms"]["p50"] == 100
+    assert summarize(back).ttft_ms.at(50) == 100
+    assert read_results(path).to_dict()["summary"] == summarize(res).to_dict()
