@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loadlab", description=__doc__.splitlines()[0])
-    from loadlab import __version__
+    from loadlab._version import __version__
 
     parser.add_argument("--version", action="version", version=f"loadlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

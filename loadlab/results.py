@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadlab import metrics
+from loadlab._version import __version__
 from loadlab.generator import merge_parts
 from loadlab.records import RequestRecord
 from loadlab.summary import summarize
@@ -179,8 +180,6 @@ def redact(config: Any) -> Any:
 
 def environment_info() -> dict[str, Any]:
     """Where the run happened: versions, host, CPUs. Contains no environment variables."""
-    from loadlab import __version__
-
     return {
         "loadlab": __version__,
         "python": sys.version.split()[0],

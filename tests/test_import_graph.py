@@ -178,6 +178,20 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def test_no_module_imports_the_package_it_belongs_to() -> None:
+    """A package ``__init__`` re-exports its modules (``loadlab``'s is the public API), so a
+    module importing it closes a cycle as soon as that ``__init__`` imports the module.
+    ``from loadlab import metrics`` names the module, not the package, and is fine."""
+    graph = import_graph()
+    bad = sorted(
+        f"{module} imports {package}"
+        for package in PACKAGES
+        for module, targets in graph.items()
+        if package in targets and module != package
+    )
+    assert not bad, "import the module, not the package:\n" + "\n".join(bad)
+
+
 def test_the_offline_report_loads_neither_runner_nor_client() -> None:
     """``loadlab report`` reads a file: it needs no HTTP client and no run machinery."""
     loaded = _reachable(import_graph(), "loadlab.commands.report")

@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab import __version__
+from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport

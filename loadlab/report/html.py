@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 from markupsafe import Markup, escape
 
-from loadlab import __version__
+from loadlab._version import __version__
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
