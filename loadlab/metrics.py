@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, RequestRecord, is_faile
 
 __all__ = [
     "DEFAULT_PERCENTILES",
+    "LATENCY_METRICS",
     "Counts",
     "Distribution",
     "LogHistogram",
@@ -284,16 +285,7 @@ class Counts:
         return self.failed / self.sent if self.sent else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "scheduled": self.scheduled,
-            "sent": self.sent,
-            "dropped": self.dropped,
-            "ok": self.ok,
-            "failed": self.failed,
-            "late": self.late,
-            "by_outcome": dict(self.by_outcome),
-            "error_rate": self.error_rate,
-        }
+        return {**asdict(self), "error_rate": self.error_rate}
 
 
 def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = None) -> Counts:
@@ -349,14 +341,9 @@ class Throughput:
 
     def to_dict(self) -> dict[str, float]:
         """The results file's ``summary.throughput`` (without the series)."""
-        return {
-            "window_s": self.window_s,
-            "output_tokens": self.output_tokens,
-            "output_tokens_per_s": self.output_tokens_per_s,
-            "total_tokens_per_s": self.total_tokens_per_s,
-            "requests_per_s": self.requests_per_s,
-            "series_bin_s": self.series_bin_s,
-        }
+        out = asdict(self)
+        del out["output_tokens_per_s_series"]
+        return out
 
 
 def throughput(
@@ -395,6 +382,18 @@ def throughput(
         series_bin_s=bin_s,
     )
 
+
+# The latency distributions of a run (a summary's rows, an SLO's percentile metrics): the
+# per-request metrics plus ``itl_ms``, which pools every gap of every stream.
+LATENCY_METRICS = (
+    "ttft_ms",
+    "ttft_from_intended_ms",
+    "itl_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "e2e_from_intended_ms",
+    "max_gap_ms",
+)
 
 # A per-request objective: metric name -> maximum (ms). Names are the per-request functions.
 PER_REQUEST_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from loadlab.metrics import (
     DEFAULT_PERCENTILES,
+    LATENCY_METRICS,
     Counts,
     Distribution,
     Throughput,
@@ -49,7 +50,7 @@ from loadlab.metrics import (
 )
 from loadlab.records import RequestRecord
 
-__all__ = ["LATENCY_METRICS", "Run", "RunSummary", "summarize"]
+__all__ = ["Run", "RunSummary", "summarize"]
 
 
 class Run(Protocol):
@@ -111,18 +112,6 @@ class RunSummary:
             "throughput": self.throughput.to_dict(),
             "saturated": self.saturated,
         }
-
-
-# The per-request latency metrics a summary holds, in the results file's order.
-LATENCY_METRICS = (
-    "ttft_ms",
-    "ttft_from_intended_ms",
-    "itl_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "e2e_from_intended_ms",
-    "max_gap_ms",
-)
 
 
 def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary:

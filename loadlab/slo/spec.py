@@ -31,15 +31,7 @@ __all__ = [
     "parse_slo",
 ]
 
-DIST_METRICS = (
-    "ttft_ms",
-    "ttft_from_intended_ms",
-    "itl_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "e2e_from_intended_ms",
-    "max_gap_ms",
-)
+DIST_METRICS = metrics.LATENCY_METRICS
 # Whole-run figures (no percentile). error_rate = failed / sent; drop_rate = dropped / scheduled.
 RATE_METRICS = (
     "error_rate",
