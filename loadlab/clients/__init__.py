@@ -13,6 +13,7 @@ from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
 from loadlab.clients.sse import SSEDecoder, SSEEvent
+from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "OpenAIStreamState",
     "SSEDecoder",
     "SSEEvent",
+    "StreamingClient",
     "build_body",
     "make_client",
 ]
@@ -36,7 +38,7 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
     The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
     unlimited (an open loop without a cap must never wait for a connection).
     """
-    kind: type[OpenAIClient]
+    kind: type[StreamingClient]
     if endpoint.api in OpenAIClient.APIS:
         kind = OpenAIClient
     elif endpoint.api in AnthropicClient.APIS:

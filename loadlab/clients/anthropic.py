@@ -1,7 +1,8 @@
 """The Anthropic Messages API client: ``POST /v1/messages``, streamed or not.
 
 Same two layers, transports, SSE decoder, record type and outcome classes as the OpenAI client
-(``loadlab.clients.openai``); only the dialect differs:
+(``loadlab.clients.openai``), its sibling over ``loadlab.clients.streaming``; only the dialect
+differs:
 
 - request: ``x-api-key: <key>`` (from ``endpoint.api_key_env``) and
   ``anthropic-version: 2023-06-01`` headers; body ``{model, max_tokens, messages, stream}``
@@ -33,8 +34,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadlab.clients.base import Message
-from loadlab.clients.openai import OpenAIClient
 from loadlab.clients.state import StreamState
+from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.token_frame import TokenFrameState
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
 
@@ -83,8 +85,8 @@ def build_messages_body(
     return body
 
 
-class AnthropicStreamState(StreamState):
-    """Interprets one Messages API response; no I/O (``StreamState`` has the protocol)."""
+class AnthropicStreamState(TokenFrameState):
+    """Interprets one Messages API response; no I/O (``StreamState`` has the protocol, ``TokenFrameState`` the per-read path)."""
 
     __slots__ = ()
 
@@ -143,11 +145,10 @@ class AnthropicStreamState(StreamState):
             self._stamps.append(t_ns - self._t0)
 
 
-class AnthropicClient(OpenAIClient):
-    """Async Messages API client over the OpenAI client's transports and bookkeeping.
+class AnthropicClient(StreamingClient):
+    """Async Messages API client: ``StreamingClient`` with the Messages dialect.
 
-    Same arguments as ``OpenAIClient``; ``include_usage`` is ignored (the Messages stream
-    always reports usage).
+    ``include_usage`` is ignored (the Messages stream always reports usage).
     """
 
     APIS = ("anthropic",)

@@ -5,20 +5,15 @@ Two layers, so the Locust user (gevent, no asyncio) shares every rule of interpr
 - sans-IO: ``build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
   status, then bytes with the ``perf_counter_ns`` at which they were read; it decodes SSE,
   finds token-carrying chunks, usage, finish reason and errors, and sets the outcome);
-- I/O: ``OpenAIClient`` over a transport (``loadlab.clients.transports``): ``"raw"``
+- I/O: ``OpenAIClient`` (``loadlab.clients.streaming.StreamingClient`` with this dialect) over
+  a transport (``loadlab.clients.transports``): ``"raw"``
   (default; a lean asyncio HTTP/1.1 protocol that stamps and interprets each chunk inside
   ``data_received``) or ``"aiohttp"`` (one session, a connector sized to the run's
   concurrency). Both keep connections alive. docs/clients.md has the measurements behind the
   default.
 
-Timing (ARCHITECTURE.md): ``sent_ns`` is taken immediately before the request bytes are
-written to the socket (after the connection is made, so connection set-up is not latency);
-a chunk's time is taken when its bytes are read (raw: first thing in ``data_received``;
-aiohttp: as ``iter_any`` hands them over), before any JSON parsing.
-
-The API key is read from the environment variable ``endpoint.api_key_env`` and sent as
-``Authorization: Bearer``; it is never stored in a record, and any error text that could echo
-it is scrubbed.
+Timing and the API key's handling: ``loadlab.clients.streaming``. The key is sent as
+``Authorization: Bearer``.
 
 Example::
 
@@ -29,25 +24,17 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab._version import __version__
-from loadlab.clients.base import Completion, Message
-from loadlab.clients.state import StreamState, dumps
-from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
+from loadlab.clients.base import Message
+from loadlab.clients.state import StreamState
+from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.token_frame import TokenFrameState
 from loadlab.config import EndpointConfig
-from loadlab.records import (
-    OUTCOME_CANCELLED,
-    OUTCOME_PROTOCOL_ERROR,
-    RequestRecord,
-    RequestSpec,
-)
+from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
 
-__all__ = ["OpenAIClient", "OpenAIStreamState", "api_url", "build_body", "read_api_key"]
+__all__ = ["OpenAIClient", "OpenAIStreamState", "api_url", "build_body"]
 
 
 def api_url(endpoint: EndpointConfig) -> str:
@@ -61,19 +48,6 @@ def api_url(endpoint: EndpointConfig) -> str:
     if url.endswith(path):
         return url
     return url + path if url.endswith("/v1") else url + "/v1" + path
-
-
-def read_api_key(endpoint: EndpointConfig) -> str | None:
-    """The key from ``endpoint.api_key_env``; a named but unset variable is an error."""
-    if not endpoint.api_key_env:
-        return None
-    key = os.environ.get(endpoint.api_key_env, "")
-    if not key:
-        raise ValueError(
-            f"endpoint {endpoint.name!r}: environment variable {endpoint.api_key_env} is empty "
-            "or unset; export it with the API key (or drop api_key_env)"
-        )
-    return key
 
 
 def build_body(
@@ -101,8 +75,8 @@ def build_body(
     return body
 
 
-class OpenAIStreamState(StreamState):
-    """Interprets one OpenAI-dialect response; no I/O (``StreamState`` has the protocol).
+class OpenAIStreamState(TokenFrameState):
+    """Interprets one OpenAI-dialect response; no I/O (``StreamState`` has the protocol, ``TokenFrameState`` the per-read path).
 
     Complete: ``[DONE]``, or a ``finish_reason`` before EOF. Token-carrying chunks: a chat
     delta with non-empty ``content`` (or reasoning), a completions choice with non-empty
@@ -193,61 +167,11 @@ class OpenAIStreamState(StreamState):
             self._stamps.append(t_ns - self._t0)  # the whole answer is one chunk
 
 
-class OpenAIClient:
-    """Async OpenAI-compatible client (see module docstring). Use as ``async with``.
+class OpenAIClient(StreamingClient):
+    """Async OpenAI-compatible client (see module docstring): ``StreamingClient`` with the
+    OpenAI dialect. Use as ``async with``."""
 
-    ``max_connections=0`` means no limit (open loop without a cap); closed loop passes the
-    concurrency. ``transport`` is ``"raw"`` (default, lowest overhead) or ``"aiohttp"``
-    (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
-    ``cancelled``) in ``cancelled_records`` and re-raises.
-
-    Another dialect over the same transports subclasses it and overrides the hooks
-    ``APIS``, ``_url``, ``_auth``, ``_body`` and ``_state`` (``AnthropicClient``).
-    """
-
-    APIS: tuple[str, ...] = ("chat", "completions")
-
-    def __init__(
-        self,
-        endpoint: EndpointConfig,
-        *,
-        stream: bool = True,
-        include_usage: bool = True,
-        extra_body: Mapping[str, Any] | None = None,
-        timeout_s: float = 120.0,
-        read_timeout_s: float = 30.0,
-        max_connections: int = 0,
-        transport: str = "raw",
-    ) -> None:
-        if endpoint.api not in self.APIS:
-            raise ValueError(
-                f"{type(self).__name__} speaks api {' or '.join(self.APIS)}, not {endpoint.api!r}"
-            )
-        if timeout_s <= 0 or read_timeout_s <= 0:
-            raise ValueError("--timeout and --read-timeout must be > 0 seconds")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-        self.endpoint = endpoint
-        self.url = self._url()
-        self.stream = stream
-        self.include_usage = include_usage
-        self.extra_body = dict(extra_body or {})
-        self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
-        self.max_connections = max_connections
-        self.transport_kind = transport
-        key = read_api_key(endpoint)
-        self._secrets = (key,) if key else ()
-        self._headers = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream" if stream else "application/json",
-            "Accept-Encoding": "identity",  # a compressed stream would be buffered
-            "User-Agent": f"loadlab/{__version__}",  # some gateways refuse requests without one
-            **endpoint.headers,
-        }
-        if key:
-            self._headers.update(self._auth(key))
-        self._transport: Transport | None = None
-        self.cancelled_records: list[RequestRecord] = []
+    APIS = ("chat", "completions")
 
     def _url(self) -> str:
         return api_url(self.endpoint)
@@ -269,46 +193,3 @@ class OpenAIClient:
         return OpenAIStreamState(
             rec, self.endpoint.api, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets
         )
-
-    async def __aenter__(self) -> OpenAIClient:
-        self._transport = make_transport(
-            self.transport_kind,
-            self.url,
-            self._headers,
-            max_connections=self.max_connections,
-            timeout_s=self.timeout_s,
-            read_timeout_s=self.read_timeout_s,
-        )
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._transport is not None:
-            await self._transport.close()
-            self._transport = None
-
-    async def send(
-        self,
-        spec: RequestSpec,
-        *,
-        t0_ns: int,
-        history: Sequence[Message] = (),
-        intended_ns: int | None = None,
-    ) -> Completion:
-        if self._transport is None:
-            name = type(self).__name__
-            raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
-        rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
-        state = self._state(rec, t0_ns)
-        body = self._body(spec, history)
-        attempt_ns = time.perf_counter_ns()
-        try:
-            await self._transport.exchange(dumps(body), spec.request_id, state)
-        except asyncio.CancelledError:
-            msg = "the run stopped while the request was in flight"
-            state.fail(OUTCOME_CANCELLED, msg, time.perf_counter_ns())
-            self.cancelled_records.append(rec)
-            raise
-        finally:
-            if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
-                state.on_sent(attempt_ns)
-        return Completion(rec, state.text)

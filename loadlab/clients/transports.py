@@ -4,7 +4,7 @@ Both feed a sans-IO ``StreamState`` (``on_sent``, ``on_headers``, ``on_bytes``, 
 ``fail``) and turn every network failure into an outcome, never an exception (a cancellation
 propagates; the client records it).
 
-- ``RawTransport`` (default): ``loadlab.clients.rawhttp``; a chunk is stamped and interpreted
+- ``RawTransport`` (default): ``loadlab.clients.pool`` over ``loadlab.clients.http1``; a chunk is stamped and interpreted
   inside ``data_received``, with no task wake-up per chunk. Lowest CPU per token and the
   earliest timestamp.
 - ``AiohttpTransport``: aiohttp's session and ``iter_any``; a chunk is stamped when the reading
@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 from aiohttp.payload import BytesPayload
 
-from loadlab.clients.rawhttp import RawPool, RawResult, Target, frame_request, header_value
+from loadlab.clients.http1 import Failure, RawResult, Target, frame_request, header_value
+from loadlab.clients.pool import RawPool
 from loadlab.records import (
     OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
@@ -51,10 +52,10 @@ __all__ = [
 
 TRANSPORTS = ("raw", "aiohttp")
 RAW_OUTCOMES = {  # RawResult.error -> outcome class (the Locust transport shares it)
-    "connect": OUTCOME_CONNECT_ERROR,
-    "timeout": OUTCOME_TIMEOUT,
-    "incomplete": OUTCOME_INCOMPLETE,
-    "protocol": OUTCOME_PROTOCOL_ERROR,
+    Failure.CONNECT: OUTCOME_CONNECT_ERROR,
+    Failure.TIMEOUT: OUTCOME_TIMEOUT,
+    Failure.INCOMPLETE: OUTCOME_INCOMPLETE,
+    Failure.PROTOCOL: OUTCOME_PROTOCOL_ERROR,
 }
 
 

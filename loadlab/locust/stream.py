@@ -9,7 +9,7 @@ cost ~95 us of CPU per token here, and its keep-alive check (gevent's ``select``
 timeout) yields to the hub between the send stamp and the write. So each user owns one
 keep-alive socket with no socket timeout (gevent arms a timer for every wait of a socket that
 has one: ~16 us per token), reads with ``recv`` and feeds the bytes to the same sans-IO HTTP/1.1
-reader as the CLI's raw transport (``loadlab.clients.rawhttp.ResponseReader``): 47 us per
+reader as the CLI's raw transport (``loadlab.clients.http1.ResponseReader``): 47 us per
 token for the bare reads. The read timeout is one lazy timer per request that re-arms itself
 from the last read's time, as in the CLI.
 
@@ -40,9 +40,10 @@ import gevent.monkey
 from greenlet import GreenletExit, getcurrent
 
 from loadlab.clients.base import Completion, Message
-from loadlab.clients.openai import OpenAIStreamState, api_url, build_body, read_api_key
-from loadlab.clients.rawhttp import ResponseReader, Target, frame_request
+from loadlab.clients.http1 import Failure, ResponseReader, Target, frame_request
+from loadlab.clients.openai import OpenAIStreamState, api_url, build_body
 from loadlab.clients.state import dumps
+from loadlab.clients.streaming import read_api_key
 from loadlab.clients.transports import settle
 from loadlab.config import EndpointConfig
 from loadlab.records import (
@@ -210,7 +211,7 @@ class StreamConnection:
                 return
             reader = self._round_trip(sock, request, state)
             result = reader.result
-            if result.error == "connect" and reused and not reader.got_bytes:
+            if result.error is Failure.CONNECT and reused and not reader.got_bytes:
                 continue  # the server closed the idle connection as we wrote: once more, new
             break
         settle(state, result)
@@ -237,7 +238,7 @@ class StreamConnection:
                 yield_(0)
                 reader.feed(data, t)
         except _ReadStalled:
-            reader.end("timeout", f"no byte for {self.read_timeout_s:g} s (read timeout)")
+            reader.end(Failure.TIMEOUT, f"no byte for {self.read_timeout_s:g} s (read timeout)")
         except OSError as exc:
             reader.connection_lost(exc)
         finally:

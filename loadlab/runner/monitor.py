@@ -13,7 +13,7 @@ tick in a hundred already shifts the tail latencies users gate on. ``cpu_percent
 100 (one core) is reported as the likely cause.
 
 Each tick also samples the raw transport's *parse backlog*: how long the oldest read that was
-stamped but not yet parsed has waited (``loadlab.clients.rawhttp``: reads are stamped at once
+stamped but not yet parsed has waited (``loadlab.clients.pool``: reads are stamped at once
 and parsed in slices, so a burst of work does not hold back the next reads' stamps). It moves
 no timestamp; it delays what follows a response's end (its record, a closed loop's next
 request). A generator
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from loadlab.clients.rawhttp import parse_backlog_ms
+from loadlab.clients.pool import parse_backlog_ms
 from loadlab.metrics import distribution
 
 __all__ = ["LoopMonitor"]

@@ -17,8 +17,8 @@ from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
 from loadlab.testing.fault_server import FaultServer
 from loadlab.testing.fixed_server import FixedScheduleServer
-from tests.clients.test_faults import CANARY, EXPECTED
-from tests.clients.test_openai import assert_matches_truth
+from tests.helpers.clients import CANARY, assert_matches_truth
+from tests.helpers.loopback import FAULT_OUTCOMES as EXPECTED
 
 TRANSPORTS = ["raw", "aiohttp"]
 

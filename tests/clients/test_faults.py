@@ -15,6 +15,7 @@ from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from loadlab.results import Results, write_results
 from loadlab.testing.fault_server import FaultServer
+from tests.helpers.clients import CANARY
 from tests.helpers.loopback import FAULT_OUTCOMES, free_port
 
 EXPECTED = FAULT_OUTCOMES
@@ -121,9 +122,6 @@ def test_cancel_records_then_reraises(fault_server: FaultServer, transport: str)
     [rec] = client.cancelled_records
     assert (rec.request_id, rec.outcome) == ("c1", "cancelled")
     assert len(rec.chunk_ns) == 1 and rec.end_ns is not None
-
-
-CANARY = "sk-canary-7f3a9e1b2c4d"
 
 
 @pytest.mark.parametrize("transport", ["raw", "aiohttp"])

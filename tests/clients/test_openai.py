@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
 
@@ -19,20 +18,9 @@ from loadlab.clients.openai import api_url
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fixed_server import FixedScheduleServer
+from tests.helpers.clients import assert_matches_truth
 
 SPEC = RequestSpec("r1", "hello there", 4, prompt_tokens=2, extra_body={"ignore_eos": True})
-
-
-def assert_matches_truth(r: RequestRecord, truth: dict[str, Any], t0: int, chunks: int) -> None:
-    """The record's times against the fixed server's log, on one clock: the client sent before
-    the server received and read each chunk after the server wrote it."""
-    assert len(r.chunk_ns) == len(truth["chunk_ns"]) == chunks
-    assert r.sent_ns is not None and r.end_ns is not None
-    assert r.sent_ns + t0 <= truth["recv_ns"]
-    for mine, theirs in zip(r.chunk_ns, truth["chunk_ns"], strict=True):
-        assert mine + t0 >= theirs
-    assert r.chunk_ns[-1] <= r.end_ns
-    assert not r.output_tokens_disagree
 
 
 def test_build_body_chat_with_history_and_extra_fields() -> None:

@@ -1,4 +1,4 @@
-"""The token-frame fast path (``StreamState._learn_frame``) must change nothing but speed.
+"""The token-frame fast path (``loadlab.clients.token_frame``) must change nothing but speed.
 
 Every test here feeds one stream to two states, one that may learn the stream's token frame and
 one that never does (``_learn = 0``, the full SSE decode and JSON parse for every event), and

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from loadlab.clients import rawhttp
+from loadlab.clients import pool
 from loadlab.commands import run as run_cmd
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.generator import saturation_warning
@@ -44,7 +44,7 @@ def test_monitor_flags_a_parse_backlog_that_does_not_drain() -> None:
 
     async def go(ages_ms: list[float]) -> dict[str, object]:
         loop = asyncio.get_running_loop()
-        deferred = rawhttp._Deferred(loop)  # a pool's parse queue
+        deferred = pool._Deferred(loop)  # a pool's parse queue
         mon = LoopMonitor(threshold_ms=20.0, sample_s=0.05)
         mon.start(time.perf_counter_ns())
         for age in ages_ms:

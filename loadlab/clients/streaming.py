@@ -1,0 +1,166 @@
+"""What every dialect's async client shares: the API key, the headers, the transport and the
+``send`` that turns a ``RequestSpec`` into a timed record. A dialect (``OpenAIClient``,
+``AnthropicClient``) subclasses ``StreamingClient`` and supplies its URL, auth header, request
+body and stream state; the two are siblings, neither knows the other.
+
+Timing (ARCHITECTURE.md): ``sent_ns`` is taken immediately before the request bytes are
+written to the socket (after the connection is made, so connection set-up is not latency);
+a chunk's time is taken when its bytes are read (raw: first thing in ``data_received``;
+aiohttp: as ``iter_any`` hands them over), before any JSON parsing.
+
+The API key is read from the environment variable ``endpoint.api_key_env``; it is never stored
+in a record, and any error text that could echo it is scrubbed.
+
+Example::
+
+    async with OpenAIClient(EndpointConfig("http://127.0.0.1:8000", model="m")) as client:
+        done = await client.send(spec, t0_ns=time.perf_counter_ns())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
+
+from loadlab._version import __version__
+from loadlab.clients.base import Completion, Message
+from loadlab.clients.state import StreamState, dumps
+from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
+from loadlab.config import EndpointConfig
+from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
+
+__all__ = ["StreamingClient", "read_api_key"]
+
+
+def read_api_key(endpoint: EndpointConfig) -> str | None:
+    """The key from ``endpoint.api_key_env``; a named but unset variable is an error."""
+    if not endpoint.api_key_env:
+        return None
+    key = os.environ.get(endpoint.api_key_env, "")
+    if not key:
+        raise ValueError(
+            f"endpoint {endpoint.name!r}: environment variable {endpoint.api_key_env} is empty "
+            "or unset; export it with the API key (or drop api_key_env)"
+        )
+    return key
+
+
+class StreamingClient:
+    """What every dialect's client shares (see module docstring). Use as ``async with``.
+
+    ``max_connections=0`` means no limit (open loop without a cap); closed loop passes the
+    concurrency. ``transport`` is ``"raw"`` (default, lowest overhead) or ``"aiohttp"``
+    (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
+    ``cancelled``) in ``cancelled_records`` and re-raises.
+
+    A dialect subclasses it and names ``APIS`` and ``_url``, ``_auth``, ``_body``, ``_state``
+    (``OpenAIClient``, ``AnthropicClient``).
+    """
+
+    APIS: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        endpoint: EndpointConfig,
+        *,
+        stream: bool = True,
+        include_usage: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        timeout_s: float = 120.0,
+        read_timeout_s: float = 30.0,
+        max_connections: int = 0,
+        transport: str = "raw",
+    ) -> None:
+        if endpoint.api not in self.APIS:
+            raise ValueError(
+                f"{type(self).__name__} speaks api {' or '.join(self.APIS)}, not {endpoint.api!r}"
+            )
+        if timeout_s <= 0 or read_timeout_s <= 0:
+            raise ValueError("--timeout and --read-timeout must be > 0 seconds")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        self.endpoint = endpoint
+        self.url = self._url()
+        self.stream = stream
+        self.include_usage = include_usage
+        self.extra_body = dict(extra_body or {})
+        self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
+        self.max_connections = max_connections
+        self.transport_kind = transport
+        key = read_api_key(endpoint)
+        self._secrets = (key,) if key else ()
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+            "Accept-Encoding": "identity",  # a compressed stream would be buffered
+            "User-Agent": f"loadlab/{__version__}",  # some gateways refuse requests without one
+            **endpoint.headers,
+        }
+        if key:
+            self._headers.update(self._auth(key))
+        self._transport: Transport | None = None
+        self.cancelled_records: list[RequestRecord] = []
+
+    def _url(self) -> str:  # pragma: no cover
+        """The request URL for ``self.endpoint``."""
+        raise NotImplementedError
+
+    def _auth(self, key: str) -> dict[str, str]:  # pragma: no cover
+        """The headers that carry the API key."""
+        raise NotImplementedError
+
+    def _body(  # pragma: no cover
+        self, spec: RequestSpec, history: Sequence[Message]
+    ) -> dict[str, Any]:
+        """The request JSON."""
+        raise NotImplementedError
+
+    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:  # pragma: no cover
+        """The sans-IO state that interprets one response into ``rec``."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._transport = make_transport(
+            self.transport_kind,
+            self.url,
+            self._headers,
+            max_connections=self.max_connections,
+            timeout_s=self.timeout_s,
+            read_timeout_s=self.read_timeout_s,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
+
+    async def send(
+        self,
+        spec: RequestSpec,
+        *,
+        t0_ns: int,
+        history: Sequence[Message] = (),
+        intended_ns: int | None = None,
+    ) -> Completion:
+        if self._transport is None:
+            name = type(self).__name__
+            raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
+        rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
+        state = self._state(rec, t0_ns)
+        body = self._body(spec, history)
+        attempt_ns = time.perf_counter_ns()
+        try:
+            await self._transport.exchange(dumps(body), spec.request_id, state)
+        except asyncio.CancelledError:
+            msg = "the run stopped while the request was in flight"
+            state.fail(OUTCOME_CANCELLED, msg, time.perf_counter_ns())
+            self.cancelled_records.append(rec)
+            raise
+        finally:
+            if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
+                state.on_sent(attempt_ns)
+        return Completion(rec, state.text)

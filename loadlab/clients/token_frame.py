@@ -1,0 +1,189 @@
+"""The per-read path of every dialect's stream state, and its fast path: the token frame.
+
+The token events of one stream differ only in their text: the same id, model, index and nulls
+around it. ``TokenFrameState`` learns that frame from a read that held exactly one plain token
+event (``_learn_frame``), checks it with a probe on a scratch copy of the state
+(``_frame_holds``), and from then on takes a read that is the frame around a plain JSON string
+without the SSE decode and the JSON parse (the top of ``on_bytes``). Anything else goes the full
+way: the SSE decoder and the dialect's ``_event``. Behaviour is the same either way (the tests
+compare both paths on every split of generated streams); only the cost differs.
+
+The dialect states (``OpenAIStreamState``, ``AnthropicStreamState``) subclass ``TokenFrameState``
+and name where their token text starts (``TEXT_KEYS``). ``on_bytes`` is one function, fast path
+and full way together, because it runs once per read: a call more would cost every chunk.
+
+Example::
+
+    state = OpenAIStreamState(record, "chat", t0_ns=t0)  # a TokenFrameState
+    state.on_bytes(b'data: {"choices": [{"delta": {"content": "A"}}]}\\n\\n', now())
+    state.on_bytes(b'data: {"choices": [{"delta": {"content": "B"}}]}\\n\\n', now())  # fast
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Sequence
+
+from loadlab.clients.sse import RawEvent, SSEDecoder
+from loadlab.clients.state import StreamState
+from loadlab.records import RequestRecord
+
+__all__ = ["TokenFrameState"]
+
+_LEARN_TRIES = 3  # token frames learned per stream (see TokenFrameState._learn_frame)
+# a JSON string's body that needs no unescaping: no quote, backslash or control character
+_plain = re.compile(rb'[^"\\\x00-\x1f]+').fullmatch
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    """Every attribute slot of ``cls`` and its bases (the state classes have no ``__dict__``)."""
+    names = _SLOTS.get(cls)
+    if names is None:
+        names = tuple(n for k in cls.__mro__ for n in k.__dict__.get("__slots__", ()))
+        _SLOTS[cls] = names
+    return names
+
+
+class TokenFrameState(StreamState):
+    """``StreamState`` with its per-read path: the learned token frame first, then the full way
+    (SSE decode, the dialect's ``_event``)."""
+
+    __slots__ = ("_fast", "_keys", "_learn", "_tpl")
+
+    # how the dialect's token text starts in a raw event (compact and spaced JSON)
+    TEXT_KEYS: tuple[bytes, ...] = (b'"content":"', b'"content": "')
+
+    def __init__(
+        self,
+        record: RequestRecord,
+        *,
+        stream: bool = True,
+        t0_ns: int = 0,
+        secrets: Sequence[str] = (),
+    ) -> None:
+        super().__init__(record, stream=stream, t0_ns=t0_ns, secrets=secrets)
+        self._tpl: tuple[bytes, bytes, int, int] | None = None  # a token read's frame (below)
+        self._fast: tuple[bytes, bytes, int, int] | None = None  # _tpl while the decoder idles
+        self._learn = _LEARN_TRIES
+        self._keys = self.TEXT_KEYS
+
+    def on_bytes(self, data: bytes, t_ns: int) -> bool:
+        fast = self._fast
+        if fast is not None:  # token events in the stream's learned frame (_learn_frame)
+            head, tail, lh, lt = fast
+            pos, n = 0, len(data)
+            t_rel = t_ns - self._t0
+            while data.startswith(head, pos):
+                start = pos + lh
+                end = data.find(tail, start)
+                if end <= start or _plain(data, start, end) is None:
+                    break
+                try:
+                    text = data[start:end].decode()
+                except UnicodeDecodeError:
+                    break
+                self._stamps.append(t_rel)
+                self._parts.append(text)
+                pos = end + lt
+                if pos == n:
+                    return False
+            if pos:
+                data = data[pos:]  # the rest, from an event boundary, goes the full way
+        if not self._sse:
+            return self._keep(data)
+        if not self._any_event and len(self._head) < 256:
+            self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
+        dec = self._decoder
+        events = dec.feed_raw(data)
+        if events:
+            self._any_event = True
+            t_rel = t_ns - self._t0
+            if len(events) == 1 and self._learn:
+                return self._learn_frame(data, events[0], t_rel)
+            for ev_data, ev_type, _, _ in events:
+                if self._event(ev_data, ev_type, t_rel):
+                    return True
+        self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        return False
+
+    def _learn_frame(self, data: bytes, event: RawEvent, t_rel: int) -> bool:
+        """Interpret a read that held exactly one event, and learn its frame when it was one
+        plain token.
+
+        The token events of one stream differ only in their text: the same id, model, index
+        and nulls around it. When a read was exactly one event whose only effect was one
+        token with text T, and T appears in the raw bytes unescaped right after one of
+        ``TEXT_KEYS``, the bytes before and after it are a candidate frame. It is kept only
+        if a probe, the frame around another text, decodes and interprets (on a scratch
+        copy of this state) to exactly one token with that text. A later read that is the
+        frame around a plain JSON string body (no quote, backslash or control character,
+        valid UTF-8) is then the same JSON with another text, and is taken without the SSE
+        decode and the JSON parse; anything else goes the full way. A few tries per stream,
+        so a server whose frames never repeat costs little."""
+        rec = self.record
+        n_chunks, n_parts, n_server = len(self._stamps), len(self._parts), len(rec.server)
+        finish, usage = rec.finish_reason, self.usage
+        failed = self._event(event[0], event[1], t_rel)
+        dec = self._decoder
+        parts = self._parts
+        if (
+            not failed
+            and len(self._stamps) == n_chunks + 1
+            and len(parts) == n_parts + 1
+            and type(parts[-1]) is str
+            and parts[-1]
+            and rec.finish_reason == finish
+            and self.usage is usage
+            and len(rec.server) == n_server
+            and self._outcome is None
+            and not self.done
+            and dec.idle()
+        ):
+            self._learn -= 1
+            raw = parts[-1].encode()
+            if _plain(raw) is not None:
+                for key in self._keys:
+                    at = data.find(key + raw + b'"')
+                    if at >= 0:
+                        start = at + len(key)
+                        end = start + len(raw)
+                        head, tail = data[:start], data[end:]
+                        if self._frame_holds(head, tail, event[1]):
+                            self._tpl = (head, tail, start, len(data) - end)
+                        break
+        self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        return failed
+
+    def _frame_holds(self, head: bytes, tail: bytes, event_type: str) -> bool:
+        """Does ``head + text + tail`` mean one token with ``text``? Asked of a scratch copy
+        of this state, so that nothing here is touched."""
+        probe = "loadlab~probe"
+        events = SSEDecoder().feed_raw(head + probe.encode() + tail)
+        if len(events) != 1 or events[0][1] != event_type:
+            return False
+        cls = type(self)
+        scratch = cls.__new__(cls)  # a shallow copy (copy.copy costs twice as much)
+        for name in _slot_names(cls):
+            try:
+                setattr(scratch, name, getattr(self, name))
+            except AttributeError:  # a slot this state never set
+                pass
+        if hasattr(self, "__dict__"):  # a subclass without __slots__
+            scratch.__dict__.update(self.__dict__)
+        scratch.record = RequestRecord(self.record.request_id)
+        scratch._stamps, scratch._parts = array("q"), []
+        scratch._outcome, scratch.done, scratch.usage = None, False, self.usage
+        failed = scratch._event(events[0][0], event_type, 0)
+        return (
+            not failed
+            and scratch._parts == [probe]
+            and len(scratch._stamps) == 1
+            and scratch._outcome is None
+            and not scratch.done
+            and scratch.record.finish_reason is None
+            and not scratch.record.server
+            and scratch.usage is self.usage
+        )

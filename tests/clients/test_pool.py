@@ -1,0 +1,140 @@
+"""The asyncio side: connections stamp reads at once; the parse queue parses them later, in
+order and in slices."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+from loadlab.clients import pool
+from loadlab.clients.http1 import Failure
+from loadlab.clients.pool import _Conn, _Deferred
+from tests.helpers.clients import Sink
+
+
+def test_deferred_reads_are_stamped_at_once_and_parsed_in_order_later() -> None:
+    class Timed(Sink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[int] = []
+
+        def on_bytes(self, data: bytes, t_ns: int) -> bool:
+            self.times.append(t_ns)
+            return super().on_bytes(data, t_ns)
+
+    loop = asyncio.new_event_loop()
+    try:
+        deferred = _Deferred(loop)
+        a, b = _Conn(deferred), _Conn(deferred)
+        sa, sb = Timed(), Timed()
+        da, db = loop.create_future(), loop.create_future()
+        a.start(sa, da)
+        b.start(sb, db)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        a.data_received(head + b"3\r\none\r\n")
+        b.data_received(head + b"3\r\ntwo\r\n")
+        stamped = a.last_ns
+        assert stamped and b.last_ns >= stamped  # stamped as read...
+        assert sa.body == sb.body == b"" and len(deferred.items) == 2  # ...parsed later
+        loop.call_soon(loop.stop)
+        loop.run_forever()  # one loop turn: the flush ran
+        assert (sa.body, sb.body) == (b"one", b"two") and sa.times == [stamped]
+        a.data_received(b"5\r\nthree\r\n0\r\n\r\n")
+        a.connection_lost(None)  # its queued bytes are parsed before the close counts
+        assert sa.body == b"onethree" and da.done() and a.result.error is None
+        b.data_received(b"2\r\nfo")
+        b.connection_lost(None)
+        assert sb.body == b"twofo" and b.result.error is Failure.INCOMPLETE
+    finally:
+        loop.close()
+
+
+def test_parsing_is_sliced_so_the_loop_polls_between_slices() -> None:
+    """With a zero slice, each loop turn parses one read and leaves the rest, in order, to the
+    next turn; a backlog older than the cap is parsed in one go."""
+    loop = asyncio.new_event_loop()
+    try:
+        deferred = _Deferred(loop, slice_ns=0, max_lag_ns=10**12)
+        conns = [_Conn(deferred) for _ in range(3)]
+        sinks = [Sink() for _ in conns]
+        for c, sk in zip(conns, sinks, strict=True):
+            c.start(sk, loop.create_future())
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for i, c in enumerate(conns):
+            c.data_received(head + b"1\r\n%d\r\n" % i)
+        conns[0].data_received(b"1\r\nx\r\n")  # a second read of the first stream: parsed last
+        assert pool.parse_backlog_ms(loop) > 0.0  # four reads wait to be parsed
+        bodies = []
+        for _ in range(4):
+            loop.call_soon(loop.stop)
+            loop.run_forever()  # one turn: one read parsed
+            bodies.append([sk.body for sk in sinks])
+        assert bodies == [
+            [b"0", b"", b""],
+            [b"0", b"1", b""],
+            [b"0", b"1", b"2"],
+            [b"0x", b"1", b"2"],
+        ]
+        assert not deferred.items and not deferred._scheduled
+
+        old = _Deferred(loop, slice_ns=0, max_lag_ns=0)  # everything waiting is past the cap
+        more = [_Conn(old) for _ in range(3)]
+        more_sinks = [Sink() for _ in more]
+        for c, sk in zip(more, more_sinks, strict=True):
+            c.start(sk, loop.create_future())
+            c.data_received(head + b"1\r\nz\r\n")
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        assert [sk.body for sk in more_sinks] == [b"z"] * 3 and not old.items
+    finally:
+        loop.close()
+
+
+def test_the_loops_parse_queue_reports_its_oldest_read() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert pool.parse_backlog_ms(loop) == 0.0  # no raw connection yet
+        deferred = _Deferred(loop)  # a pool's parse queue
+        conn = _Conn(deferred)
+        conn.start(Sink(), loop.create_future())
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+        time.sleep(0.003)
+        assert pool.parse_backlog_ms(loop) >= 3.0  # stamped, not yet parsed
+        await asyncio.sleep(0)
+        assert pool.parse_backlog_ms(loop) == 0.0
+
+    asyncio.run(main())
+
+
+def test_a_response_parsed_late_ends_at_the_stamp_of_its_last_read() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        deferred = _Deferred(loop)
+        conn, done = _Conn(deferred), loop.create_future()
+        result = conn.start(Sink(), done)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        stamped = conn.last_ns
+        time.sleep(0.003)  # the parse runs later (a backlog)
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        assert done.done() and result.error is None and result.end_ns == stamped
+        late = _Conn(deferred)
+        late_result = late.start(Sink(), loop.create_future())
+        late.end(Failure.TIMEOUT, "no byte")  # ended by a timer, not by a read: now
+        assert late_result.end_ns is not None and late_result.end_ns > stamped + 2_000_000
+    finally:
+        loop.close()
+
+
+def test_a_finished_loop_leaves_no_parse_queue_behind() -> None:
+    async def main() -> None:
+        queue = _Deferred(asyncio.get_running_loop())
+        assert queue in pool._QUEUES
+
+    gc.collect()  # earlier tests' queues
+    before = len(pool._QUEUES)
+    for _ in range(3):
+        asyncio.run(main())
+    gc.collect()
+    assert len(pool._QUEUES) == before
