@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "Done",
+    "Ended",
     "Failure",
     "RawResult",
     "ResponseReader",
@@ -58,6 +59,21 @@ class Done(Protocol):
     def done(self) -> bool: ...
 
     def set_result(self, result: None, /) -> None: ...
+
+
+class Ended:
+    """A ``Done`` without an event loop (the gevent transport's, and tests')."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def done(self) -> bool:
+        return self.ended
+
+    def set_result(self, _result: None, /) -> None:
+        self.ended = True
 
 
 class Failure(enum.Enum):

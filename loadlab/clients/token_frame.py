@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Sequence
+from typing import Any
 
 from loadlab.clients.sse import RawEvent, SSEDecoder
 from loadlab.clients.state import StreamState
@@ -56,15 +56,8 @@ class TokenFrameState(StreamState):
     # how the dialect's token text starts in a raw event (compact and spaced JSON)
     TEXT_KEYS: tuple[bytes, ...] = (b'"content":"', b'"content": "')
 
-    def __init__(
-        self,
-        record: RequestRecord,
-        *,
-        stream: bool = True,
-        t0_ns: int = 0,
-        secrets: Sequence[str] = (),
-    ) -> None:
-        super().__init__(record, stream=stream, t0_ns=t0_ns, secrets=secrets)
+    def __init__(self, record: RequestRecord, **kw: Any) -> None:
+        super().__init__(record, **kw)  # stream, t0_ns, secrets: StreamState's
         self._tpl: tuple[bytes, bytes, int, int] | None = None  # a token read's frame (below)
         self._fast: tuple[bytes, bytes, int, int] | None = None  # _tpl while the decoder idles
         self._learn = _LEARN_TRIES

@@ -40,7 +40,7 @@ import gevent.monkey
 from greenlet import GreenletExit, getcurrent
 
 from loadlab.clients.base import Completion, Message
-from loadlab.clients.http1 import Failure, ResponseReader, Target, frame_request
+from loadlab.clients.http1 import Ended, Failure, ResponseReader, Target, frame_request
 from loadlab.clients.openai import OpenAIStreamState, api_url, build_body
 from loadlab.clients.state import dumps
 from loadlab.clients.streaming import read_api_key
@@ -84,21 +84,6 @@ def _idle_socket_alive(sock: Any) -> bool:
         return not poller.poll(0)
     except (OSError, ValueError):
         return False
-
-
-class _Ended:
-    """``ResponseReader``'s end signal without an asyncio loop."""
-
-    __slots__ = ("ended",)
-
-    def __init__(self) -> None:
-        self.ended = False
-
-    def done(self) -> bool:
-        return self.ended
-
-    def set_result(self, _result: None, /) -> None:
-        self.ended = True
 
 
 class _ReadStalled(Exception):
@@ -220,7 +205,7 @@ class StreamConnection:
 
     def _round_trip(self, sock: Any, request: bytes, state: OpenAIStreamState) -> Any:
         clock = time.perf_counter_ns
-        reader, ended = ResponseReader(), _Ended()
+        reader, ended = ResponseReader(), Ended()
         reader.start(state, ended)
         timer = _ReadTimer(reader, self.read_timeout_s)
         try:

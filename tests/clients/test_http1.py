@@ -6,25 +6,12 @@ import time
 
 import pytest
 
-from loadlab.clients.http1 import Done, Failure, ResponseReader, Target
+from loadlab.clients.http1 import Done, Ended, Failure, ResponseReader, Target
 from tests.helpers.clients import Sink
 
 
-class _Ended:
-    """An exchange's end signal without an event loop."""
-
-    def __init__(self) -> None:
-        self.ended = False
-
-    def done(self) -> bool:
-        return self.ended
-
-    def set_result(self, result: None, /) -> None:
-        self.ended = True
-
-
 def parse(*parts: bytes) -> tuple[Sink, ResponseReader, Done]:
-    reader, sink, done = ResponseReader(), Sink(), _Ended()
+    reader, sink, done = ResponseReader(), Sink(), Ended()
     reader.start(sink, done)
     for p in parts:
         reader.feed(p, time.perf_counter_ns())
@@ -107,7 +94,7 @@ def test_whole_chunks_of_one_read_reach_the_sink_in_one_call() -> None:
 
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     chunks = b"".join(b"%x\r\ndata: %d\n\n\r\n" % (len(b"data: %d\n\n" % i), i) for i in range(12))
-    reader, sink, done = ResponseReader(), Counting(), _Ended()
+    reader, sink, done = ResponseReader(), Counting(), Ended()
     reader.start(sink, done)
     reader.feed(head, 1)
     reader.feed(chunks + b"6\r\nda", 2)  # 12 whole chunks and the start of another
