@@ -8,7 +8,7 @@ import gc
 import time
 
 from loadlab.clients import pool
-from loadlab.clients.http1 import Failure
+from loadlab.clients.http1 import Failure, Target, frame_request
 from loadlab.clients.pool import _Conn, _Deferred
 from tests.helpers.clients import Sink
 
@@ -138,3 +138,41 @@ def test_a_finished_loop_leaves_no_parse_queue_behind() -> None:
         asyncio.run(main())
     gc.collect()
     assert len(pool._QUEUES) == before
+
+
+def test_a_kept_alive_connection_the_server_closed_is_retried_once_on_a_fresh_one() -> None:
+    """The server answers the first request and keeps the connection; the second request on it
+    finds it closed without a byte (the server dropped it as idle): a stale connection, sent
+    once more on a new one."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    seen: list[int] = []  # per request: the number of the connection it came on
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn_no = len(set(seen)) + 1
+        while await reader.readuntil(b"\r\n\r\n"):
+            await reader.readexactly(2)  # the body: {}
+            seen.append(conn_no)
+            if conn_no == 1 and seen.count(1) == 2:
+                break  # the idle connection's second request: closed unanswered
+            writer.write(ok)
+            await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[list[Failure | None], list[bool]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target("127.0.0.1", port, False, "/")
+        request = frame_request(target.request_head({}), "r", b"{}")
+        raw, sinks = pool.RawPool(), [Sink(), Sink()]
+        results = [
+            await raw.request(target, request, s, timeout_s=5.0, read_timeout_s=5.0) for s in sinks
+        ]
+        raw.close()
+        server.close()
+        await server.wait_closed()
+        assert [s.body for s in sinks] == [b"ok", b"ok"]
+        return [r.error for r in results], [r.stale for r in results]
+
+    errors, stale = asyncio.run(main())
+    assert errors == [None, None] and stale == [False, False]
+    assert seen == [1, 1, 2]  # the second request went out twice: on the stale and a fresh one
