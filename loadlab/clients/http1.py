@@ -12,14 +12,19 @@ Scope is what an inference endpoint needs: POST with a ``Content-Length`` body; 
 default SSL context (the pool's). No proxies, redirects or compression (the client sends
 ``Accept-Encoding: identity``).
 
-Example::
+Example (a sink is the stream state; this one keeps the status and body):
 
-    target = Target.from_url("http://127.0.0.1:8000/v1/chat/completions")
-    request = frame_request(target.request_head(headers), "r1", body)
-    reader = ResponseReader()
-    result = reader.start(sink, done)
-    reader.feed(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok", time.perf_counter_ns())
-    assert done.done() and result.error is None
+>>> class Body:
+...     def on_headers(self, status, headers, t_ns): self.status = status
+...     def on_bytes(self, data, t_ns): self.data = data; return False
+>>> target = Target.from_url("http://127.0.0.1:8000/v1/completions")
+>>> frame_request(target.request_head({}), "r1", b"{}")
+b'POST /v1/completions HTTP/1.1\\r\\nHost: 127.0.0.1:8000\\r\\nX-Request-Id: r1\\r\\nContent-Length: 2\\r\\n\\r\\n{}'
+>>> reader, sink, done = ResponseReader(), Body(), Ended()
+>>> result = reader.start(sink, done)
+>>> reader.feed(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok", time.perf_counter_ns())
+>>> sink.status, sink.data, done.done(), result.error
+(200, b'ok', True, None)
 """
 
 from __future__ import annotations
