@@ -376,10 +376,11 @@ async def _watch_disconnect(request: Request, queue: EventQueue) -> None:
     queue.put_nowait(None)
 
 
-def _usage(seq: Sequence, ev: TokenEvent) -> dict[str, int]:
+def _usage(seq: Sequence, ev: TokenEvent) -> dict[str, Any]:
     n_prompt = seq.num_prompt_tokens
     return {"prompt_tokens": n_prompt, "completion_tokens": ev.completion_tokens,
-            "total_tokens": n_prompt + ev.completion_tokens}  # fmt: skip
+            "total_tokens": n_prompt + ev.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}  # fmt: skip
 
 
 def _with_transfer(body: dict[str, Any], ev: TokenEvent) -> dict[str, Any]:
@@ -402,6 +403,12 @@ def _render_metrics(engine: EngineLike, in_flight: int) -> str:
         "batch_slots": g.batch_slots,
         "kv_blocks_used": g.kv_blocks_used,
         "kv_blocks_total": g.kv_blocks_total,
+        "kv_blocks_cached": g.kv_blocks_cached,
     }
-    text = engine.stats.render(gauges=gauges, counters={"preemptions_total": g.preemptions_total})
+    counters: dict[str, float] = {
+        "preemptions_total": g.preemptions_total,
+        "prefix_cache_queries_total": g.prefix_cache_queries_total,
+        "prefix_cache_hits_total": g.prefix_cache_hits_total,
+    }
+    text = engine.stats.render(gauges=gauges, counters=counters)
     return text + "".join(line + "\n" for line in engine.extra_metrics())

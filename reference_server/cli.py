@@ -4,6 +4,7 @@ Usage::
 
     loadlab-server --mode continuous --preset cpu --port 8000
     loadlab-server --mode chunked --preset tiny --max-batched-tokens 512 --chunk-size 256
+    loadlab-server --prefix-caching off     # recompute every prompt (caching is on by default)
     LOADLAB_KEY=s3cret loadlab-server --api-key-env LOADLAB_KEY
 
 It prints ``loadlab-server ready: http://127.0.0.1:8000 ...`` once it accepts requests.
@@ -47,6 +48,13 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     kv.add_argument("--kv-cache-mb", type=float, help="KV cache budget in MiB")
     kv.add_argument("--num-kv-blocks", type=int, help="KV cache size in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument(
+        "--prefix-caching",
+        choices=("on", "off"),
+        default="on",
+        help="reuse the KV blocks of prompt prefixes seen before (default on, as vLLM); "
+        "not yet in disaggregated mode",
+    )
     p.add_argument("--max-model-len", type=int, help="cap the context (default: the model's)")
     p.add_argument("--max-batched-tokens", type=int, help="tokens per step (chunked: default 512)")
     p.add_argument("--chunk-size", type=int, default=256, help="longest prompt slice (chunked)")
@@ -121,7 +129,8 @@ def build_app(config: ServerConfig) -> tuple[Any, EngineLike, dict[str, Any]]:
     )
     if config.max_model_len:
         max_model_len = min(max_model_len, config.max_model_len)
-    bm = BlockManager(runner.num_kv_blocks, runner.block_size)
+    caching = config.prefix_caching == "on"
+    bm = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching)
     batched = config.max_batched_tokens or (512 if config.mode == "chunked" else None)
     scheduler = make_scheduler(config.mode, bm, max_num_seqs=config.max_num_seqs,
                                max_model_len=max_model_len, max_num_batched_tokens=batched,
@@ -130,7 +139,8 @@ def build_app(config: ServerConfig) -> tuple[Any, EngineLike, dict[str, Any]]:
     engine = Engine(runner, scheduler)
     info.update(mode=config.mode, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
                 block_size=runner.block_size, num_kv_blocks=runner.num_kv_blocks,
-                max_num_batched_tokens=scheduler.max_num_batched_tokens)  # fmt: skip
+                max_num_batched_tokens=scheduler.max_num_batched_tokens,
+                prefix_caching=caching)  # fmt: skip
     if config.mode == "chunked":
         info["chunk_size"] = config.chunk_size
     if config.mode == "static":
@@ -166,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.ready_line = (
         f"loadlab-server ready: http://{config.host}:{config.port} mode={config.mode} "
         f"preset={config.preset} device={info.get('device')} kv_blocks={info['num_kv_blocks']} "
-        f"max_num_seqs={config.max_num_seqs} max_model_len={info['max_model_len']}"
+        f"max_num_seqs={config.max_num_seqs} max_model_len={info['max_model_len']} "
+        f"prefix_caching={'on' if info.get('prefix_caching') else 'off'}"
     )
     server.run()
     return 0

@@ -31,6 +31,7 @@ class ServerConfig:
     kv_cache_mb: float | None = None  # at most one of kv_cache_mb and num_kv_blocks
     num_kv_blocks: int | None = None
     block_size: int = 16
+    prefix_caching: str = "on"  # on or off
     max_model_len: int | None = None
     max_batched_tokens: int | None = None
     chunk_size: int = 256
@@ -52,6 +53,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.kv_cache_mb is not None and self.num_kv_blocks is not None:
             raise ValueError("set at most one of kv_cache_mb and num_kv_blocks")
+        if self.prefix_caching not in ("on", "off"):
+            raise ValueError(f"prefix_caching must be 'on' or 'off', got {self.prefix_caching!r}")
 
     def api_key(self) -> str | None:
         """The key from the environment variable ``api_key_env`` names (None: no auth)."""

@@ -142,7 +142,10 @@ class Engine:
         return EngineGauges(queue_depth=self.queue_depth, running_requests=sched.num_running,
                             batch_slots=sched.num_batch_slots, kv_blocks_used=bm.num_used_blocks,
                             kv_blocks_total=bm.num_blocks,
-                            preemptions_total=sched.num_preemptions)  # fmt: skip
+                            preemptions_total=sched.num_preemptions,
+                            kv_blocks_cached=bm.num_cached_blocks,
+                            prefix_cache_queries_total=sched.prefix_cache_queries,
+                            prefix_cache_hits_total=sched.prefix_cache_hits)  # fmt: skip
 
     def extra_metrics(self) -> list[str]:
         return []  # everything this engine has is in the gauges and ServerStats
@@ -212,7 +215,8 @@ class Engine:
             final = seq.is_finished
             text = req.text.push(seq.output_token_ids[-1], final)
             n = len(seq.output_token_ids)
-            event = TokenEvent(text, n, seq.finish_reason if final else None)
+            event = TokenEvent(text, n, seq.finish_reason if final else None,
+                               cached_tokens=seq.num_cached_tokens)  # fmt: skip
             if final:
                 del self._requests[seq.seq_id]
                 self.stats.record_finished(seq.finish_reason or "length")

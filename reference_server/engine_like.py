@@ -28,6 +28,7 @@ class TokenEvent:
     finish_reason: str | None = None
     error: str | None = None
     kv_transfer: dict[str, Any] | None = None  # disaggregated mode: {"bytes", "seconds"}
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
 
 
 # A request's events; the API's disconnect watcher may also put None (the client went away).
@@ -44,6 +45,9 @@ class EngineGauges:
     kv_blocks_used: int
     kv_blocks_total: int
     preemptions_total: int
+    kv_blocks_cached: int = 0  # blocks holding a cached prefix (0: no prefix caching)
+    prefix_cache_queries_total: int = 0  # prompt tokens of admitted requests
+    prefix_cache_hits_total: int = 0  # of which served from the prefix cache
 
 
 class EngineLike(Protocol):

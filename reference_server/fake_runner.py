@@ -2,9 +2,16 @@
 
 It has ``ModelRunner``'s interface (``run(batch)``, ``num_kv_blocks``, ``block_size``,
 ``kv_bytes_per_token``, ``info()``) and checks the scheduler's side of the contract in
-``sequence.py`` on every step (block tables cover the scheduled tokens, no block is shared),
-so scheduler tests fail loudly on a bookkeeping bug. It serves deterministic scheduler and
-engine tests, and ``loadlab-server --preset fake`` (no torch: harness development and tests).
+``sequence.py`` on every step (block tables cover the scheduled tokens, no KV slot is written
+by two items), so scheduler tests fail loudly on a bookkeeping bug. It serves deterministic
+scheduler and engine tests, and ``loadlab-server --preset fake`` (no torch: harness
+development and tests).
+``computed_tokens`` counts the tokens it was asked to compute, padding rows included.
+
+``check_kv=True`` also models the cache's content: each slot written holds a stand-in for
+its K/V (a hash of the sequence's tokens up to that position, what real K/V depends on),
+and every earlier position an item attends to must hold its own sequence's value. A prefix
+cache that hands out the wrong block, or a block before it is computed, fails here.
 
 Usage::
 
@@ -53,6 +60,7 @@ class FakeModelRunner:
         eos_id: int = 256,
         eos_at: int | None = None,
         max_model_len: int = 2048,
+        check_kv: bool = False,
     ) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -64,27 +72,59 @@ class FakeModelRunner:
         self.eos_id = eos_id
         self.eos_at = eos_at
         self.steps: list[list[tuple[str, int]]] = []  # (seq_id, num_new_tokens) per step
+        self.computed_tokens = 0
+        self.check_kv = check_kv
+        self._kv: dict[int, int] = {}  # slot -> prefix hash of the token whose K/V it holds
 
     def run(self, batch: ScheduledBatch) -> list[int | None]:
-        seen: set[int] = set()
+        written: set[int] = set()
         out: list[int | None] = []
+        bs = self.block_size
         for item in batch.items:
             seq = item.seq
-            end = seq.num_computed_tokens + item.num_new_tokens
+            start = seq.num_computed_tokens
+            end = start + item.num_new_tokens
             if item.num_new_tokens < 1 or end > seq.num_tokens:
                 raise AssertionError(f"{seq.seq_id}: bad slice ending at {end} of {seq.num_tokens}")
-            if len(seq.block_table) * self.block_size < end:
+            if len(seq.block_table) * bs < end:
                 raise AssertionError(f"{seq.seq_id}: block table too short for {end} tokens")
-            if seen & set(seq.block_table):
-                raise AssertionError(f"{seq.seq_id}: shares a KV block with another sequence")
-            seen.update(seq.block_table)
+            # Cached prefix blocks may be shared (read by many); a slot is written by one item.
+            slots = {seq.block_table[p // bs] * bs + p % bs for p in range(start, end)}
+            if written & slots:
+                raise AssertionError(f"{seq.seq_id}: writes a KV slot another item writes")
+            written |= slots
+            self.computed_tokens += item.num_new_tokens
             out.append(self._token(end) if item.completes else None)
+        if self.check_kv:
+            self._check_kv(batch)
         self.steps.append([(i.seq.seq_id, i.num_new_tokens) for i in batch.items])
         if self.clock is not None and self.step_ns is not None:
             self.clock.advance(self.step_ns(batch))
         if self.sleep_s_per_step:
             time.sleep(self.sleep_s_per_step)
         return out
+
+    def _check_kv(self, batch: ScheduledBatch) -> None:
+        """Write every item's slots, then check every item's reads, as the real runner writes
+        a layer's K/V for the whole step before that layer's attention reads any."""
+        bs = self.block_size
+        reads: list[tuple[str, list[int], list[int]]] = []
+        for item in batch.items:
+            seq = item.seq
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens
+            want, h = [], 0
+            for token in seq.token_ids[:end]:
+                h = hash((h, token))
+                want.append(h)
+            slots = [seq.block_table[p // bs] * bs + p % bs for p in range(end)]
+            for p in range(start, end):
+                self._kv[slots[p]] = want[p]
+            reads.append((seq.seq_id, slots[:start], want[:start]))
+        for seq_id, slots, want in reads:
+            got = [self._kv.get(slot) for slot in slots]
+            if got != want:
+                p = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
+                raise AssertionError(f"{seq_id}: the K/V at position {p} is not its own")
 
     def _token(self, position: int) -> int:
         if self.eos_at is not None and position == self.eos_at:

@@ -7,12 +7,16 @@ a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
     queue_depth                       gauge    requests waiting (queued or preempted)
     running_requests                  gauge    requests in the running batch
     batch_slots                       gauge    slots the batch holds (static: idle ones included)
-    kv_blocks_used / kv_blocks_total  gauge    paged KV cache blocks
+    kv_blocks_used / kv_blocks_total  gauge    paged KV cache blocks (used: held by a request)
+    kv_blocks_cached                  gauge    blocks holding a cached prefix (held or free)
     step_seconds{phase}               histogram  forward-pass step time; phase = prefill|decode|mixed
     steps_total{phase}                counter
     tokens_total{phase}               counter  tokens processed (prefill), generated (decode), or
                                                recomputed as padding rows (static, pad)
     preemptions_total                 counter  sequences preempted (recomputed later)
+    prefix_cache_queries_total        counter  prompt tokens of admitted requests (vLLM's
+                                               prefix_cache_queries; recomputes not counted)
+    prefix_cache_hits_total           counter  of which served from the prefix cache
     requests_total{finish_reason}     counter  finished requests: length|stop|abort|error
     rejected_requests_total{reason}   counter  refused before admission (queue_full, ...)
 

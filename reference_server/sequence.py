@@ -6,7 +6,8 @@ says "process tokens ``[seq.num_computed_tokens, seq.num_computed_tokens + num_n
 of ``seq.token_ids``". A whole prompt, a slice of one (chunked prefill) and a single decode
 token are the same thing to the runner. Before the step, the block manager has given
 ``seq.block_table`` enough blocks to hold ``num_computed_tokens + num_new_tokens`` tokens; the
-runner writes their K/V there and reads all earlier K/V from there. The runner returns, per
+runner writes their K/V there and reads all earlier K/V from there (blocks of a cached prefix
+may be shared with other sequences: the runner only reads those). The runner returns, per
 item, the sampled next token when the item reached the end of the known tokens (the last
 prompt slice, or a decode step), else ``None``. The scheduler's ``postprocess`` then advances
 ``num_computed_tokens`` and appends tokens. No torch here.
@@ -56,6 +57,10 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     num_preemptions: int = 0
+    # Prompt tokens whose K/V came from the prefix cache at first admission (usage's
+    # cached_tokens; a recompute after preemption does not change it, as in vLLM).
+    num_cached_tokens: int = 0
+    block_hashes: list[int] = field(default_factory=list)  # chain hashes of its full blocks
 
     @property
     def token_ids(self) -> list[int]:

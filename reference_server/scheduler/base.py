@@ -12,6 +12,12 @@ engine never asks which mode runs; a mode that hands requests to other processes
 decode workers) implements these same verbs and returns the batches its own runner executes.
 Preemption is by recompute: the victim's blocks are freed, ``num_computed_tokens`` goes back to
 0, and it waits at the front of the queue (its generated tokens are kept and re-prefilled).
+
+Prefix caching: every mode admits the head of the queue the same way (``_start``): the block
+manager's cached blocks of its leading tokens become its first blocks and count as computed,
+so only the rest is scheduled (a recompute after preemption hits its own blocks while they
+stay cached). ``prefix_cache_queries`` and ``prefix_cache_hits`` count prompt tokens at first
+admissions, as vLLM's counters of the same names (recomputes are not queries).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class Scheduler(ABC):
         self.num_preemptions = 0
         self.num_finished = 0
         self.num_aborted = 0
+        self.prefix_cache_queries = 0  # prompt tokens of first admissions
+        self.prefix_cache_hits = 0  # of which found in the prefix cache
 
     # -- the interface ---------------------------------------------------------------------
 
@@ -197,6 +205,24 @@ class Scheduler(ABC):
                 batch.items.append(ScheduledSeq(seq, n))
                 used += n
         return used
+
+    def _cached_prefix(self, seq: Sequence) -> tuple[list[int], int]:
+        """The cached blocks ``seq`` would start with, and the tokens left to compute."""
+        bm = self.block_manager
+        hit = bm.match_prefix(seq)
+        return hit, seq.num_tokens - len(hit) * bm.block_size
+
+    def _start(self, seq: Sequence, num_tokens: int, hit: list[int]) -> None:
+        """Admit the waiting ``seq``: its ``hit`` blocks, blocks up to ``num_tokens`` tokens
+        (the caller checked ``can_allocate``), and the prefix-cache counters."""
+        bm = self.block_manager
+        bm.allocate(seq, num_tokens, hit)
+        seq.num_computed_tokens = len(hit) * bm.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.prefix_cache_queries += seq.num_prompt_tokens
+            self.prefix_cache_hits += seq.num_cached_tokens
+        self._admit(seq)
 
     def _admit(self, seq: Sequence) -> None:
         self.waiting.remove(seq)

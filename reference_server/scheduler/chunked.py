@@ -44,12 +44,13 @@ class ChunkedScheduler(Scheduler):
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed_tokens, self.chunk_size, budget)
+            hit, remaining = self._cached_prefix(seq)
+            n = min(remaining, self.chunk_size, budget)
+            end = seq.num_tokens - remaining + n
             # Never preempt for a newcomer: it waits until blocks are free.
-            if not bm.can_allocate(seq, seq.num_computed_tokens + n):
+            if not bm.can_allocate(seq, end, hit):
                 break
-            bm.allocate(seq, seq.num_computed_tokens + n)
-            self._admit(seq)
+            self._start(seq, end, hit)
             batch.items.append(ScheduledSeq(seq, n))
             budget -= n
         return batch

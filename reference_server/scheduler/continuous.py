@@ -32,12 +32,11 @@ class ContinuousScheduler(Scheduler):
         admitted = False
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_tokens - seq.num_computed_tokens  # the whole prompt (or recompute)
+            hit, n = self._cached_prefix(seq)  # n: the rest of the prompt (or recompute)
             # Budget bounds the prompts of one step, but one prompt always fits alone.
-            if (admitted and n > budget) or not bm.can_allocate(seq, seq.num_tokens):
+            if (admitted and n > budget) or not bm.can_allocate(seq, seq.num_tokens, hit):
                 break
-            bm.allocate(seq, seq.num_tokens)
-            self._admit(seq)
+            self._start(seq, seq.num_tokens, hit)
             batch.items.append(ScheduledSeq(seq, n))
             budget -= n
             admitted = True

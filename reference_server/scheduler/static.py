@@ -86,12 +86,11 @@ class StaticScheduler(Scheduler):
         bm = self.block_manager
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_tokens
+            hit, n = self._cached_prefix(seq)
             reserve = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-            if (batch and n > budget) or not bm.can_allocate(seq, reserve):
+            if (batch and n > budget) or not bm.can_allocate(seq, reserve, hit):
                 break
-            bm.allocate(seq, reserve)
-            self._admit(seq)
+            self._start(seq, reserve, hit)
             self.batch_members.append(seq)
             batch.items.append(ScheduledSeq(seq, n))
             budget -= n

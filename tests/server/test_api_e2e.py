@@ -4,9 +4,11 @@ concurrent requests, and clients that disconnect mid-stream freeing every KV blo
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.helpers.server import label, metrics, post, session, stream, wait_idle
 
@@ -21,6 +23,15 @@ def _chat(prompt: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
         "max_tokens": max_tokens,
         **kw,
     }
+
+
+def _counts(usage: dict[str, Any]) -> dict[str, Any]:
+    """``usage`` without its cached-token detail (which depends on what ran before), after
+    checking that the detail is there and in range."""
+    usage = dict(usage)
+    cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+    assert 0 <= cached < usage["prompt_tokens"]
+    return usage
 
 
 def _content_chunks(events: list[Any], key: str) -> list[dict[str, Any]]:
@@ -45,7 +56,7 @@ def test_chat_stream_has_one_chunk_per_token_then_finish_usage_done(server: Any)
     assert all("content" in t["choices"][0]["delta"] for t in tokens)
     final, usage, done = events[-3:]
     assert final["choices"] == [{"index": 0, "delta": {}, "finish_reason": "length"}]
-    assert usage["choices"] == [] and usage["usage"] == {
+    assert usage["choices"] == [] and _counts(usage["usage"]) == {
         "prompt_tokens": 37,
         "completion_tokens": 9,
         "total_tokens": 46,
@@ -66,7 +77,11 @@ def test_chat_whole_response_counts_exactly(server: Any) -> None:
     status, body, _ = asyncio.run(go())
     assert status == 200 and body["object"] == "chat.completion"
     # "ab\ncde": contents joined by a newline, no role markers -> 6 tokens.
-    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 5, "total_tokens": 11}
+    assert _counts(body["usage"]) == {
+        "prompt_tokens": 6,
+        "completion_tokens": 5,
+        "total_tokens": 11,
+    }
     choice = body["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["role"] == "assistant"
 
@@ -86,7 +101,11 @@ def test_completions_stream_and_whole(server: Any) -> None:
     assert events[-3]["choices"][0]["finish_reason"] == "length"
     assert events[-2]["usage"]["completion_tokens"] == 7 and events[-1] == "[DONE]"
     assert status == 200 and whole["object"] == "text_completion"
-    assert whole["usage"] == {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}
+    assert _counts(whole["usage"]) == {
+        "prompt_tokens": 20,
+        "completion_tokens": 7,
+        "total_tokens": 27,
+    }
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(server: Any) -> None:
@@ -170,3 +189,31 @@ def test_hundred_clients_disconnecting_mid_stream_free_everything(server: Any) -
         assert aborted + after[key] - before[key] == 100 and aborted >= 50
     else:
         assert aborted == 100
+
+
+def test_a_repeated_prefix_is_served_from_the_cache(server: Any) -> None:
+    """The same 74-token prompt twice: the second time its first 64 tokens (4 full blocks of
+    16; the last token is always computed) come from the cache, the greedy text is the same,
+    and /metrics counts the queries and hits in tokens."""
+    if server.mode == "disaggregated":
+        pytest.skip("the disaggregated mode does not cache prefixes yet")
+    prompt = uuid.uuid4().hex * 2 + "a prompt seen twice"  # unique: no earlier test hit it
+    body = {"model": MODEL, "prompt": prompt[:74], "max_tokens": 6}
+
+    async def go() -> tuple[Any, Any, dict[str, float], dict[str, float]]:
+        async with session() as s:
+            before = await wait_idle(s, server.url)
+            _, first, _ = await post(s, server.url + COMPLETIONS, body)
+            events = await stream(s, server.url + COMPLETIONS, {**body, "stream": True,
+                                  "stream_options": {"include_usage": True}})  # fmt: skip
+            return first, events, before, await wait_idle(s, server.url)
+
+    first, events, before, after = asyncio.run(go())
+    second = events[-2]["usage"]
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert second["prompt_tokens_details"] == {"cached_tokens": 64}
+    text = "".join(e["choices"][0]["text"] for e in events[:-2] if e["choices"])
+    assert text == first["choices"][0]["text"]
+    queries = after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"]
+    hits = after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"]
+    assert (queries, hits) == (2 * 74, 64) and after["kv_blocks_cached"] >= 4

@@ -63,7 +63,7 @@ def test_double_free_is_caught() -> None:
     stolen = list(s.block_table)
     assert bm.free(s) == 1
     s.block_table = stolen
-    with pytest.raises(RuntimeError, match="owned by"):
+    with pytest.raises(RuntimeError, match="held by nobody"):
         bm.free(s)
 
 
