@@ -101,15 +101,12 @@ class BlockManager:
         """
         if not self.prefix_caching or seq.block_table:
             return []
-        limit = (seq.num_tokens - 1) // self.block_size
+        bs = self.block_size
         hit: list[int] = []
         parent = _ROOT_HASH
-        for i, h in enumerate(self._chain(seq, limit)):
+        for i, h in enumerate(self._chain(seq, (seq.num_tokens - 1) // bs)):
             block = self.cached.get(h)
-            if block is None or self._key[block] != (
-                parent,
-                _block_tokens(seq, i, self.block_size),
-            ):
+            if block is None or self._key[block] != (parent, _block_tokens(seq, i, bs)):
                 break
             hit.append(block)
             parent = h
@@ -133,7 +130,7 @@ class BlockManager:
         new = max(
             0, blocks_for_tokens(num_tokens, self.block_size) - len(seq.block_table) - len(hit)
         )
-        return new + sum(1 for b in hit if self._refs[b] == 0)
+        return new + sum(1 for b in hit if self._refs[b] == 0) if hit else new
 
     def can_allocate(self, seq: Sequence, num_tokens: int, hit: Seq[int] = ()) -> bool:
         """Whether the pool can grow ``seq.block_table`` (after ``hit``) to ``num_tokens`` now."""
