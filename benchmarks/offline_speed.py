@@ -20,7 +20,7 @@ from loadlab.compare import compare
 from loadlab.report.html import render_html
 from loadlab.results import read_results, write_results
 from loadlab.slo import evaluate, load_slo
-from tests.report.synth import make_results
+from loadlab.testing.synth import make_results
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,12 +2,16 @@
 
 Each subcommand lives in ``loadlab/commands/<name>.py`` and defines::
 
-    HELP = "one line for --help"
     def add_arguments(parser: argparse.ArgumentParser) -> None: ...
     def run(args: argparse.Namespace) -> int: ...   # the process exit code
 
-Modules are imported only when their command runs (the server's torch and Locust's gevent
-never load for ``loadlab report``).
+Its one-line help is in ``COMMANDS`` below, the one source of ``--help``: modules are imported
+only when their command runs (the server's torch and Locust's gevent never load for
+``loadlab report``).
+
+Exit codes: what the command returns; 2 for any ``loadlab.errors.LoadlabError`` (bad input,
+printed as one line, mapped here and nowhere else) or a bad flag; 130 on Ctrl-C. Any other
+exception is a bug: its traceback is printed and the exit code is 1.
 """
 
 from __future__ import annotations
@@ -17,14 +21,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from loadlab.errors import LoadlabError
+
 __all__ = ["COMMANDS", "main"]
 
 # name -> (module, one-line help). Order is the order of --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("loadlab.commands.run", "run a load test and write a results file"),
-    "report": ("loadlab.commands.report", "summarise a results file (text, HTML, CSV)"),
-    "slo": ("loadlab.commands.slo", "judge a results file against an SLO file (CI gate)"),
-    "compare": ("loadlab.commands.compare", "compare results files side by side"),
+    "report": ("loadlab.commands.report", "summarise a results file (text; --html, --csv, --slo)"),
+    "slo": (
+        "loadlab.commands.slo",
+        "judge a results file against an SLO file (CI gate): exit 0 pass, 1 fail, 2 invalid",
+    ),
+    "compare": (
+        "loadlab.commands.compare",
+        "compare results files side by side (first = baseline); gate on significant regressions",
+    ),
     "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
     "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
     "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
@@ -70,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv[1:])
     try:
         return int(module.run(args))
+    except LoadlabError as exc:  # the one place input errors become exit code 2
+        print(f"loadlab {name}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"loadlab {name}: interrupted", file=sys.stderr)
         return 130

@@ -27,6 +27,7 @@ import numpy as np
 from scipy import stats
 
 from loadlab import metrics
+from loadlab.errors import ConfigError
 from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -359,11 +360,11 @@ def compare(
 ) -> Comparison:
     """Compare runs against the first one (see the module docstring for the tests used)."""
     if len(results_list) < 2:
-        raise ValueError("compare needs at least two results files")
+        raise ConfigError("compare needs at least two results files")
     if len(labels) != len(results_list):
-        raise ValueError(f"got {len(labels)} labels for {len(results_list)} results files")
+        raise ConfigError(f"got {len(labels)} labels for {len(results_list)} results files")
     if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
+        raise ConfigError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
     m = len(LATENCY) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
     a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
     lats = [metrics.latency_records(r.records, r.measurement_window_ns()) for r in results_list]

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadlab.errors import ConfigError
+
 __all__ = ["EndpointConfig", "RunConfig"]
 
 APIS = ("chat", "completions", "anthropic")
@@ -33,9 +35,9 @@ class EndpointConfig:
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
-            raise ValueError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+            raise ConfigError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint URL must start with http:// or https://, got {self.url!r}")
+            raise ConfigError(f"endpoint URL must start with http:// or https://, got {self.url!r}")
 
 
 @dataclass(frozen=True)
@@ -74,31 +76,31 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if (self.rate_rps is None) == (self.concurrency is None):
-            raise ValueError(
+            raise ConfigError(
                 "give exactly one of --rate (open loop, requests/s) or --concurrency (closed loop)"
             )
         if self.rate_rps is not None and not self.rate_rps > 0:
-            raise ValueError(
+            raise ConfigError(
                 f"--rate must be > 0, got {self.rate_rps}; for closed loop use --concurrency"
             )
         if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.duration_s is None and self.requests is None:
-            raise ValueError(
+            raise ConfigError(
                 "give --duration SECONDS or --requests N (or both) so the run can stop"
             )
         if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError(f"--duration must be > 0 seconds, got {self.duration_s}")
+            raise ConfigError(f"--duration must be > 0 seconds, got {self.duration_s}")
         if self.requests is not None and self.requests < 1:
-            raise ValueError(f"--requests must be >= 1, got {self.requests}")
+            raise ConfigError(f"--requests must be >= 1, got {self.requests}")
         if self.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.prompt_tokens < 1 or self.max_tokens < 1:
-            raise ValueError("--prompt-tokens and --max-tokens must be >= 1")
+            raise ConfigError("--prompt-tokens and --max-tokens must be >= 1")
         if self.transport not in ("raw", "aiohttp"):
-            raise ValueError(f"--transport must be raw or aiohttp, got {self.transport!r}")
+            raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
         if self.warmup_s < 0 or self.cooldown_s < 0:
-            raise ValueError("--warmup and --cooldown must be >= 0 seconds")
+            raise ConfigError("--warmup and --cooldown must be >= 0 seconds")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

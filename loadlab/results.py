@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from loadlab import metrics
 from loadlab._version import __version__
+from loadlab.errors import ResultsError
 from loadlab.generator import merge_parts
 from loadlab.records import RequestRecord
 from loadlab.summary import summarize
@@ -66,10 +67,6 @@ SCHEMA_VERSION = 1
 _SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)$", re.IGNORECASE)
 _SECRET_ALLOWED = re.compile(r"(_env|_var|max_tokens|tokens)$", re.IGNORECASE)
 REDACTED = "***"
-
-
-class ResultsError(ValueError):
-    """A results file that cannot be read: names the file and what is wrong."""
 
 
 @dataclass

@@ -30,15 +30,12 @@ from typing import Any
 import pydantic
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
+from loadlab.errors import ScenarioError
 from loadlab.workloads import resolve_workload_paths, validate_workload
 from loadlab.workloads.arrivals import PROCESSES
 from loadlab.workloads.params import WorkloadError, closest
 
 __all__ = ["ScenarioError", "load_scenario", "scenario_from_dict"]
-
-
-class ScenarioError(ValueError):
-    """A scenario file that cannot be used; the message names the file, key, value and fix."""
 
 
 class _Endpoint(pydantic.BaseModel):

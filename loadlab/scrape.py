@@ -25,6 +25,8 @@ from typing import Any
 
 import aiohttp
 
+from loadlab.errors import ConfigError
+
 __all__ = [
     "SERIES_NAMES",
     "PrometheusScraper",
@@ -128,9 +130,9 @@ class PrometheusScraper:
         keep_buckets: bool = False,
     ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"scrape URL must start with http:// or https://, got {url!r}")
+            raise ConfigError(f"scrape URL must start with http:// or https://, got {url!r}")
         if not interval_s > 0:
-            raise ValueError(f"scrape interval must be > 0 seconds, got {interval_s}")
+            raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
         self.url = url
         self.interval_s = interval_s
         self.t0_ns = t0_ns

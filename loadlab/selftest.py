@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
 from loadlab.generator import generator_parts
 from loadlab.metrics import distribution, itl_ms, throughput
 from loadlab.records import RequestSpec
@@ -67,13 +68,13 @@ class SelftestConfig:
 
     def __post_init__(self) -> None:
         if not self.levels or min(self.levels) < 1:
-            raise ValueError("levels must be one or more stream counts >= 1, e.g. 1,16,64")
+            raise ConfigError("levels must be one or more stream counts >= 1, e.g. 1,16,64")
         if self.requests_per_stream < 1 or self.tokens < 1:
-            raise ValueError("--requests-per-stream and --tokens must be >= 1")
+            raise ConfigError("--requests-per-stream and --tokens must be >= 1")
         if self.ttft_ms < 0 or self.itl_ms < 0:
-            raise ValueError("--ttft-ms and --itl-ms must be >= 0")
+            raise ConfigError("--ttft-ms and --itl-ms must be >= 0")
         if self.workers < 1 or self.workers > min(self.levels):
-            raise ValueError(
+            raise ConfigError(
                 f"--workers must be between 1 and the smallest level {min(self.levels)}"
             )
 

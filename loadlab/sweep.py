@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadlab.errors import ConfigError
+
 if TYPE_CHECKING:
     from loadlab.config import EndpointConfig, RunConfig
     from loadlab.slo import SLOSpec
@@ -121,9 +123,9 @@ def find_max_load(
 ) -> SweepResult:
     """Coarse pass over ``levels`` (rising) until the first fail, then bisect."""
     if not levels or any(b <= a for a, b in itertools.pairwise(levels)):
-        raise ValueError(f"load levels must be given and strictly rising, got {list(levels)}")
+        raise ConfigError(f"load levels must be given and strictly rising, got {list(levels)}")
     if levels[0] <= 0:
-        raise ValueError(f"load levels must be > 0, got {levels[0]}")
+        raise ConfigError(f"load levels must be > 0, got {levels[0]}")
     result = SweepResult(mode=mode)
     lo: float | None = None
     hi: float | None = None

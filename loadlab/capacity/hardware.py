@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from loadlab.errors import ConfigError
+
 __all__ = [
     "DEFAULT_BANDWIDTH_EFFICIENCY",
     "DEFAULT_COMPUTE_EFFICIENCY",
@@ -59,14 +61,14 @@ class Hardware:
     def __post_init__(self) -> None:
         for f in ("peak_flops_per_s", "peak_bytes_per_s", "memory_bytes"):
             if not getattr(self, f) > 0:
-                raise ValueError(f"Hardware.{f} must be > 0, got {getattr(self, f)}")
+                raise ConfigError(f"Hardware.{f} must be > 0, got {getattr(self, f)}")
         for f in ("compute_efficiency", "bandwidth_efficiency"):
             if not 0 < getattr(self, f) <= 1:
-                raise ValueError(
+                raise ConfigError(
                     f"{f} must be in (0, 1] (a fraction of peak), got {getattr(self, f)}"
                 )
         if self.step_overhead_s < 0:
-            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
+            raise ConfigError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -125,10 +127,10 @@ def get_hardware(name: str) -> Hardware:
     if key in HARDWARE:
         return HARDWARE[key]
     if key == THIS_MACHINE:
-        raise ValueError(
+        raise ConfigError(
             "this-machine is measured, not a datasheet preset: "
             "use loadlab.capacity.calibrate.load_or_calibrate() (CLI: --hardware this-machine)"
         )
-    raise ValueError(
+    raise ConfigError(
         f"unknown hardware {name!r}; choose one of {', '.join(HARDWARE)}, {THIS_MACHINE}"
     )

@@ -44,6 +44,7 @@ from loadlab.capacity.calibrate import best_time_s, calibrate, load_or_calibrate
 from loadlab.capacity.hardware import Hardware
 from loadlab.capacity.kernels import ShapedKernels
 from loadlab.capacity.models import ModelSpec, from_model_args
+from loadlab.errors import ConfigError
 
 __all__ = ["Comparison", "format_table", "measure_reference", "run_vs_measured"]
 
@@ -140,7 +141,7 @@ def measure_reference(
     ModelRunner = importlib.import_module("reference_server.model_runner").ModelRunner  # torch
 
     if clock not in CLOCKS:
-        raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+        raise ConfigError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
 
     def say(msg: str) -> None:
         if log is not None:
@@ -268,7 +269,7 @@ def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from exc
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from exc
 
 
 def run_vs_measured(args: Any) -> int:

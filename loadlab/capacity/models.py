@@ -22,6 +22,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from loadlab.errors import ConfigError
+
 __all__ = [
     "DTYPE_BYTES",
     "MODELS",
@@ -58,9 +60,9 @@ class ModelSpec:
         for f in ("n_layers", "hidden_dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                   "vocab_size", "dtype_bytes"):  # fmt: skip
             if getattr(self, f) < 1:
-                raise ValueError(f"ModelSpec.{f} must be >= 1, got {getattr(self, f)}")
+                raise ConfigError(f"ModelSpec.{f} must be >= 1, got {getattr(self, f)}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
             )
 
@@ -211,16 +213,16 @@ def get_model(name: str, dtype_bytes: int | None = None) -> ModelSpec:
     ref = key.removeprefix(REFERENCE_PREFIX)
     if not key.startswith(REFERENCE_PREFIX) and ref not in REFERENCE_NAMES:
         # no torch import for a plain typo
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
     presets, why_not = _reference_presets()
     if ref in presets:
         return from_model_args(REFERENCE_PREFIX + ref, presets[ref], dtype_bytes or 4)
     if why_not:
-        raise ValueError(
+        raise ConfigError(
             f"{name!r} is a reference server preset, which needs torch and reference_server "
             f"({why_not}); or use one of {', '.join(MODELS)}"
         )
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names(presets))}")
+    raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names(presets))}")
 
 
 def model_names(reference_presets: dict[str, Any] | None = None) -> list[str]:

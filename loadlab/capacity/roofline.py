@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from loadlab.capacity.hardware import DEFAULT_MEMORY_RESERVE_FRACTION, Hardware
 from loadlab.capacity.models import ModelSpec
+from loadlab.errors import ConfigError
 
 __all__ = [
     "Estimate",
@@ -164,7 +165,7 @@ def max_concurrency(
 ) -> int:
     """Requests whose KV cache fits at once: (memory - reserve - weights) / KV per request."""
     if tokens_per_request <= 0:
-        raise ValueError(f"tokens_per_request must be > 0, got {tokens_per_request}")
+        raise ConfigError(f"tokens_per_request must be > 0, got {tokens_per_request}")
     budget = _kv_budget_bytes(model, hw, reserve_fraction)
     return max(0, math.floor(budget / kv_bytes_per_request(model, tokens_per_request) + 1e-9))
 
@@ -193,7 +194,7 @@ def gpus_per_replica(
             return gpus
         gpus *= 2
         if gpus > limit:
-            raise ValueError(
+            raise ConfigError(
                 f"{model.name} with {tokens_per_request:g}-token requests does not fit in "
                 f"{limit} x {hw.name}; check --prompt-tokens and --dtype"
             )
@@ -212,12 +213,12 @@ def request_time_s(
 def concurrency_needed(rate_rps: float, mean_request_s: float) -> float:
     """Requests in flight on average: Little's law, L = lambda * W (Little 1961)."""
     if rate_rps < 0 or mean_request_s < 0:
-        raise ValueError("rate_rps and mean_request_s must be >= 0")
+        raise ConfigError("rate_rps and mean_request_s must be >= 0")
     return rate_rps * mean_request_s
 
 
 def _check_tokens(tokens: int, batch: int, context: int = 0) -> None:
     if tokens < 1 or batch < 1 or context < 0:
-        raise ValueError(
+        raise ConfigError(
             f"need tokens >= 1, batch >= 1, context >= 0; got {tokens}, {batch}, {context}"
         )

@@ -32,6 +32,7 @@ from typing import Any
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import DEFAULT_MEMORY_RESERVE_FRACTION, Hardware
 from loadlab.capacity.models import ModelSpec
+from loadlab.errors import ConfigError
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -73,11 +74,11 @@ class MemoryCheck:
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
-            raise ValueError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
+            raise ConfigError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
         if self.batch < 1:
-            raise ValueError(f"--batch must be >= 1, got {self.batch}")
+            raise ConfigError(f"--batch must be >= 1, got {self.batch}")
         if not 0 <= self.reserve_fraction < 1:
-            raise ValueError(f"--reserve must be in [0, 1), got {self.reserve_fraction}")
+            raise ConfigError(f"--reserve must be in [0, 1), got {self.reserve_fraction}")
 
 
 @dataclass
@@ -127,11 +128,11 @@ def _fmt(x: float) -> str:
 
 def _check_traffic(completion_tokens: float, peak_rps: float, headroom: float) -> None:
     if not completion_tokens > 0:
-        raise ValueError(f"--completion-tokens must be > 0, got {completion_tokens}")
+        raise ConfigError(f"--completion-tokens must be > 0, got {completion_tokens}")
     if not peak_rps > 0:
-        raise ValueError(f"--peak-rps must be > 0, got {peak_rps}")
+        raise ConfigError(f"--peak-rps must be > 0, got {peak_rps}")
     if headroom < 0:
-        raise ValueError(f"--headroom must be >= 0 (0.3 = 30 %), got {headroom}")
+        raise ConfigError(f"--headroom must be >= 0 (0.3 = 30 %), got {headroom}")
 
 
 def size_from_figures(
@@ -148,7 +149,7 @@ def size_from_figures(
     the roofline.
     """
     if not decode_tokens_per_s > 0:
-        raise ValueError(f"--decode-tokens-per-s must be > 0, got {decode_tokens_per_s}")
+        raise ConfigError(f"--decode-tokens-per-s must be > 0, got {decode_tokens_per_s}")
     _check_traffic(completion_tokens, peak_rps, headroom)
     plan = Plan()
     tps = plan.add("decode throughput per GPU, batched", decode_tokens_per_s, "tokens/s")

@@ -30,6 +30,7 @@ from loadlab import metrics
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import Hardware
 from loadlab.capacity.models import DTYPE_BYTES, ModelSpec, get_model
+from loadlab.errors import ConfigError
 from loadlab.results import Results
 
 __all__ = ["RunRow", "compare_run", "fetch_server_info", "format_run_table", "model_from_info"]
@@ -51,7 +52,7 @@ class RunRow:
 def fetch_server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """``GET <url>/v1/server_info`` of a reference server (preset, dtype, device, ...)."""
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"--url must start with http:// or https://, got {url!r}")
+        raise ConfigError(f"--url must start with http:// or https://, got {url!r}")
     with urllib.request.urlopen(url.rstrip("/") + "/v1/server_info", timeout=timeout_s) as r:  # noqa: S310
         return dict(json.loads(r.read()))
 
@@ -59,7 +60,7 @@ def fetch_server_info(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 def model_from_info(info: dict[str, Any]) -> ModelSpec:
     """The reference preset named by a server_info document, in its dtype."""
     if "preset" not in info:
-        raise ValueError("server_info has no 'preset'; declare --model instead")
+        raise ConfigError("server_info has no 'preset'; declare --model instead")
     dtype = DTYPE_BYTES.get(str(info.get("dtype", "float32")), 4)
     return get_model(f"ref-{info['preset']}", dtype)
 
@@ -67,7 +68,7 @@ def model_from_info(info: dict[str, Any]) -> ModelSpec:
 def compare_run(results: Results, model: ModelSpec, hw: Hardware) -> list[RunRow]:
     lat = metrics.latency_records(results.records, results.measurement_window_ns())
     if not lat:
-        raise ValueError("the results file has no ok request in its window to compare")
+        raise ConfigError("the results file has no ok request in its window to compare")
     by_prompt: dict[int, list[float]] = defaultdict(list)
     for r in lat:
         p = r.prompt_tokens or r.prompt_tokens_requested

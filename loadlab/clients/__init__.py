@@ -15,6 +15,7 @@ from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
 from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
 
 __all__ = [
     "AnthropicClient",
@@ -44,7 +45,7 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
     elif endpoint.api in AnthropicClient.APIS:
         kind = AnthropicClient
     else:
-        raise ValueError(
+        raise ConfigError(
             f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client; "
             "use api = 'chat', 'completions' or 'anthropic'"
         )

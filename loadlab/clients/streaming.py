@@ -30,6 +30,7 @@ from loadlab.clients.base import Completion, Message
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
+from loadlab.errors import ConfigError
 from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
 
 __all__ = ["StreamingClient", "read_api_key"]
@@ -41,7 +42,7 @@ def read_api_key(endpoint: EndpointConfig) -> str | None:
         return None
     key = os.environ.get(endpoint.api_key_env, "")
     if not key:
-        raise ValueError(
+        raise ConfigError(
             f"endpoint {endpoint.name!r}: environment variable {endpoint.api_key_env} is empty "
             "or unset; export it with the API key (or drop api_key_env)"
         )
@@ -75,13 +76,15 @@ class StreamingClient:
         transport: str = "raw",
     ) -> None:
         if endpoint.api not in self.APIS:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} speaks api {' or '.join(self.APIS)}, not {endpoint.api!r}"
             )
         if timeout_s <= 0 or read_timeout_s <= 0:
-            raise ValueError("--timeout and --read-timeout must be > 0 seconds")
+            raise ConfigError("--timeout and --read-timeout must be > 0 seconds")
         if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+            raise ConfigError(
+                f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}"
+            )
         self.endpoint = endpoint
         self.url = self._url()
         self.stream = stream

@@ -30,6 +30,7 @@ from aiohttp.payload import BytesPayload
 
 from loadlab.clients.http1 import Failure, RawResult, Target, frame_request, header_value
 from loadlab.clients.pool import RawPool
+from loadlab.errors import ConfigError
 from loadlab.records import (
     OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
@@ -193,4 +194,4 @@ def make_transport(
             timeout_s=timeout_s,
             read_timeout_s=read_timeout_s,
         )
-    raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {kind!r}")
+    raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got {kind!r}")

@@ -34,10 +34,9 @@ from loadlab.capacity.sizing import (
     size_first_principles,
     size_from_figures,
 )
+from loadlab.errors import ConfigError
 
-__all__ = ["HELP", "add_arguments", "run"]
-
-HELP = "estimate GPUs needed; hold estimates against runs"
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _hardware(args: argparse.Namespace) -> Hardware:
     if args.hardware is None:
-        raise ValueError("--hardware is needed with --model (e.g. --hardware h100)")
+        raise ConfigError("--hardware is needed with --model (e.g. --hardware h100)")
     if args.hardware.lower() == THIS_MACHINE:
         from loadlab.capacity.calibrate import load_or_calibrate
 
@@ -152,7 +151,7 @@ def _vs_run(args: argparse.Namespace) -> int:
         if args.url:
             info = fetch_server_info(args.url)
         if not info:
-            raise ValueError(
+            raise ConfigError(
                 "which model served this run? give --url of the reference server, or "
                 "--model and --hardware"
             )
@@ -165,14 +164,6 @@ def _vs_run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ValueError as exc:
-        print(f"loadlab capacity: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
     if args.list:
         _print_list()
         return 0
@@ -185,7 +176,7 @@ def _run(args: argparse.Namespace) -> int:
     out: dict[str, object] = {}
     if args.decode_tokens_per_s is not None:
         if args.completion_tokens is None or args.peak_rps is None:
-            raise ValueError("the sequence needs --completion-tokens and --peak-rps too")
+            raise ConfigError("the sequence needs --completion-tokens and --peak-rps too")
         check = None
         if args.model and args.prompt_tokens:
             hw = _hardware(args)
@@ -203,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
         m = _model(args, hw)
         if args.peak_rps is not None:
             if args.prompt_tokens is None or args.completion_tokens is None:
-                raise ValueError("sizing needs --prompt-tokens and --completion-tokens too")
+                raise ConfigError("sizing needs --prompt-tokens and --completion-tokens too")
             check = MemoryCheck(m, hw, args.prompt_tokens, args.batch, args.reserve)
             plan = size_first_principles(
                 check, int(args.completion_tokens), args.peak_rps, args.headroom
@@ -219,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(hw.to_dict(), indent=2))
         out = hw.to_dict()
     else:
-        raise ValueError(
+        raise ConfigError(
             "give --decode-tokens-per-s/--completion-tokens/--peak-rps (the sequence), "
             "--model with --hardware (first principles), --vs-measured, or --list"
         )

@@ -12,12 +12,11 @@ Example::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-__all__ = ["HELP", "add_arguments", "run"]
+from loadlab.errors import ConfigError
 
-HELP = "compare results files side by side (first = baseline); gate on significant regressions"
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,32 +51,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from loadlab.compare import compare
     from loadlab.report.comparison import render_comparison, render_comparison_markdown
-    from loadlab.results import ResultsError, read_results
-    from loadlab.slo import SLOError, load_slo
+    from loadlab.results import read_results
+    from loadlab.slo import load_slo
 
     if len(args.results) < 2:
-        print("loadlab compare: give at least two results files", file=sys.stderr)
-        return 2
+        raise ConfigError("give at least two results files")
     labels = args.labels.split(",") if args.labels else [Path(p).stem for p in args.results]
     if len(labels) != len(args.results):
-        print(
-            f"loadlab compare: --labels has {len(labels)} names for {len(args.results)} files",
-            file=sys.stderr,
-        )
-        return 2
+        raise ConfigError(f"--labels has {len(labels)} names for {len(args.results)} files")
     pct = args.fail_on_regression
     if pct is not None and pct < 0:
-        print("loadlab compare: --fail-on-regression must be >= 0 (a percentage)", file=sys.stderr)
-        return 2
-    try:
-        runs = [read_results(p) for p in args.results]
-        spec = load_slo(args.slo) if args.slo else None
-        cmp = compare(
-            runs, labels, slo=spec, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed
-        )
-    except (ResultsError, SLOError, ValueError) as exc:
-        print(f"loadlab compare: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError("--fail-on-regression must be >= 0 (a percentage)")
+    runs = [read_results(p) for p in args.results]
+    spec = load_slo(args.slo) if args.slo else None
+    cmp = compare(runs, labels, slo=spec, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed)
     print(render_comparison(cmp, pct), end="")
     if args.markdown:
         p = Path(args.markdown)

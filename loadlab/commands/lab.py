@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-__all__ = ["HELP", "add_arguments", "run"]
+from loadlab.errors import ConfigError
 
-HELP = "the reference server's four modes side by side"
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,27 +50,20 @@ def run(args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
-        print(
-            f"loadlab lab: --modes takes {','.join(ALL_MODES)}; got {args.modes!r}", file=sys.stderr
-        )
-        return 2
-    try:
-        s = settings_for(
-            args.preset,
-            args.quick,
-            duration_s=args.duration,
-            baseline_s=args.baseline,
-            long_every_s=args.long_every,
-            long_prompt_tokens=args.long_prompt_tokens,
-            streams=args.streams,
-            chunk_size=args.chunk_size,
-            max_batched_tokens=args.max_batched_tokens,
-            threads=args.threads,
-            seed=args.seed,
-        )
-    except ValueError as exc:
-        print(f"loadlab lab: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--modes takes {','.join(ALL_MODES)}; got {args.modes!r}")
+    s = settings_for(
+        args.preset,
+        args.quick,
+        duration_s=args.duration,
+        baseline_s=args.baseline,
+        long_every_s=args.long_every,
+        long_prompt_tokens=args.long_prompt_tokens,
+        streams=args.streams,
+        chunk_size=args.chunk_size,
+        max_batched_tokens=args.max_batched_tokens,
+        threads=args.threads,
+        seed=args.seed,
+    )
     out = Path(args.out)
     outcome = run_lab(s, modes, out, overlap_batching=args.quick)
     summary = lab_summary(outcome, s)

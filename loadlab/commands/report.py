@@ -11,16 +11,14 @@ Exit code 0, or 2 when a file cannot be read. (``loadlab slo`` is the CI gate.)
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from loadlab.results import Results
 
-__all__ = ["HELP", "add_arguments", "run", "write_csv"]
+__all__ = ["add_arguments", "run", "write_csv"]
 
-HELP = "summarise a results file (text; --html, --csv, --slo)"
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -58,15 +56,11 @@ def write_csv(results: Results, path: str | Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from loadlab.report.text import render_summary, render_verdict
-    from loadlab.results import ResultsError, read_results
-    from loadlab.slo import SLOError, evaluate, load_slo
+    from loadlab.results import read_results
+    from loadlab.slo import evaluate, load_slo
 
-    try:
-        results = read_results(args.results)
-        spec = load_slo(args.slo) if args.slo else None
-    except (ResultsError, SLOError) as exc:
-        print(f"loadlab report: {exc}", file=sys.stderr)
-        return 2
+    results = read_results(args.results)
+    spec = load_slo(args.slo) if args.slo else None
     print(render_summary(results))
     verdict = evaluate(results, spec, inconclusive=args.inconclusive) if spec else None
     if verdict is not None:

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
 from loadlab.generator import saturation_warning
 from loadlab.results import Results, write_results
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
 
-__all__ = ["HELP", "add_arguments", "config_from_args", "run"]
+__all__ = ["add_arguments", "config_from_args", "run"]
 
-HELP = "run a load test and write a results file"
 
 # The README's first command: no endpoint, no scenario. Small enough to finish in about a
 # minute on 2 CPU cores against the embedded reference server, big enough to show percentiles.
@@ -135,7 +135,7 @@ def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> li
     for h in args.header or []:
         key, sep, value = h.partition(":")
         if not sep or not key.strip():
-            raise ValueError(f"--header must look like Name:value, got {h!r}")
+            raise ConfigError(f"--header must look like Name:value, got {h!r}")
         headers[key.strip()] = value.strip()
     changes: dict[str, Any] = {
         k: v
@@ -150,7 +150,7 @@ def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> li
             d["headers"] = {**ep.headers, **headers}
         out.append(EndpointConfig(**d))
     if len({ep.name for ep in out}) != len(out):
-        raise ValueError("endpoint names must differ: use --endpoint NAME=URL for each")
+        raise ConfigError("endpoint names must differ: use --endpoint NAME=URL for each")
     return out
 
 
@@ -170,10 +170,12 @@ def _per_endpoint(args: argparse.Namespace, names: set[str]) -> dict[str, dict[s
         for text in getattr(args, attr, None) or []:
             name, sep, value = text.partition("=")
             if not sep or not value:
-                raise ValueError(f"{flag} must look like NAME=VALUE, got {text!r}")
+                raise ConfigError(f"{flag} must look like NAME=VALUE, got {text!r}")
             if name not in names:
                 known = ", ".join(sorted(names)) or "none (give --endpoint NAME=URL)"
-                raise ValueError(f"{flag} {text!r}: no endpoint named {name!r}; endpoints: {known}")
+                raise ConfigError(
+                    f"{flag} {text!r}: no endpoint named {name!r}; endpoints: {known}"
+                )
             out.setdefault(name, {})[field_name] = value
     return out
 
@@ -182,7 +184,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The scenario file (if any), then every flag that was given; demo defaults without both."""
     given = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
     if "rate_rps" in given and "concurrency" in given:
-        raise ValueError("give either --rate (open loop) or --concurrency (closed loop), not both")
+        raise ConfigError("give either --rate (open loop) or --concurrency (closed loop), not both")
     fields: dict[str, Any] = {}
     base_endpoints: tuple[EndpointConfig, ...] = ()
     if args.scenario:
@@ -200,9 +202,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         try:
             extra = json.loads(args.extra_body)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+            raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
         if not isinstance(extra, dict):
-            raise ValueError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+            raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
         fields["extra_body"] = extra
     if args.no_stream:
         fields["stream"] = False
@@ -281,7 +283,7 @@ def _check(cfg: RunConfig) -> None:
         import importlib.util
 
         if importlib.util.find_spec("loadlab.scrape") is None:
-            raise ValueError("--scrape needs loadlab.scrape, which this build does not have")
+            raise ConfigError("--scrape needs loadlab.scrape, which this build does not have")
     if cfg.slo:
         from loadlab.slo import load_slo
 
@@ -289,12 +291,8 @@ def _check(cfg: RunConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = config_from_args(args)
-        _check(cfg)
-    except ValueError as exc:
-        print(f"loadlab run: {exc}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(args)
+    _check(cfg)  # bad input fails here (exit 2 in cli.main), before any server is started
     if not cfg.endpoints:
         with _embedded_server() as url:
             return _run(cfg.replace(endpoints=(EndpointConfig(url=url, name="reference"),)))
@@ -303,8 +301,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
-        print("loadlab run: --interleave runs in one process; drop --workers", file=sys.stderr)
-        return 2
+        raise ConfigError("--interleave runs in one process; drop --workers")
     from loadlab.workloads import build_requests as build
 
     names = [ep.name for ep in cfg.endpoints]
@@ -320,10 +317,10 @@ def _run(cfg: RunConfig) -> int:
                 all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
                 if all_results[-1].extra.get("interrupted"):
                     break
-    except ValueError as exc:  # a setting only the client or the workers can check
-        print(f"loadlab run: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # a setting only the client or the workers can check
         if not all_results:
-            return 2
+            raise
+        warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
     for results, path in zip(all_results, paths, strict=False):
         write_results(results, path)

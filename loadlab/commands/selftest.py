@@ -15,12 +15,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from loadlab.errors import ConfigError
 from loadlab.results import write_results
 from loadlab.selftest import PRESETS, SelftestConfig, render_levels, run_selftest
 
-__all__ = ["HELP", "add_arguments", "config_from_args", "run"]
-
-HELP = "measure this generator's own timing error"
+__all__ = ["add_arguments", "config_from_args", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> SelftestConfig:
         try:
             changes["levels"] = tuple(int(x) for x in args.levels.split(",") if x.strip())
         except ValueError as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"--levels must be comma-separated integers, got {args.levels!r}"
             ) from exc
     for flag, name in (
@@ -72,11 +71,7 @@ def config_from_args(args: argparse.Namespace) -> SelftestConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        sc = config_from_args(args)
-    except ValueError as exc:
-        print(f"loadlab selftest: {exc}", file=sys.stderr)
-        return 2
+    sc = config_from_args(args)
     print(
         f"loadlab selftest ({args.preset}): server TTFT {sc.ttft_ms:g} ms, ITL {sc.itl_ms:g} ms, "
         f"{sc.tokens} tokens; loadlab workers {sc.workers}",

@@ -24,10 +24,9 @@ from pathlib import Path
 
 from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
+from loadlab.errors import ConfigError
 
-__all__ = ["HELP", "add_arguments", "parse_levels", "run"]
-
-HELP = "find the highest load that meets the SLOs"
+__all__ = ["add_arguments", "parse_levels", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,13 +47,13 @@ def parse_levels(text: str, integer: bool) -> list[float]:
     try:
         levels = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
-        raise ValueError(f"load levels must be comma-separated numbers, got {text!r}") from exc
+        raise ConfigError(f"load levels must be comma-separated numbers, got {text!r}") from exc
     if integer and any(x != int(x) for x in levels):
-        raise ValueError(f"--concurrencies must be whole numbers, got {text!r}")
+        raise ConfigError(f"--concurrencies must be whole numbers, got {text!r}")
     if not levels or any(b <= a for a, b in itertools.pairwise(levels)):
-        raise ValueError(f"load levels must be rising, e.g. 1,2,4,8; got {text!r}")
+        raise ConfigError(f"load levels must be rising, e.g. 1,2,4,8; got {text!r}")
     if levels[0] <= 0:
-        raise ValueError(f"load levels must be > 0, got {text!r}")
+        raise ConfigError(f"load levels must be > 0, got {text!r}")
     return levels
 
 
@@ -70,28 +69,24 @@ def _server(mode: str, preset: str) -> Iterator[str]:
 def run(args: argparse.Namespace) -> int:
     from loadlab.sweep import Level, find_max_load, render_html, run_level
 
-    try:
-        if (args.rates is None) == (args.concurrencies is None):
-            raise ValueError("give exactly one of --rates R1,R2,.. or --concurrencies C1,C2,..")
-        if args.rate is not None or args.concurrency is not None:
-            raise ValueError("a sweep sets the load itself: use --rates / --concurrencies")
-        if not args.slo:
-            raise ValueError("a sweep needs --slo FILE: the SLOs decide each level")
-        if args.bisect_steps < 0:
-            raise ValueError(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
-        mode = "rate" if args.rates is not None else "concurrency"
-        levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
-        from loadlab.slo import load_slo  # scipy: only once the flags are right
+    if (args.rates is None) == (args.concurrencies is None):
+        raise ConfigError("give exactly one of --rates R1,R2,.. or --concurrencies C1,C2,..")
+    if args.rate is not None or args.concurrency is not None:
+        raise ConfigError("a sweep sets the load itself: use --rates / --concurrencies")
+    if not args.slo:
+        raise ConfigError("a sweep needs --slo FILE: the SLOs decide each level")
+    if args.bisect_steps < 0:
+        raise ConfigError(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
+    mode = "rate" if args.rates is not None else "concurrency"
+    levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
+    from loadlab.slo import load_slo  # scipy: only once the flags are right
 
-        spec = load_slo(args.slo)
-        if mode == "rate":
-            args.rate = levels[0]
-        else:
-            args.concurrency = int(levels[0])
-        base = run_command.config_from_args(args)
-    except ValueError as exc:
-        print(f"loadlab sweep: {exc}", file=sys.stderr)
-        return 2
+    spec = load_slo(args.slo)
+    if mode == "rate":
+        args.rate = levels[0]
+    else:
+        args.concurrency = int(levels[0])
+    base = run_command.config_from_args(args)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out_dir or Path("reports") / f"sweep-{stamp}")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
 from loadlab.lab.settings import ALL_MODES, LabSettings
 from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results, write_results
@@ -138,7 +139,7 @@ def experiment_configs(s: LabSettings, url: str, experiment: str) -> list[RunCon
     if experiment == "baseline":
         return [streams]
     if experiment != "interference":
-        raise ValueError(f"unknown experiment {experiment!r}; choose one of {EXPERIMENTS}")
+        raise ConfigError(f"unknown experiment {experiment!r}; choose one of {EXPERIMENTS}")
     long = {
         "kind": "synthetic",
         "prompt_tokens": s.long_prompt_tokens,

@@ -32,6 +32,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from loadlab.errors import ConfigError
+
 __all__ = ["ALL_MODES", "PRESETS", "LabSettings", "settings_for"]
 
 ALL_MODES = ("static", "continuous", "chunked", "disaggregated")
@@ -88,26 +90,26 @@ class LabSettings:
             "max_batched_tokens",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"lab setting {name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"lab setting {name} must be >= 1, got {getattr(self, name)}")
         for name in ("long_every_s", "duration_s", "baseline_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"lab setting {name} must be > 0 s, got {getattr(self, name)}")
+                raise ConfigError(f"lab setting {name} must be > 0 s, got {getattr(self, name)}")
         if self.batch_output_max < self.batch_output_min:
-            raise ValueError("batch_output_max must be >= batch_output_min")
+            raise ConfigError("batch_output_max must be >= batch_output_min")
         if self.warmup_s >= min(self.duration_s, self.baseline_s):
-            raise ValueError(
+            raise ConfigError(
                 f"warmup_s ({self.warmup_s}) must be shorter than the experiments "
                 f"({self.duration_s} s, baseline {self.baseline_s} s); raise --duration"
             )
         if self.long_first_s >= self.duration_s:
-            raise ValueError(
+            raise ConfigError(
                 f"the first long prompt (at {self.long_first_s} s) must arrive inside "
                 f"--duration {self.duration_s} s; raise --duration"
             )
         if self.max_batched_tokens < self.chunk_size:
-            raise ValueError("max_batched_tokens must be >= chunk_size")
+            raise ConfigError("max_batched_tokens must be >= chunk_size")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+            raise ConfigError(f"threads must be >= 1 or None, got {self.threads}")
 
     @property
     def long_prompts(self) -> int:
@@ -201,6 +203,6 @@ def settings_for(preset: str, quick: bool = False, **overrides: Any) -> LabSetti
     if quick:
         preset = "tiny"
     if preset not in PRESETS:
-        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+        raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     given = {k: v for k, v in overrides.items() if v is not None}
     return PRESETS[preset].replace(**given) if given else PRESETS[preset]

@@ -34,6 +34,7 @@ from typing import Any
 
 from loadlab.clients.base import Client
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
 from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results
 from loadlab.runner.progress import Progress
@@ -166,12 +167,12 @@ def run_load(
             )
         )
     if cfg.concurrency is not None and cfg.concurrency < cfg.workers:
-        raise ValueError(
+        raise ConfigError(
             f"--workers {cfg.workers} needs --concurrency >= {cfg.workers} "
             f"(each worker runs at least one stream), got {cfg.concurrency}"
         )
     if cfg.max_in_flight is not None and cfg.max_in_flight < cfg.workers:
-        raise ValueError(f"--max-in-flight must be >= --workers ({cfg.workers})")
+        raise ConfigError(f"--max-in-flight must be >= --workers ({cfg.workers})")
     return _run_processes(cfg, endpoint, build_requests, client_factory, kind)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loadlab import metrics
+from loadlab.errors import SLOError
 
 __all__ = [
     "DIST_METRICS",
@@ -50,10 +51,6 @@ _OBJECTIVE = re.compile(
 )
 _TOP_KEYS = {"name", "min_requests", "confidence", "objectives", "request", "classes"}
 _CLASS_KEYS = {"objectives", "request"}
-
-
-class SLOError(ValueError):
-    """An SLO file that cannot be used: names the file, the entry and the fix."""
 
 
 @dataclass(frozen=True)

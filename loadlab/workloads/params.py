@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadlab.errors import WorkloadError
+
 __all__ = [
     "PACKAGE_DATA",
     "REPO_ROOT",
@@ -33,10 +35,6 @@ __all__ = [
 PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
 # The checkout root (…/loadlab/workloads/params.py -> …): where ../shared/data is found.
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-class WorkloadError(ValueError):
-    """A workload parameter that cannot be used; the message says which and how to fix it."""
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:

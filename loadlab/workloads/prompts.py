@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from loadlab.errors import CalibrationError
 from loadlab.records import RequestSpec
 from loadlab.workloads.params import WorkloadError
 
@@ -147,10 +148,6 @@ def prefix_prompt(
         fill = rng if rng is not None else np.random.default_rng(seed)
         parts.append(prompt_text(n - have, fill, tag=tag or "x"))
     return _tidy_end("".join(parts)[:n])
-
-
-class CalibrationError(RuntimeError):
-    """The endpoint's token count could not be measured; the message says what to do."""
 
 
 async def calibrate_chars_per_token(

@@ -48,6 +48,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from loadlab.errors import TraceError
 from loadlab.workloads.fidelity import replay_fidelity, send_lag_ms
 
 __all__ = [
@@ -76,10 +77,6 @@ BURSTGPT_COLUMNS = (
 _TS = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:?\d{2})?$"
 )
-
-
-class TraceError(ValueError):
-    """A trace that cannot be read: names the file, the line and what is wrong."""
 
 
 @dataclass(frozen=True)

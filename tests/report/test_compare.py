@@ -11,7 +11,7 @@ from loadlab.cli import main
 from loadlab.compare import _boot_quantile, _Resampler, compare
 from loadlab.results import write_results
 from loadlab.slo import parse_slo
-from tests.report.synth import make_results
+from loadlab.testing.synth import make_results
 
 
 def _run(seed: int, **kw: object) -> object:

@@ -15,7 +15,7 @@ import pytest
 
 from loadlab.cli import main
 from loadlab.results import Results, write_results
-from tests.report.synth import make_results
+from loadlab.testing.synth import make_results
 
 EVIL = "</script><img src=x onerror=alert(1)>\u2028{{7*7}}"
 ARTIFACTS = Path(

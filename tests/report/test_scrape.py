@@ -10,7 +10,7 @@ import time
 from aiohttp import web
 
 from loadlab.scrape import PrometheusScraper, parse_prometheus_text, server_series
-from tests.conftest import free_port
+from tests.helpers.loopback import free_port
 
 # Shaped like vLLM's /metrics (0.6-0.8): HELP/TYPE comments, labels, a histogram, a timestamp.
 VLLM_TEXT = """\

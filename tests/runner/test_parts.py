@@ -12,6 +12,7 @@ import pytest
 from loadlab.clients import pool
 from loadlab.commands import run as run_cmd
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
 from loadlab.generator import saturation_warning
 from loadlab.metrics import count_outcomes
 from loadlab.records import RequestSpec
@@ -20,7 +21,7 @@ from loadlab.runner.progress import Progress, format_line
 from loadlab.runner.runner import LiveStats
 from loadlab.runner.workers import partition, run_load, share
 from loadlab.workloads import build_requests
-from tests.runner.fakes import FakeClient
+from tests.helpers.fakes import FakeClient
 
 
 def test_monitor_flags_a_blocked_loop() -> None:
@@ -189,7 +190,8 @@ def test_named_endpoints_and_clear_errors() -> None:
                 "--endpoint", "http://h:1", "--rate", "1", "--requests", "1", "--extra-body", "{bad"
             )
         )
-    assert run_cmd.run(_args("--endpoint", "http://h:1", "--requests", "1")) == 2  # no load mode
+    with pytest.raises(ConfigError, match="concurrency"):  # no load mode
+        run_cmd.run(_args("--endpoint", "http://h:1", "--requests", "1"))
 
 
 def test_demo_defaults_apply_only_without_endpoint() -> None:

@@ -18,7 +18,7 @@ from loadlab.records import RequestSpec
 from loadlab.results import Results
 from loadlab.runner.runner import Runner, group_units
 from loadlab.workloads.arrivals import arrival_times
-from tests.runner.fakes import FakeClient
+from tests.helpers.fakes import FakeClient
 
 
 def _run(cfg: RunConfig, specs: object, client: object, **kw: object) -> Results:

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import free_port
+from tests.helpers.loopback import free_port
 
 
 def test_a_run_where_nothing_succeeded_exits_3_and_still_writes_results(tmp_path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from loadlab.metrics import count_outcomes
 from loadlab.results import read_results
 from loadlab.testing.fixed_server import FixedServerProcess
-from tests.conftest import ROOT
+from tests.helpers.loopback import ROOT
 
 
 @pytest.fixture(scope="module")

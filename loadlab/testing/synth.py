@@ -1,4 +1,12 @@
-"""Synthetic results built directly from seeded distributions (no server needed)."""
+"""Synthetic results built directly from seeded distributions (no server needed).
+
+For tests, benchmarks of the offline commands (``benchmarks/offline_speed.py``) and the
+examples of docs/python-api.md: the same seed gives the same records.
+
+>>> results = make_results(50, seed=1, failures=2)
+>>> len(results.records), sum(r.ok for r in results.records)
+(50, 48)
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,9 @@ import numpy as np
 from loadlab.records import OUTCOME_OK, RequestRecord
 from loadlab.results import Results
 
-MS = 1_000_000
+__all__ = ["MS", "make_results"]
+
+MS = 1_000_000  # nanoseconds per millisecond
 
 
 def make_results(
