@@ -1,4 +1,4 @@
-"""Metrics: pure functions of request records (definitions in ARCHITECTURE.md, normative).
+"""Metrics: pure functions of request records (the definitions below are the normative ones).
 
 Per request (milliseconds; ``None`` when undefined for that request)::
 

@@ -4,9 +4,9 @@
 is a pure function of records (``loadlab.metrics``). Timestamps are raw integers from
 ``time.perf_counter_ns()`` made relative to the run's ``t0_ns`` (so the results file is
 portable); durations are differences of them. Wall-clock time is only a label
-(``RunInfo.started_at``).
+(``Results.started_at``).
 
-Outcome classes (``Outcome``)::
+Outcome classes (the ``OUTCOME_*`` constants; ``http_outcome`` names the HTTP ones)::
 
     ok                  the stream completed ([DONE] or a finish_reason, then EOF)
     http_<status>       a non-2xx status (http_429, http_500, ...)
@@ -64,7 +64,7 @@ FAILED_OUTCOMES = frozenset(
     }
 )
 
-# Where a record's output token count came from (ARCHITECTURE.md, "output tokens").
+# Where a record's output token count came from (docs/clients.md, "What is measured").
 TokenSource = Literal["usage", "chunks", "tokenizer", "none"]
 
 
