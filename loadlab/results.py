@@ -105,6 +105,10 @@ class Results:
                     end = t
         return (0, end)
 
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per request (pandas), derived metrics in ms beside the raw fields."""
+        return to_dataframe(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

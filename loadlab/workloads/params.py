@@ -1,14 +1,14 @@
 """Checking ``[workload]`` parameters: unknown keys, types, paths. Shared by every kind.
 
-Errors are ``WorkloadError`` (a ``ValueError``) whose message names the key, the value and the
-fix; ``loadlab.scenario`` prefixes the scenario file's name.
+Errors are ``WorkloadError`` (``loadlab.errors``, a ``ValueError``) whose message names the
+key, the value and the fix; ``loadlab.scenario`` prefixes the scenario file's name.
 
 Example::
 
     >>> check_keys("chat", {"sesions": 3}, {"sessions", "turns"})
     Traceback (most recent call last):
     ...
-    loadlab.workloads.params.WorkloadError: workload.sesions: unknown key for kind 'chat'; did you mean 'sessions'?
+    loadlab.errors.WorkloadError: workload.sesions: unknown key for kind 'chat'; did you mean 'sessions'?
 """
 
 from __future__ import annotations

@@ -1,0 +1,39 @@
+"""What pytest collects in this checkout (the suite runs doctests: ``--doctest-modules``).
+
+- Modules that import Locust are never imported here: Locust's gevent monkey-patches the
+  interpreter, which breaks every asyncio test after it. Their tests run Locust in its own
+  process (tests/locust/).
+- Under tests/, only ``test_*.py`` files are test modules; helpers, drivers and locustfiles are
+  imported by the tests that need them (or run by Locust), never collected on their own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+# Relative to ROOT. Both layouts: the flat modules and the loadlab/locust/ package.
+_IMPORTS_GEVENT = {
+    "loadlab/locust.py",
+    "loadlab/locust_hooks.py",
+    "loadlab/locust_stream.py",
+    "loadlab/locust/user.py",
+    "loadlab/locust/hooks.py",
+    "loadlab/locust/stream.py",
+}
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if collection_path.suffix != ".py":
+        return None
+    try:
+        rel = collection_path.relative_to(ROOT)
+    except ValueError:
+        return None
+    if rel.as_posix() in _IMPORTS_GEVENT:
+        return True
+    name = collection_path.name
+    if rel.parts[0] == "tests" and not name.startswith("test_"):
+        return name not in ("conftest.py", "__init__.py")
+    return None

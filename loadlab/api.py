@@ -1,0 +1,126 @@
+"""The Python API for notebooks and scripts: run a load, read a run, summarise it, judge it.
+
+Every name here is also in ``loadlab.__all__`` (imported lazily, so ``import loadlab`` loads
+nothing heavy)::
+
+    import loadlab
+
+    results = loadlab.read_results("reports/run.json")
+    df = results.to_dataframe()                       # pandas, one row per request
+    summary = loadlab.summarize(results)              # what `loadlab report` prints, as data
+    verdict = loadlab.evaluate(results, "examples/slo.toml")
+    verdict.passed, verdict.exit_code
+
+    cfg = loadlab.RunConfig(
+        endpoints=(loadlab.EndpointConfig(url="http://127.0.0.1:8000", model="m"),),
+        rate_rps=4, duration_s=60,
+    )
+    results = await loadlab.run(cfg)                  # in a notebook's event loop
+    results = loadlab.run_sync(cfg)                   # in a script (workers > 1 too)
+
+docs/python-api.md walks through it with an example that the test suite runs.
+
+>>> from loadlab.testing.synth import make_results
+>>> evaluate(make_results(200, seed=0), {"objectives": ["error_rate <= 0.05"]}).passed
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.errors import ConfigError
+from loadlab.metrics import DEFAULT_PERCENTILES
+from loadlab.results import Results, read_results, write_results
+
+if TYPE_CHECKING:
+    from loadlab.slo import SLOSpec, Verdict
+    from loadlab.slo.spec import Policy
+    from loadlab.summary import RunSummary
+
+__all__ = [
+    "EndpointConfig",
+    "Results",
+    "RunConfig",
+    "evaluate",
+    "read_results",
+    "run",
+    "run_sync",
+    "summarize",
+    "write_results",
+]
+
+
+def summarize(results: Results, percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary:
+    """The run's summary (counts, latency percentiles in ms, throughput) as frozen dataclasses:
+    the figures of ``loadlab report``; ``.to_dict()`` is the results file's ``summary``."""
+    from loadlab.summary import summarize as _summarize
+
+    return _summarize(results, percentiles)
+
+
+def evaluate(
+    results: Results,
+    slo: SLOSpec | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    inconclusive: Policy = "fail",
+) -> Verdict:
+    """Judge ``results`` against an SLO: an ``SLOSpec``, the path of an SLO file (TOML), or
+    the file's content as a mapping (``{"objectives": ["ttft_ms.p95 <= 500"]}``).
+
+    ``verdict.passed`` and ``verdict.exit_code`` (0 pass, 1 fail, 2 not valid evidence) are
+    what ``loadlab slo`` reports; docs/slo-and-reports.md explains the verdicts."""
+    from loadlab.slo import SLOSpec, load_slo, parse_slo
+    from loadlab.slo import evaluate as _evaluate
+
+    if isinstance(slo, SLOSpec):
+        spec = slo
+    elif isinstance(slo, Mapping):
+        spec = parse_slo(slo)
+    else:
+        spec = load_slo(Path(slo))
+    return _evaluate(results, spec, inconclusive=inconclusive)
+
+
+def _one_endpoint(config: RunConfig, endpoint: str | None) -> EndpointConfig:
+    """The endpoint to load: the one named, else the config's only one."""
+    if endpoint is not None:
+        for ep in config.endpoints:
+            if ep.name == endpoint:
+                return ep
+        names = ", ".join(ep.name for ep in config.endpoints) or "none"
+        raise ConfigError(f"no endpoint named {endpoint!r} in the config; endpoints: {names}")
+    if len(config.endpoints) != 1:
+        raise ConfigError(
+            f"the config has {len(config.endpoints)} endpoints; give one in RunConfig(endpoints="
+            "(EndpointConfig(url=...),)), or pick one with endpoint=NAME"
+        )
+    return config.endpoints[0]
+
+
+async def run(config: RunConfig, *, endpoint: str | None = None) -> Results:
+    """Run ``config``'s load against one endpoint in the running event loop; the results
+    (not written anywhere: see ``write_results``). One process: ``workers`` must be 1."""
+    from loadlab.runner.workers import run_endpoint
+    from loadlab.workloads import build_requests, validate_workload
+
+    if config.workers != 1:
+        raise ConfigError("run() loads from this event loop; for workers > 1 use run_sync()")
+    ep = _one_endpoint(config, endpoint)
+    validate_workload(config)
+    return await run_endpoint(config, ep, build_requests(config), progress=False)
+
+
+def run_sync(config: RunConfig, *, endpoint: str | None = None) -> Results:
+    """``run`` for code without an event loop (a script); it also spreads the load over
+    ``config.workers`` processes. Not from inside a running loop: there, ``await run()``."""
+    from loadlab.runner.workers import run_load
+    from loadlab.workloads import build_requests, validate_workload
+
+    ep = _one_endpoint(config, endpoint)
+    validate_workload(config)
+    return run_load(config, ep, build_requests, progress=False)
