@@ -112,6 +112,7 @@ def test_reference_vs_anthropic_in_one_command(
         assert "sk-vendor-canary-1234" not in path.read_text()
 
 
+@pytest.mark.slow
 def test_reference_server_in_two_modes_in_one_command(
     reference_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

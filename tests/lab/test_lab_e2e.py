@@ -22,6 +22,7 @@ def lab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_results_file_per_mode_and_experiment(lab_dir: Path) -> None:
     for mode in MODES:
@@ -42,6 +43,7 @@ def test_results_file_per_mode_and_experiment(lab_dir: Path) -> None:
     assert set(batching["decode_tokens_per_s"]) == {"1", "4", "16"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_report_sections(lab_dir: Path) -> None:
     md = (lab_dir / "lab.md").read_text()

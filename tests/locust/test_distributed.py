@@ -105,6 +105,7 @@ def check_against_truth(out: Path, truth: dict) -> Counter[str]:
     return Counter(r.outcome for r in res.records)
 
 
+@pytest.mark.slow
 def test_in_flight_streams_are_cancelled_not_lost(tmp_path: Path, fixed_server: str, truth) -> None:
     code, out = run_distributed(tmp_path, fixed_server)
     outcomes = check_against_truth(out, truth())

@@ -22,6 +22,7 @@ MISSED = 'min_requests = 1\nobjectives = ["ttft_ms.p50 <= 1"]\n'  # the server's
 LENIENT = ("--saturation-lag-ms", "100000")
 
 
+@pytest.mark.slow
 def test_slo_met_exits_0_and_stop_timeout_completes_streams(
     tmp_path: Path, fixed_server: str, truth
 ) -> None:
@@ -66,6 +67,7 @@ def test_slo_met_exits_0_and_stop_timeout_completes_streams(
     assert {r.request_id for r in res.records} == set(seen)
 
 
+@pytest.mark.slow
 def test_web_ui_lists_ttft_and_itl_rows_and_missed_slo_exits_nonzero(
     tmp_path: Path, fixed_server: str
 ) -> None:

@@ -22,6 +22,7 @@ def server_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.mark.slow
 def test_run_slo_compare_against_a_real_server(
     server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -23,6 +23,7 @@ def _schema(url: str) -> Any:
         return schemathesis.openapi.from_dict(json.load(r))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(EXAMPLES), ids=lambda m: m.value)
 def test_fuzzed_requests_never_get_a_server_error(continuous_server: Any, mode: Any) -> None:
     schema = _schema(continuous_server.url)
