@@ -17,43 +17,40 @@ from typing import TYPE_CHECKING, Any
 
 from loadlab._version import __version__
 
-if TYPE_CHECKING:
-    from loadlab.api import (
-        EndpointConfig,
-        Results,
-        RunConfig,
-        evaluate,
-        read_results,
-        run,
-        run_sync,
-        summarize,
-        write_results,
-    )
+if TYPE_CHECKING:  # "X as X": re-exported, for type checkers and editors
+    from loadlab.api import evaluate as evaluate
+    from loadlab.api import run as run
+    from loadlab.api import run_sync as run_sync
+    from loadlab.api import summarize as summarize
+    from loadlab.config import EndpointConfig as EndpointConfig
+    from loadlab.config import RunConfig as RunConfig
+    from loadlab.results import Results as Results
+    from loadlab.results import read_results as read_results
+    from loadlab.results import write_results as write_results
 
-__all__ = [
-    "EndpointConfig",
-    "Results",
-    "RunConfig",
-    "__version__",
-    "evaluate",
-    "read_results",
-    "run",
-    "run_sync",
-    "summarize",
-    "write_results",
-]
-
-_LAZY = frozenset(__all__) - {"__version__"}
+# public name -> the module that defines it (imported when the name is first used)
+_HOMES = {
+    "EndpointConfig": "loadlab.config",
+    "RunConfig": "loadlab.config",
+    "Results": "loadlab.results",
+    "read_results": "loadlab.results",
+    "write_results": "loadlab.results",
+    "evaluate": "loadlab.api",
+    "run": "loadlab.api",
+    "run_sync": "loadlab.api",
+    "summarize": "loadlab.api",
+}
+__all__ = ["__version__", *_HOMES]
 
 
 def __getattr__(name: str) -> Any:
-    """The public API, imported from ``loadlab.api`` when first used."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module("loadlab.api"), name)
+    """The public API, imported from its home module when first used."""
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'loadlab' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY)
+    return sorted(set(globals()) | set(_HOMES))

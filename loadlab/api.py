@@ -1,7 +1,8 @@
 """The Python API for notebooks and scripts: run a load, read a run, summarise it, judge it.
 
-Every name here is also in ``loadlab.__all__`` (imported lazily, so ``import loadlab`` loads
-nothing heavy)::
+These functions, ``read_results``/``write_results``/``Results`` (``loadlab.results``) and
+``RunConfig``/``EndpointConfig`` (``loadlab.config``) make ``loadlab.__all__``, imported on
+first use so that ``import loadlab`` loads nothing heavy::
 
     import loadlab
 
@@ -35,24 +36,14 @@ from typing import TYPE_CHECKING, Any
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.metrics import DEFAULT_PERCENTILES
-from loadlab.results import Results, read_results, write_results
+from loadlab.results import Results
 
 if TYPE_CHECKING:
     from loadlab.slo import SLOSpec, Verdict
     from loadlab.slo.spec import Policy
     from loadlab.summary import RunSummary
 
-__all__ = [
-    "EndpointConfig",
-    "Results",
-    "RunConfig",
-    "evaluate",
-    "read_results",
-    "run",
-    "run_sync",
-    "summarize",
-    "write_results",
-]
+__all__ = ["evaluate", "run", "run_sync", "summarize"]
 
 
 def summarize(results: Results, percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary:
