@@ -1,8 +1,8 @@
 """What pytest collects in this checkout (the suite runs doctests: ``--doctest-modules``).
 
 - Modules that import Locust are never imported here: Locust's gevent monkey-patches the
-  interpreter, which breaks every asyncio test after it. Their tests run Locust in its own
-  process (tests/locust/).
+  interpreter, which breaks every asyncio test after it. Their tests, and the examples of
+  loadlab/locust/user.py, run in processes of their own (tests/locust/).
 - Under tests/, only ``test_*.py`` files are test modules; helpers, drivers and locustfiles are
   imported by the tests that need them (or run by Locust), never collected on their own.
 """
@@ -13,11 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 
-# Relative to ROOT. Both layouts: the flat modules and the loadlab/locust/ package.
+# Relative to ROOT.
 _IMPORTS_GEVENT = {
-    "loadlab/locust.py",
-    "loadlab/locust_hooks.py",
-    "loadlab/locust_stream.py",
     "loadlab/locust/user.py",
     "loadlab/locust/hooks.py",
     "loadlab/locust/stream.py",
