@@ -3,10 +3,10 @@
 ``AnthropicClient``) subclasses ``StreamingClient`` and supplies its URL, auth header, request
 body and stream state; the two are siblings, neither knows the other.
 
-Timing (docs/clients.md, "What is measured"): ``sent_ns`` is taken immediately before the request bytes are
-written to the socket (after the connection is made, so connection set-up is not latency);
-a chunk's time is taken when its bytes are read (raw: first thing in ``data_received``;
-aiohttp: as ``iter_any`` hands them over), before any JSON parsing.
+Timing (docs/clients.md, "What is measured"): ``sent_ns`` is taken immediately before the
+request bytes are written to the socket (after the connection is made, so connection set-up is
+not latency); a chunk's time is taken when its bytes are read (raw: first thing in
+``data_received``; aiohttp: as ``iter_any`` hands them over), before any JSON parsing.
 
 The API key is read from the environment variable ``endpoint.api_key_env``; it is never stored
 in a record, and any error text that could echo it is scrubbed.
