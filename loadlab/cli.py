@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
     "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
+    "simulate": ("loadlab.commands.simulate", "predict a run by simulation; write a results file"),
     "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
     "lab": ("loadlab.commands.lab", "the reference server's four modes side by side"),
 }

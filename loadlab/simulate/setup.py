@@ -1,0 +1,134 @@
+"""The simulated server and its step-time model from command-line flags (shared by
+``loadlab simulate`` and the commands that predict: ``capacity --simulate``,
+``sweep --predict``).
+
+Server flags carry ``loadlab-server``'s names and defaults, so a simulated server is set up
+exactly like the real one. The step time comes from, in this order: ``--step-model FILE`` (a
+fitted model, ``loadlab.simulate.fit``), else the roofline of ``--sim-model`` on
+``--hardware`` (a GPU preset, or ``this-machine``: its cached calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from loadlab.capacity.hardware import (
+    DEFAULT_MEMORY_RESERVE_FRACTION,
+    HARDWARE,
+    THIS_MACHINE,
+    Hardware,
+    get_hardware,
+)
+from loadlab.capacity.models import MODELS, REFERENCE_PREFIX, ModelSpec, get_model
+from loadlab.simulate.policies import FINISHED_SLOTS, MODES, ServerConfig
+from loadlab.simulate.steptime import RooflineStepTime, StepTimeModel, model_from_dict
+
+__all__ = [
+    "add_server_arguments",
+    "add_step_arguments",
+    "default_kv_blocks",
+    "server_from_args",
+    "step_model_from_args",
+]
+
+CPU_KV_BYTES = 1 << 30  # the reference server's CPU default cap (model_runner._default_kv_bytes)
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulated server (loadlab-server's flags and defaults)")
+    g.add_argument("--mode", choices=MODES, default="continuous", help="scheduling policy")
+    g.add_argument("--max-num-seqs", type=int, default=32, help="largest running batch")
+    g.add_argument("--num-kv-blocks", type=int, help="KV cache blocks (default: from the model)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--max-model-len", type=int, default=4096, help="context cap")
+    g.add_argument("--max-batched-tokens", type=int, help="tokens per step (chunked: 512)")
+    g.add_argument("--chunk-size", type=int, default=256, help="longest prompt slice (chunked)")
+    g.add_argument("--static-finished", choices=FINISHED_SLOTS, default="pad",
+                   help="static: finished rows run as padding (pad) or leave (idle)")  # fmt: skip
+    g.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 429")
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("step-time model")
+    g.add_argument("--step-model", metavar="FILE", help="a fitted step-time model (JSON)")
+    g.add_argument("--sim-model", default="ref-cpu",
+                   help=f"model shapes for the roofline: {', '.join(MODELS)}, ref-<preset>")  # fmt: skip
+    g.add_argument("--hardware", default=THIS_MACHINE,
+                   help=f"{', '.join(HARDWARE)}, or {THIS_MACHINE} (its calibration)")  # fmt: skip
+    g.add_argument("--compute-efficiency", type=float, help="achieved / peak FLOP/s")
+    g.add_argument("--bandwidth-efficiency", type=float, help="achieved / peak bytes/s")
+    g.add_argument("--step-overhead-ms", type=float, help="fixed cost of every step (ms)")
+
+
+def _hardware(args: argparse.Namespace) -> Hardware:
+    if args.hardware.lower() == THIS_MACHINE:
+        from loadlab.capacity.calibrate import load_or_calibrate
+
+        hw = load_or_calibrate(log=sys.stderr)
+    else:
+        hw = get_hardware(args.hardware)
+    hw = hw.derated(args.compute_efficiency, args.bandwidth_efficiency)
+    if args.step_overhead_ms is not None:
+        import dataclasses
+
+        hw = dataclasses.replace(hw, step_overhead_s=args.step_overhead_ms / 1e3)
+    return hw
+
+
+def _model_spec(args: argparse.Namespace, hw: Hardware | None) -> ModelSpec:
+    name = str(args.sim_model)
+    ref = name.lower().startswith(REFERENCE_PREFIX)
+    dtype = 2 if ref and hw is not None and hw.kind == "gpu" else None  # bf16 on CUDA
+    return get_model(name, dtype)
+
+
+def step_model_from_args(args: argparse.Namespace) -> StepTimeModel:
+    if args.step_model:
+        try:
+            data = json.loads(Path(args.step_model).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--step-model {args.step_model}: cannot read it ({exc})") from exc
+        return model_from_dict(data)
+    hw = _hardware(args)
+    return RooflineStepTime(_model_spec(args, hw), hw)
+
+
+def default_kv_blocks(
+    model: ModelSpec, block_size: int, max_model_len: int, gpu: Hardware | None = None
+) -> int:
+    """What the server would allocate: on a GPU the memory left after the weights (less the
+    usual 10 % reserve); on a CPU the reference server's cap (64 full contexts, at most 1 GiB)."""
+    per_block = model.kv_bytes_per_token * block_size
+    if gpu is not None:
+        budget = gpu.memory_bytes * (1 - DEFAULT_MEMORY_RESERVE_FRACTION) - model.weight_bytes
+    else:
+        budget = min(64 * max_model_len * model.kv_bytes_per_token, CPU_KV_BYTES)
+    blocks = int(budget // per_block)
+    if blocks < 1:
+        raise ValueError(f"{model.name} leaves no KV cache on this device; give --num-kv-blocks")
+    return blocks
+
+
+def server_from_args(args: argparse.Namespace, step_model: StepTimeModel) -> ServerConfig:
+    blocks = args.num_kv_blocks
+    if blocks is None:
+        if isinstance(step_model, RooflineStepTime):
+            hw = step_model.hardware
+            m, gpu = step_model.model, hw if hw.kind == "gpu" else None
+        else:  # a fitted model knows no memory: the reference server's CPU rule for --sim-model
+            m, gpu = _model_spec(args, None), None
+        blocks = default_kv_blocks(m, args.block_size, args.max_model_len, gpu)
+    return ServerConfig(
+        mode=args.mode,
+        num_kv_blocks=blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_batched_tokens,
+        chunk_size=args.chunk_size,
+        static_finished=args.static_finished,
+        max_queue=args.max_queue,
+    )

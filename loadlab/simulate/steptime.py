@@ -1,0 +1,156 @@
+"""Step-time models: how long one forward pass of a scheduled batch takes.
+
+The simulator never looks inside the model. It describes each step by four numbers (a
+``StepShape``) and asks a ``StepTimeModel`` for its duration. The same formulas take floats or
+numpy arrays, so a stretch of k decode steps is priced in one call.
+
+Step shape (sums over the batch's items; an item processes tokens
+``[start, start + n)`` of one sequence, as in ``reference_server/sequence.py``)::
+
+    tokens          sum n: rows through the matmuls (padding rows included)
+    seqs            items in the batch
+    attn_pairs      sum start * n + n (n + 1) / 2: causal (query, key) pairs
+    kv_read_tokens  sum start: cached tokens whose K/V the step reads
+
+Models:
+
+- ``RooflineStepTime``: ``loadlab.capacity.roofline`` for a whole mixed batch:
+  ``max(FLOPs / achieved FLOP/s, bytes / achieved bytes/s) + overhead`` with
+  FLOPs = 2 N tokens + 4 L d_attn pairs (Kaplan et al. 2020) and bytes = the weights once
+  + K/V read + K/V written; a GPU preset or this machine's calibration.
+- ``LinearStepTime``: ``c0 + c_token tokens + c_seq seqs + c_pair pairs + c_kv kv_read``,
+  fitted to measured step times (``loadlab.simulate.fit``); it carries the range it was fitted
+  on, so a caller can refuse to extrapolate silently.
+
+Example::
+
+    >>> m = LinearStepTime(base_s=0.01, per_token_s=1e-4)
+    >>> round(m.step_s(tokens=100, seqs=1, attn_pairs=5050, kv_read_tokens=0), 6)
+    0.02
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from loadlab.capacity.hardware import Hardware
+from loadlab.capacity.models import ModelSpec
+
+__all__ = [
+    "FEATURES",
+    "LinearStepTime",
+    "RooflineStepTime",
+    "StepTimeModel",
+    "model_from_dict",
+]
+
+# The StepShape's fields, in the order LinearStepTime's coefficients use them.
+FEATURES = ("tokens", "seqs", "attn_pairs", "kv_read_tokens")
+
+Num = Any  # a float or a numpy array of floats (the formulas broadcast)
+
+
+class StepTimeModel(Protocol):
+    """Seconds of one forward pass; arguments may be floats or equal-length arrays."""
+
+    def step_s(self, tokens: Num, seqs: Num, attn_pairs: Num, kv_read_tokens: Num) -> Num: ...
+
+    def describe(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class RooflineStepTime:
+    """The roofline of one whole step (mixed prefill and decode) on ``hardware``."""
+
+    model: ModelSpec
+    hardware: Hardware
+
+    def step_s(self, tokens: Num, seqs: Num, attn_pairs: Num, kv_read_tokens: Num) -> Num:
+        m, hw = self.model, self.hardware
+        flops = 2.0 * m.matmul_params * tokens + 4.0 * m.n_layers * m.attn_dim * attn_pairs
+        nbytes = m.weight_bytes_read_per_step + m.kv_bytes_per_token * (kv_read_tokens + tokens)
+        compute = flops / hw.achieved_flops_per_s
+        memory = nbytes / hw.achieved_bytes_per_s
+        return np.maximum(compute, memory) + hw.step_overhead_s
+
+    def describe(self) -> str:
+        return f"roofline {self.model.name} on {self.hardware.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "roofline",
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class LinearStepTime:
+    """A step time linear in the step's shape, with the ranges it was fitted on.
+
+    ``fit_range`` maps a feature name (``FEATURES`` plus ``prompt_tokens`` and
+    ``decode_batch``) to the ``[low, high]`` it saw; empty when the coefficients were set by
+    hand. ``residuals`` describes the fit (``loadlab.simulate.fit``).
+    """
+
+    base_s: float = 0.0
+    per_token_s: float = 0.0
+    per_seq_s: float = 0.0
+    per_pair_s: float = 0.0
+    per_kv_token_s: float = 0.0
+    source: str = "by hand"
+    fit_range: dict[str, tuple[float, float]] = field(default_factory=dict)
+    residuals: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in ("base_s", "per_token_s", "per_seq_s", "per_pair_s", "per_kv_token_s"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"LinearStepTime.{f} must be >= 0, got {getattr(self, f)}")
+
+    def step_s(self, tokens: Num, seqs: Num, attn_pairs: Num, kv_read_tokens: Num) -> Num:
+        return (
+            self.base_s
+            + self.per_token_s * tokens
+            + self.per_seq_s * seqs
+            + self.per_pair_s * attn_pairs
+            + self.per_kv_token_s * kv_read_tokens
+        )
+
+    def describe(self) -> str:
+        return (
+            f"linear ({self.source}): {self.base_s * 1e3:.3g} ms + "
+            f"{self.per_token_s * 1e6:.3g} us/token + {self.per_seq_s * 1e6:.3g} us/seq + "
+            f"{self.per_pair_s * 1e9:.3g} ns/attn pair + {self.per_kv_token_s * 1e9:.3g} ns/KV token"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["kind"] = "linear"
+        d["fit_range"] = {k: list(v) for k, v in self.fit_range.items()}
+        return d
+
+
+def model_from_dict(data: dict[str, Any]) -> StepTimeModel:
+    """The inverse of ``to_dict`` (a step-time file written by ``loadlab simulate --fit``)."""
+    kind = data.get("kind")
+    if kind == "linear":
+        names = {f.name for f in dataclasses.fields(LinearStepTime)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["fit_range"] = {k: (float(v[0]), float(v[1])) for k, v in
+                               (values.get("fit_range") or {}).items()}  # fmt: skip
+        return LinearStepTime(**values)
+    if kind == "roofline":
+        return RooflineStepTime(ModelSpec(**_known(ModelSpec, data["model"])),
+                                Hardware.from_dict(data["hardware"]))  # fmt: skip
+    raise ValueError(f"unknown step-time model kind {kind!r}; expected 'linear' or 'roofline'")
+
+
+def _known(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
