@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from loadlab.simulate.engine import SimOutput, Simulator, simulate
 from loadlab.simulate.output import is_predicted, to_results
-from loadlab.simulate.policies import MODES, ServerConfig
+from loadlab.simulate.server import MODES, ServerConfig
 from loadlab.simulate.steptime import LinearStepTime, RooflineStepTime, StepTimeModel
 
 __all__ = [

@@ -26,70 +26,18 @@ Usage::
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+
+from loadlab.simulate.server import ServerConfig
 
 __all__ = [
-    "MODES",
     "ChunkedPolicy",
     "ContinuousPolicy",
     "Item",
     "Policy",
-    "ServerConfig",
     "SimSeq",
     "StaticPolicy",
     "make_policy",
 ]
-
-MODES = ("static", "continuous", "chunked")
-FINISHED_SLOTS = ("pad", "idle")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """The simulated server's settings; defaults are ``loadlab-server``'s flags' defaults.
-
-    ``max_num_batched_tokens`` None means the server's default: 512 in chunked mode,
-    ``max(max_model_len, 8192)`` otherwise. ``num_kv_blocks`` has no default that fits every
-    model: the CLI derives it from the model and hardware (``loadlab.simulate.setup``).
-    """
-
-    mode: str = "continuous"
-    num_kv_blocks: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_model_len: int = 4096
-    max_num_batched_tokens: int | None = None
-    chunk_size: int = 256
-    static_finished: str = "pad"
-    max_queue: int = 1024  # requests waiting beyond max_num_seqs before a 429
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.static_finished not in FINISHED_SLOTS:
-            raise ValueError(f"static_finished must be pad or idle, got {self.static_finished!r}")
-        for name in ("num_kv_blocks", "block_size", "max_num_seqs", "chunk_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-
-    @property
-    def context_tokens(self) -> int:
-        """``max_model_len`` capped to what the KV cache holds, as the server caps it (so one
-        request always fits alone)."""
-        return min(self.max_model_len, self.num_kv_blocks * self.block_size)
-
-    @property
-    def batched_tokens(self) -> int:
-        """The effective per-step token cap (the server's default when None)."""
-        if self.max_num_batched_tokens is not None:
-            return self.max_num_batched_tokens
-        return 512 if self.mode == "chunked" else max(self.context_tokens, 8192)
 
 
 class SimSeq:
@@ -449,5 +397,5 @@ _POLICIES: dict[str, type[Policy]] = {
 
 
 def make_policy(cfg: ServerConfig) -> Policy:
-    """The policy of ``cfg.mode``."""
+    """The policy of ``cfg.mode`` (one engine loop; disaggregated mode: ``disagg.py``)."""
     return _POLICIES[cfg.mode](cfg)

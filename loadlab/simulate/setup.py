@@ -23,7 +23,7 @@ from loadlab.capacity.hardware import (
     get_hardware,
 )
 from loadlab.capacity.models import MODELS, REFERENCE_PREFIX, ModelSpec, get_model
-from loadlab.simulate.policies import FINISHED_SLOTS, MODES, ServerConfig
+from loadlab.simulate.server import FINISHED_SLOTS, MODES, ServerConfig
 from loadlab.simulate.steptime import RooflineStepTime, StepTimeModel, model_from_dict
 
 __all__ = [
@@ -49,6 +49,14 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--static-finished", choices=FINISHED_SLOTS, default="pad",
                    help="static: finished rows run as padding (pad) or leave (idle)")  # fmt: skip
     g.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 429")
+    d = p.add_argument_group("simulated disaggregated mode")
+    d.add_argument("--prefill-workers", type=int, default=1, help="prefill engine loops")
+    d.add_argument("--decode-workers", type=int, default=1, help="decode engine loops")
+    d.add_argument("--max-held", type=int, help="prefilled requests a worker holds (max-num-seqs)")
+    d.add_argument("--kv-transfer-gbps", type=float, default=1.0,
+                   help="KV transfer bandwidth, GB/s (default 1: gloo over loopback)")  # fmt: skip
+    d.add_argument("--kv-transfer-latency-ms", type=float, default=1.0,
+                   help="fixed cost of one KV transfer (ms)")  # fmt: skip
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,13 +121,13 @@ def default_kv_blocks(
 
 
 def server_from_args(args: argparse.Namespace, step_model: StepTimeModel) -> ServerConfig:
+    if isinstance(step_model, RooflineStepTime):
+        hw = step_model.hardware
+        m, gpu = step_model.model, hw if hw.kind == "gpu" else None
+    else:  # a fitted model knows no memory: the reference server's CPU rule for --sim-model
+        m, gpu = _model_spec(args, None), None
     blocks = args.num_kv_blocks
     if blocks is None:
-        if isinstance(step_model, RooflineStepTime):
-            hw = step_model.hardware
-            m, gpu = step_model.model, hw if hw.kind == "gpu" else None
-        else:  # a fitted model knows no memory: the reference server's CPU rule for --sim-model
-            m, gpu = _model_spec(args, None), None
         blocks = default_kv_blocks(m, args.block_size, args.max_model_len, gpu)
     return ServerConfig(
         mode=args.mode,
@@ -131,4 +139,10 @@ def server_from_args(args: argparse.Namespace, step_model: StepTimeModel) -> Ser
         chunk_size=args.chunk_size,
         static_finished=args.static_finished,
         max_queue=args.max_queue,
+        prefill_workers=args.prefill_workers,
+        decode_workers=args.decode_workers,
+        max_held=args.max_held,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+        kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9,
+        kv_transfer_latency_s=args.kv_transfer_latency_ms / 1e3,
     )

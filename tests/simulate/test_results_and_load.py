@@ -121,3 +121,21 @@ def test_same_seed_same_prediction() -> None:
     a = sim(cfg).to_results().records
     b = sim(cfg).to_results().records
     assert [r.chunk_ns for r in a] == [r.chunk_ns for r in b]
+
+
+def test_simulate_command_writes_a_predicted_file(tmp_path: Path) -> None:
+    model = tmp_path / "fit.json"
+    model.write_text(json.dumps(LinearStepTime(0.01, 1e-4, 1e-3).to_dict()))
+    out = tmp_path / "pred.json"
+    slo = tmp_path / "slo.toml"
+    slo.write_text('min_requests = 5\nobjectives = ["ttft_ms.p90 <= 1"]\n')
+    argv = ["simulate", "--rate", "5", "--requests", "20", "--mode", "disaggregated",
+            "--step-model", str(model), "--out", str(out), "--slo", str(slo)]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "loadlab", *argv], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # the prediction misses a 1 ms TTFT: the SLO fails
+    res = read_results(out)
+    assert is_predicted(res) and len(res.records) == 20
+    assert res.config["simulate"]["server"]["mode"] == "disaggregated"
+    assert "predicted:" in done.stdout and "kind simulate" in done.stdout

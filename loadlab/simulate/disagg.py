@@ -1,0 +1,142 @@
+"""Disaggregated mode's two worker policies (``reference_server/disagg_worker.py``).
+
+- ``PrefillPolicy``: whole prompts batched into one pass (``PrefillScheduler``); after its
+  first token a request leaves ``running`` for ``held`` and keeps its KV blocks until a decode
+  worker pulls it. A worker holding ``max_held`` requests does not step.
+- ``DecodePolicy``: continuous batching (``ContinuousScheduler``) plus the pull protocol's
+  backpressure: offers wait in FIFO order; one is pulled only when the running, waiting and
+  pulling requests leave a slot, its prompt + 1 tokens' blocks are free, and fewer than two
+  pulls are in flight. Its blocks are taken at the pull; its KV arrives a transfer later.
+
+The engine (``engine.py``) routes: a new request to the prefill worker with the fewest
+requests not yet decoding, a prefilled one to the decode worker with the fewest requests
+assigned (``DisaggregatedEngine.submit`` and ``_on_ready``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from loadlab.simulate.policies import ContinuousPolicy, Item, Policy, SimSeq
+from loadlab.simulate.server import ServerConfig
+
+__all__ = ["MAX_PULLS_IN_FLIGHT", "DecodePolicy", "PrefillPolicy", "make_workers"]
+
+MAX_PULLS_IN_FLIGHT = 2  # disagg_worker._MAX_PULLS_IN_FLIGHT
+
+
+class PrefillPolicy(Policy):
+    mode = "prefill"
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        super().__init__(cfg)
+        self.held: list[SimSeq] = []
+        self.max_held = cfg.held_cap
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running) and len(self.held) < self.max_held
+
+    def schedule(self) -> list[Item]:
+        items: list[Item] = []
+        budget = self.budget
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.prompt + seq.out
+            if (items and n > budget) or not self._can_allocate(seq, n):
+                break
+            self._allocate(seq, n)
+            self._admit(seq)
+            items.append((seq, n, False))
+            budget -= n
+        return items
+
+    def postprocess(self, items: list[Item], step: int) -> list[SimSeq]:
+        done = super().postprocess(items, step)
+        self.held += self.running  # every prompt of the step is done: wait to be pulled
+        self.running = []
+        return done
+
+    def abort(self, seq: SimSeq) -> bool:
+        if seq in self.held:
+            self.held.remove(seq)
+            self._release(seq, abort=True)
+            return True
+        return super().abort(seq)
+
+    def take(self, seq: SimSeq) -> bool:
+        """A decode worker pulls ``seq``: its blocks go back here; False if it is gone."""
+        if seq not in self.held:
+            return False
+        self.held.remove(seq)
+        self._free(seq)
+        seq.status = 2
+        return True
+
+
+class DecodePolicy(ContinuousPolicy):
+    mode = "decode"
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        super().__init__(cfg)
+        self.offers: deque[SimSeq] = deque()
+        self.pulling: list[SimSeq] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running) or self.pull_possible()
+
+    def pull(self) -> list[SimSeq]:
+        """The offers pulled now (blocks allocated; their KV is on its way)."""
+        pulled: list[SimSeq] = []
+        while self.offers and len(self.pulling) < MAX_PULLS_IN_FLIGHT:
+            seq = self.offers[0]
+            if len(self.running) + len(self.waiting) + len(self.pulling) >= self.max_num_seqs:
+                break
+            if not self._can_allocate(seq, seq.prompt + 1):
+                break
+            self.offers.popleft()
+            self._allocate(seq, seq.prompt + 1)
+            self.pulling.append(seq)
+            pulled.append(seq)
+        return pulled
+
+    def arrived(self, seq: SimSeq, aborted: bool) -> None:
+        """Its KV is here: decode it from the next step on (or free it: it was aborted)."""
+        self.pulling.remove(seq)
+        if aborted:
+            self._free(seq)
+            seq.status = 2
+            return
+        seq.computed = seq.prompt  # the prompt's KV; the first token is decoded next
+        seq.status = 1
+        self.running.append(seq)
+
+    def abort(self, seq: SimSeq) -> bool:
+        if seq in self.offers:
+            self.offers.remove(seq)
+            seq.status = 2
+            return True
+        if seq in self.pulling:
+            return True  # freed when its KV arrives (the pull is answered either way)
+        return super().abort(seq)
+
+    def decode_stretch(self) -> tuple[int, bool]:
+        if self.offers and self.pull_possible():
+            return 0, True
+        return super().decode_stretch()
+
+    def pull_possible(self) -> bool:
+        if not self.offers or len(self.pulling) >= MAX_PULLS_IN_FLIGHT:
+            return False
+        if len(self.running) + len(self.waiting) + len(self.pulling) >= self.max_num_seqs:
+            return False
+        return self._can_allocate(self.offers[0], self.offers[0].prompt + 1)
+
+
+def make_workers(cfg: ServerConfig) -> tuple[list[PrefillPolicy], list[DecodePolicy]]:
+    """The prefill and decode policies of a disaggregated server."""
+    return (
+        [PrefillPolicy(cfg) for _ in range(cfg.prefill_workers)],
+        [DecodePolicy(cfg) for _ in range(cfg.decode_workers)],
+    )
