@@ -1,4 +1,4 @@
-"""Disaggregated mode's two worker policies (``reference_server/disagg_worker.py``).
+"""Disaggregated mode's two worker policies (``reference_server/disagg/worker.py``).
 
 - ``PrefillPolicy``: whole prompts batched into one pass (``PrefillScheduler``); after its
   first token a request leaves ``running`` for ``held`` and keeps its KV blocks until a decode
@@ -10,7 +10,7 @@
 
 The engine (``engine.py``) routes: a new request to the prefill worker with the fewest
 requests not yet decoding, a prefilled one to the decode worker with the fewest requests
-assigned (``DisaggregatedEngine.submit`` and ``_on_ready``).
+assigned (``reference_server/disagg/router.py``: ``DisaggregatedEngine.submit``, ``_on_ready``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from loadlab.simulate.server import ServerConfig
 
 __all__ = ["MAX_PULLS_IN_FLIGHT", "DecodePolicy", "PrefillPolicy", "make_workers"]
 
-MAX_PULLS_IN_FLIGHT = 2  # disagg_worker._MAX_PULLS_IN_FLIGHT
+MAX_PULLS_IN_FLIGHT = 2  # reference_server.disagg.worker._MAX_PULLS_IN_FLIGHT
 
 
 class PrefillPolicy(Policy):
