@@ -11,7 +11,15 @@ measured one. Examples::
         --hardware h100 --slo examples/slo.toml                     # an H100 roofline
     loadlab simulate --rate 2 --requests 500 --step-model reports/fit.json
 
-Exit code: 0, the SLO verdict's code with ``--slo``, 2 on bad input.
+Fit a step-time model (printing its residuals), then use it with ``--step-model``::
+
+    loadlab simulate --fit-reference cpu --threads 2 --fit-out reports/fit-cpu.json
+    loadlab simulate --fit-results reports/sweep/*.json --fit-out reports/fit-endpoint.json
+
+A simulation whose steps go past 1.5x the range a fitted model was fitted on is refused
+(exit 2, naming what went past) unless ``--extrapolate`` is given.
+
+Exit code: 0, the SLO verdict's code with ``--slo``, 2 on bad input or a refused extrapolation.
 """
 
 from __future__ import annotations
@@ -20,8 +28,12 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadlab.commands import run as run_cmd
+
+if TYPE_CHECKING:
+    from loadlab.simulate.steptime import StepTimeModel
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -34,18 +46,67 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_cmd.add_arguments(p)  # the same load: run's flags (endpoint flags only label the file)
     add_server_arguments(p)
     add_step_arguments(p)
+    f = p.add_argument_group("fit a step-time model")
+    f.add_argument("--fit-reference", metavar="PRESET", help="time the reference model here")
+    f.add_argument("--fit-results", nargs="+", metavar="FILE", help="a sweep's results files")
+    f.add_argument("--fit-out", metavar="FILE", help="write the fitted model here (JSON)")
+    f.add_argument("--threads", type=int, help="torch threads for --fit-reference")
+    f.add_argument("--extrapolate", action="store_true",
+                   help="simulate even far beyond a fitted model's range")  # fmt: skip
+
+
+def _load_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, a) is not None for a in ("rate", "concurrency", "scenario",
+                                                       "requests", "duration"))  # fmt: skip
+
+
+def _fit(args: argparse.Namespace) -> StepTimeModel | int:
+    """The fitted model (its residuals printed, written to --fit-out), or an exit code."""
+    import json
+
+    from loadlab.results import ResultsError, read_results
+    from loadlab.simulate.fit import (
+        fit_linear,
+        measure_reference,
+        points_from_results,
+        residual_table,
+    )
+
+    try:
+        if args.fit_reference:
+            print(f"timing the reference {args.fit_reference} model's steps ...", file=sys.stderr)
+            points = measure_reference(args.fit_reference, threads=args.threads, log=sys.stderr)
+            source = f"reference {args.fit_reference} preset, {args.threads or 'default'} threads"
+        else:
+            points = points_from_results(read_results(f) for f in args.fit_results)
+            source = f"black box, {len(args.fit_results)} results files"
+        model = fit_linear(points, source)
+    except (ValueError, ResultsError) as exc:
+        print(f"loadlab simulate: cannot fit: {exc}", file=sys.stderr)
+        return 2
+    print(residual_table(model))
+    if args.fit_out:
+        path = Path(args.fit_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"step-time model: {path} (use it with --step-model {path})")
+    return model if _load_given(args) else 0
 
 
 def run(args: argparse.Namespace) -> int:
     from loadlab.results import write_results
     from loadlab.simulate import Simulator
+    from loadlab.simulate.fit import extrapolation
     from loadlab.simulate.setup import server_from_args, step_model_from_args
     from loadlab.workloads import build_requests
 
+    fitted = _fit(args) if args.fit_reference or args.fit_results else None
+    if isinstance(fitted, int):
+        return fitted
     try:
         cfg = run_cmd.config_from_args(args)
         run_cmd._check(cfg)
-        step_model = step_model_from_args(args)
+        step_model = fitted or step_model_from_args(args)
         server = server_from_args(args, step_model)
     except ValueError as exc:
         print(f"loadlab simulate: {exc}", file=sys.stderr)
@@ -56,6 +117,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"loadlab simulate: {exc}", file=sys.stderr)
         return 2
+    beyond = extrapolation(step_model, out.extra["seen"])
+    if beyond:
+        verb = "extrapolated" if args.extrapolate else "refused"
+        print(f"loadlab simulate: {verb}: " + "; ".join(beyond), file=sys.stderr)
+        if not args.extrapolate:
+            print("measure a wider range, or pass --extrapolate to simulate anyway",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     name = cfg.endpoints[0].name if cfg.endpoints else "predicted"
     results = out.to_results(endpoint=name)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

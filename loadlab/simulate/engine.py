@@ -182,6 +182,8 @@ class Simulator:
         self._units: Iterator[list[RequestSpec]] = iter(())
         self._next_unit: list[RequestSpec] | None = None
         self.stretch_steps = 0
+        # the largest step shapes reached, held against a fitted model's range (fit.py)
+        self.seen = {"prompt_tokens": 0.0, "decode_batch": 0.0, "context_tokens": 0.0}
         self._stop_s = INF if cfg.duration_s is None else cfg.duration_s
 
     # ------------------------------------------------------------------ the loop
@@ -219,6 +221,7 @@ class Simulator:
             preemptions=sum(w.policy.num_preemptions for w in self.workers),
             wall_s=time.perf_counter() - t0,
             stretch_steps=self.stretch_steps,
+            extra={"seen": dict(self.seen)},
         )
 
     def _wait(self, w: Worker) -> None:
@@ -278,18 +281,23 @@ class Simulator:
         items = policy.schedule()
         if not items:
             return pulled
-        tokens = seqs = pairs = kv = 0
+        prefill = decode = pairs = kv = ctx = 0
         step = len(self.ends)
         for seq, n, _pad in items:
             start = seq.computed
-            tokens += n
-            seqs += 1
+            if n > 1:
+                prefill += n
+            else:
+                decode += 1
             pairs += start * n + n * (n + 1) // 2
             kv += start
             if seq.first_step < 0:
                 seq.first_step = step
+            if start + n > ctx:
+                ctx = start + n
+        self._see(prefill, decode, ctx)
         self.starts.append(w.now)
-        w.now += float(w.model.step_s(tokens, seqs, pairs, kv))
+        w.now += float(w.model.step_s(prefill, decode, pairs, kv))
         self.ends.append(w.now)
         for seq in policy.postprocess(items, step):
             self._at(w.now, self._finished(self._owner[seq]))
@@ -314,7 +322,7 @@ class Simulator:
         j = np.arange(k, dtype=np.float64)
         pairs = total + j * b + pad_pairs
         kv = pairs - (b + p)
-        dts = np.broadcast_to(w.model.step_s(b + p, b + p, pairs, kv), (k,))
+        dts = np.broadcast_to(w.model.step_s(0, b + p, pairs, kv), (k,))
         ends = w.now + np.cumsum(dts)
         t_break = self._next_event_s(sends=matter) if matter else self._deadline_or_internal()
         for other in self.workers:  # another worker's next step may send this one work
@@ -323,6 +331,7 @@ class Simulator:
         if k > 1 and t_break < INF:
             k = 1 + int(np.searchsorted(ends[: k - 1], t_break, side="left"))
         step = len(self.ends)
+        self._see(0, b + p, max(s.prompt + s.out for s in running) + k - 1)
         self.starts.append(w.now)
         self.starts.extend(ends[: k - 1].tolist())
         self.ends.extend(ends[:k].tolist())
@@ -330,6 +339,15 @@ class Simulator:
         policy.advance_decode(k, step)
         self.stretch_steps += k
         return True
+
+    def _see(self, prefill: float, decode: float, context: float) -> None:
+        seen = self.seen
+        if prefill > seen["prompt_tokens"]:
+            seen["prompt_tokens"] = prefill
+        if decode > seen["decode_batch"]:
+            seen["decode_batch"] = decode
+        if context > seen["context_tokens"]:
+            seen["context_tokens"] = context
 
     def _deadline_or_internal(self) -> float:
         """The next event that changes a worker's running set even when arrivals do not."""

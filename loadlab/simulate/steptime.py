@@ -7,8 +7,8 @@ numpy arrays, so a stretch of k decode steps is priced in one call.
 Step shape (sums over the batch's items; an item processes tokens
 ``[start, start + n)`` of one sequence, as in ``reference_server/sequence.py``)::
 
-    tokens          sum n: rows through the matmuls (padding rows included)
-    seqs            items in the batch
+    prefill_tokens  sum n over prompt slices (n > 1): compute-bound rows
+    decode_tokens   items with n = 1 (decodes, padding rows): rows that share one weight read
     attn_pairs      sum start * n + n (n + 1) / 2: causal (query, key) pairs
     kv_read_tokens  sum start: cached tokens whose K/V the step reads
 
@@ -18,14 +18,14 @@ Models:
   ``max(FLOPs / achieved FLOP/s, bytes / achieved bytes/s) + overhead`` with
   FLOPs = 2 N tokens + 4 L d_attn pairs (Kaplan et al. 2020) and bytes = the weights once
   + K/V read + K/V written; a GPU preset or this machine's calibration.
-- ``LinearStepTime``: ``c0 + c_token tokens + c_seq seqs + c_pair pairs + c_kv kv_read``,
+- ``LinearStepTime``: ``c0 + c_pre prefill + c_dec decode + c_pair pairs + c_kv kv_read``,
   fitted to measured step times (``loadlab.simulate.fit``); it carries the range it was fitted
   on, so a caller can refuse to extrapolate silently.
 
 Example::
 
-    >>> m = LinearStepTime(base_s=0.01, per_token_s=1e-4)
-    >>> round(m.step_s(tokens=100, seqs=1, attn_pairs=5050, kv_read_tokens=0), 6)
+    >>> m = LinearStepTime(base_s=0.01, per_prefill_token_s=1e-4)
+    >>> round(m.step_s(prefill_tokens=100, decode_tokens=0, attn_pairs=5050, kv_read_tokens=0), 6)
     0.02
 """
 
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 # The StepShape's fields, in the order LinearStepTime's coefficients use them.
-FEATURES = ("tokens", "seqs", "attn_pairs", "kv_read_tokens")
+FEATURES = ("prefill_tokens", "decode_tokens", "attn_pairs", "kv_read_tokens")
 
 Num = Any  # a float or a numpy array of floats (the formulas broadcast)
 
@@ -57,7 +57,9 @@ Num = Any  # a float or a numpy array of floats (the formulas broadcast)
 class StepTimeModel(Protocol):
     """Seconds of one forward pass; arguments may be floats or equal-length arrays."""
 
-    def step_s(self, tokens: Num, seqs: Num, attn_pairs: Num, kv_read_tokens: Num) -> Num: ...
+    def step_s(
+        self, prefill_tokens: Num, decode_tokens: Num, attn_pairs: Num, kv_read_tokens: Num
+    ) -> Num: ...
 
     def describe(self) -> str: ...
 
@@ -71,8 +73,11 @@ class RooflineStepTime:
     model: ModelSpec
     hardware: Hardware
 
-    def step_s(self, tokens: Num, seqs: Num, attn_pairs: Num, kv_read_tokens: Num) -> Num:
+    def step_s(
+        self, prefill_tokens: Num, decode_tokens: Num, attn_pairs: Num, kv_read_tokens: Num
+    ) -> Num:
         m, hw = self.model, self.hardware
+        tokens = prefill_tokens + decode_tokens
         flops = 2.0 * m.matmul_params * tokens + 4.0 * m.n_layers * m.attn_dim * attn_pairs
         nbytes = m.weight_bytes_read_per_step + m.kv_bytes_per_token * (kv_read_tokens + tokens)
         compute = flops / hw.achieved_flops_per_s
@@ -94,14 +99,14 @@ class RooflineStepTime:
 class LinearStepTime:
     """A step time linear in the step's shape, with the ranges it was fitted on.
 
-    ``fit_range`` maps a feature name (``FEATURES`` plus ``prompt_tokens`` and
-    ``decode_batch``) to the ``[low, high]`` it saw; empty when the coefficients were set by
-    hand. ``residuals`` describes the fit (``loadlab.simulate.fit``).
+    ``fit_range`` maps ``prompt_tokens``, ``decode_batch`` and ``context_tokens`` to the
+    ``(low, high)`` it saw; empty when the coefficients were set by hand. ``residuals``
+    describes the fit (``loadlab.simulate.fit``).
     """
 
     base_s: float = 0.0
-    per_token_s: float = 0.0
-    per_seq_s: float = 0.0
+    per_prefill_token_s: float = 0.0
+    per_decode_token_s: float = 0.0
     per_pair_s: float = 0.0
     per_kv_token_s: float = 0.0
     source: str = "by hand"
@@ -109,15 +114,18 @@ class LinearStepTime:
     residuals: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for f in ("base_s", "per_token_s", "per_seq_s", "per_pair_s", "per_kv_token_s"):
+        for f in ("base_s", "per_prefill_token_s", "per_decode_token_s", "per_pair_s",
+                  "per_kv_token_s"):  # fmt: skip
             if getattr(self, f) < 0:
                 raise ValueError(f"LinearStepTime.{f} must be >= 0, got {getattr(self, f)}")
 
-    def step_s(self, tokens: Num, seqs: Num, attn_pairs: Num, kv_read_tokens: Num) -> Num:
+    def step_s(
+        self, prefill_tokens: Num, decode_tokens: Num, attn_pairs: Num, kv_read_tokens: Num
+    ) -> Num:
         return (
             self.base_s
-            + self.per_token_s * tokens
-            + self.per_seq_s * seqs
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_decode_token_s * decode_tokens
             + self.per_pair_s * attn_pairs
             + self.per_kv_token_s * kv_read_tokens
         )
@@ -125,7 +133,8 @@ class LinearStepTime:
     def describe(self) -> str:
         return (
             f"linear ({self.source}): {self.base_s * 1e3:.3g} ms + "
-            f"{self.per_token_s * 1e6:.3g} us/token + {self.per_seq_s * 1e6:.3g} us/seq + "
+            f"{self.per_prefill_token_s * 1e6:.3g} us/prefill token + "
+            f"{self.per_decode_token_s * 1e6:.3g} us/decode row + "
             f"{self.per_pair_s * 1e9:.3g} ns/attn pair + {self.per_kv_token_s * 1e9:.3g} ns/KV token"
         )
 

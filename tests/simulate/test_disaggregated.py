@@ -11,13 +11,13 @@ from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
 
-MODEL = LinearStepTime(base_s=0.010, per_token_s=0.0001, per_seq_s=0.001)
+MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)
 DISAGG = dict(mode="disaggregated", kv_bytes_per_token=1000, kv_transfer_bytes_per_s=1e6,
               kv_transfer_latency_s=0.002)  # fmt: skip
 
 
-def step_ms(tokens: int, seqs: int) -> float:
-    return 10.0 + 0.1 * tokens + 1.0 * seqs
+def step_ms(prefill: int, decode: int) -> float:
+    return 10.0 + 0.1 * prefill + 1.1 * decode
 
 
 def spec(rid: str, prompt: int, out: int, at: float = 0.0) -> RequestSpec:
@@ -39,9 +39,9 @@ def test_one_request_prefill_transfer_decode(fast: bool) -> None:
     """First token from the prefill worker's step; the KV (100 tokens x 1,000 bytes at 1 MB/s,
     + 2 ms) then moves; the decode worker decodes one token per step from there."""
     t = times_ms(run([spec("a", 100, 4)], fast=fast), 0)
-    prefill = step_ms(100, 1)
+    prefill = step_ms(100, 0)
     transfer = 2.0 + 100 * 1000 / 1e6 * 1e3  # 102 ms
-    decode = step_ms(1, 1)
+    decode = step_ms(0, 1)
     assert t == pytest.approx([prefill] + [prefill + transfer + k * decode for k in (1, 2, 3)])
 
 
@@ -53,17 +53,17 @@ def test_prefill_pauses_at_max_held_and_decode_pulls_by_slots() -> None:
     out = run(specs, max_num_seqs=1, max_held=1)
     a, b, c = (times_ms(out, i) for i in range(3))
     transfer = 2.0 + 10 * 1000 / 1e6 * 1e3
-    assert a[0] == pytest.approx(step_ms(10, 1))  # a alone in the first prefill step
-    assert b[0] == pytest.approx(2 * step_ms(10, 1))  # b next (a batch holds max_num_seqs)
+    assert a[0] == pytest.approx(step_ms(10, 0))  # a alone in the first prefill step
+    assert b[0] == pytest.approx(2 * step_ms(10, 0))  # b next (a batch holds max_num_seqs)
     # b's KV is pulled when a's last token is out (a frees the decode slot), then c prefills
-    assert b[1] == pytest.approx(a[-1] + transfer + step_ms(1, 1))
-    assert c[0] == pytest.approx(a[-1] + step_ms(10, 1))
+    assert b[1] == pytest.approx(a[-1] + transfer + step_ms(0, 1))
+    assert c[0] == pytest.approx(a[-1] + step_ms(10, 0))
 
 
 def test_two_prefill_workers_share_arrivals() -> None:
     out = run([spec("a", 500, 2), spec("b", 500, 2)], prefill_workers=2, decode_workers=2)
     a, b = times_ms(out, 0), times_ms(out, 1)
-    assert a[0] == pytest.approx(step_ms(500, 1)) and b[0] == pytest.approx(step_ms(500, 1))
+    assert a[0] == pytest.approx(step_ms(500, 0)) and b[0] == pytest.approx(step_ms(500, 0))
     assert {r.prefill_rank for r in out.requests} == {0, 1}
     assert {r.decode_rank for r in out.requests} == {0, 1}
 

@@ -11,11 +11,12 @@ from loadlab.records import RequestSpec
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
 
 # 10 ms per step, + 0.1 ms per token, + 1 ms per sequence in the batch: easy to add by hand
-MODEL = LinearStepTime(base_s=0.010, per_token_s=0.0001, per_seq_s=0.001)
+MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)
 
 
-def step_ms(tokens: int, seqs: int) -> float:
-    return 10.0 + 0.1 * tokens + 1.0 * seqs
+def step_ms(prefill: int, decode: int) -> float:
+    """10 ms a step, + 0.1 ms per prompt token, + 1.1 ms per decode row."""
+    return 10.0 + 0.1 * prefill + 1.1 * decode
 
 
 def spec(rid: str, prompt: int, out: int, at: float = 0.0) -> RequestSpec:
@@ -39,8 +40,8 @@ def test_one_request_alone(mode: str, fast: bool) -> None:
     every later token is one decode step of a batch of one, at its growing context."""
     out = run(ServerConfig(mode=mode), [spec("a", 100, 5)], fast=fast)
     t = chunk_ms(out, 0)
-    prefill = step_ms(100, 1)  # 10 + 10 + 1 = 21 ms
-    decode = step_ms(1, 1)  # 11.1 ms
+    prefill = step_ms(100, 0)  # 10 + 10 = 20 ms
+    decode = step_ms(0, 1)  # 11.1 ms
     assert t[0] == pytest.approx(prefill)
     assert t == pytest.approx([prefill + k * decode for k in range(5)])
     assert out.num_steps == 5
@@ -58,18 +59,16 @@ def test_static_batch_shorter_slot_idles(fast: bool) -> None:
         )
         a, b, c = (chunk_ms(out, i) for i in range(3))
         steps = out.step_end_s - out.step_start_s
-        first = step_ms(100, 2)
+        first = step_ms(100, 0)
         assert steps[0] * 1e3 == pytest.approx(first)
-        assert list(steps[1:10] * 1e3) == pytest.approx([step_ms(2, 2)] * 9)
+        assert list(steps[1:10] * 1e3) == pytest.approx([step_ms(0, 2)] * 9)
         # the 10 steps after the shorter one ended: one live row, plus its padding row
-        assert list(steps[10:20] * 1e3) == pytest.approx([step_ms(rows_late, rows_late)] * 10)
+        assert list(steps[10:20] * 1e3) == pytest.approx([step_ms(0, rows_late)] * 10)
         assert len(a) == 10 and len(b) == 20
-        assert a[-1] == pytest.approx(first + 9 * step_ms(2, 2))
-        assert b[-1] == pytest.approx(
-            first + 9 * step_ms(2, 2) + 10 * step_ms(rows_late, rows_late)
-        )
+        assert a[-1] == pytest.approx(first + 9 * step_ms(0, 2))
+        assert b[-1] == pytest.approx(first + 9 * step_ms(0, 2) + 10 * step_ms(0, rows_late))
         # c arrived 1 ms in, and starts when the 20-step batch is over
-        assert c[0] + 1.0 == pytest.approx(b[-1] + step_ms(50, 1))
+        assert c[0] + 1.0 == pytest.approx(b[-1] + step_ms(50, 0))
 
 
 @pytest.mark.parametrize(
@@ -91,8 +90,8 @@ def test_chunked_budget_splits_a_long_prompt(
     out = run(server, [spec("a", 1000, 3)], fast=fast)
     steps_ms = list((out.step_end_s - out.step_start_s) * 1e3)
     assert out.num_steps == len(slices) + 2
-    assert steps_ms[: len(slices)] == pytest.approx([step_ms(n, 1) for n in slices])
-    assert chunk_ms(out, 0)[0] == pytest.approx(sum(step_ms(n, 1) for n in slices))
+    assert steps_ms[: len(slices)] == pytest.approx([step_ms(n, 0) for n in slices])
+    assert chunk_ms(out, 0)[0] == pytest.approx(sum(step_ms(n, 0) for n in slices))
 
 
 def test_chunked_slices_share_the_budget_with_decodes() -> None:
@@ -102,8 +101,8 @@ def test_chunked_slices_share_the_budget_with_decodes() -> None:
     out = run(server, [spec("a", 10, 50), spec("b", 1000, 2, at=0.0001)])
     steps = out.step_end_s - out.step_start_s
     # step 0: a's prompt (10); step 1: a's decode + b's first 511; step 2: a + b's 489
-    assert steps[1] * 1e3 == pytest.approx(step_ms(1 + 511, 2))
-    assert steps[2] * 1e3 == pytest.approx(step_ms(1 + 489, 2))
+    assert steps[1] * 1e3 == pytest.approx(step_ms(511, 1))
+    assert steps[2] * 1e3 == pytest.approx(step_ms(489, 1))
 
 
 def test_continuous_newcomer_joins_the_running_batch() -> None:
@@ -113,4 +112,4 @@ def test_continuous_newcomer_joins_the_running_batch() -> None:
     out = run(server, [spec("a", 10, 20), spec("b", 400, 2, at=0.015)])
     a = chunk_ms(out, 0)
     gaps = [y - x for x, y in itertools.pairwise(a)]
-    assert max(gaps) == pytest.approx(step_ms(1 + 400, 2))
+    assert max(gaps) == pytest.approx(step_ms(400, 1))

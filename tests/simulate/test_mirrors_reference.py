@@ -23,7 +23,11 @@ from reference_server.scheduler import make_scheduler
 from reference_server.sequence import SamplingParams, Sequence
 
 MODEL = LinearStepTime(
-    base_s=0.004, per_token_s=2e-5, per_seq_s=3e-4, per_pair_s=1e-9, per_kv_token_s=2e-7
+    base_s=0.004,
+    per_prefill_token_s=2e-5,
+    per_decode_token_s=3e-4,
+    per_pair_s=1e-9,
+    per_kv_token_s=2e-7,
 )
 
 
@@ -54,9 +58,9 @@ def reference_token_times(server: ServerConfig, specs: list[RequestSpec]) -> dic
             continue
         starts = np.array([i.seq.num_computed_tokens for i in batch.items], dtype=np.int64)
         ns = np.array([i.num_new_tokens for i in batch.items], dtype=np.int64)
-        dt = MODEL.step_s(
-            int(ns.sum()), len(ns), int((starts * ns + ns * (ns + 1) // 2).sum()), int(starts.sum())
-        )
+        prefill, decode = int(ns[ns > 1].sum()), int((ns == 1).sum())
+        pairs = int((starts * ns + ns * (ns + 1) // 2).sum())
+        dt = MODEL.step_s(prefill, decode, pairs, int(starts.sum()))
         tokens = runner.run(batch)
         now += dt
         for seq in sched.postprocess(batch, tokens):

@@ -17,7 +17,7 @@ from loadlab.results import Results, read_results, write_results
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator, is_predicted
 from loadlab.workloads import build_requests
 
-MODEL = LinearStepTime(base_s=0.010, per_token_s=0.0001, per_seq_s=0.001)
+MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,11 +36,11 @@ def test_predicted_file_goes_through_the_same_metric_code(tmp_path: Path) -> Non
     assert is_predicted(res) and res.kind == "simulate" and res.config["predicted"] is True
     rec = res.records[0]
     measured = RequestRecord("m", sent_ns=500_000_000, intended_ns=500_000_000,
-                             chunk_ns=[521_000_000, 532_100_000, 543_200_000],
+                             chunk_ns=[520_000_000, 531_100_000, 542_200_000],
                              chunk_tokens=[1, 1, 1], output_tokens=3)  # fmt: skip
     for r in (rec, measured):
-        assert metrics.ttft_ms(r) == pytest.approx(21.0)
-        assert metrics.e2e_ms(r) == pytest.approx(43.2)
+        assert metrics.ttft_ms(r) == pytest.approx(20.0)
+        assert metrics.e2e_ms(r) == pytest.approx(42.2)
         assert metrics.tpot_ms(r) == pytest.approx(11.1)
     assert rec.output_tokens == 3 and rec.prompt_tokens == 100 and rec.server["predicted"]
     assert rec.server["queue_ms"] == pytest.approx(0.0)
@@ -125,7 +125,7 @@ def test_same_seed_same_prediction() -> None:
 
 def test_simulate_command_writes_a_predicted_file(tmp_path: Path) -> None:
     model = tmp_path / "fit.json"
-    model.write_text(json.dumps(LinearStepTime(0.01, 1e-4, 1e-3).to_dict()))
+    model.write_text(json.dumps(LinearStepTime(0.01, 1e-4, 1.1e-3).to_dict()))
     out = tmp_path / "pred.json"
     slo = tmp_path / "slo.toml"
     slo.write_text('min_requests = 5\nobjectives = ["ttft_ms.p90 <= 1"]\n')

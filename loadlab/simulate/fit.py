@@ -1,0 +1,249 @@
+"""Fit a step-time model to measurements: the reference model's own step times (white box),
+or what any endpoint showed in a sweep (black box); print the residuals; know the range.
+
+Both end in ``LinearStepTime`` (``steptime.py``): ``c0 + c_pre prefill tokens + c_dec
+decode rows + c_pair attention pairs + c_kv cached tokens read``, fitted by non-negative least squares on
+relative error (each point weighted by 1 / its time, so a 20 ms decode step counts as much as
+a 2 s prefill). The model carries the range it was fitted on (prompt tokens per prefill step,
+decode batch, decode context); ``extrapolation`` compares a simulation's steps with it, and
+``loadlab simulate`` refuses to go far beyond it unless told to (``--extrapolate``).
+
+Black box (``points_from_results``): from one results file per load level,
+
+- a **prefill point** for each prompt length at a level where about one request was in flight
+  (mean in flight <= 1.5): the median TTFT is one prefill step of that prompt, alone;
+- **decode points**: each token gap is a decode step of as many requests as were between
+  their first and last token at its middle; for every such batch size seen by enough gaps,
+  the median gap is that step, at the requests' mean context (prompt + half the output).
+
+Example::
+
+    points = measure_reference("cpu", batches=[1, 4, 16], contexts=[128, 512], prompts=[64, 512])
+    model = fit_linear(points, source="reference cpu preset")
+    print(residual_table(model))
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from loadlab.simulate.steptime import LinearStepTime
+
+__all__ = [
+    "EXTRAPOLATION_FACTOR",
+    "StepPoint",
+    "extrapolation",
+    "fit_linear",
+    "measure_reference",
+    "points_from_results",
+    "residual_table",
+]
+
+# How far past the fitted range a simulation may go before it is refused (1.5 = 50 % past).
+EXTRAPOLATION_FACTOR = 1.5
+RANGE_KEYS = ("prompt_tokens", "decode_batch", "context_tokens")
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured step: its shape (``steptime`` features) and its seconds."""
+
+    kind: str  # "prefill" | "decode"
+    prefill_tokens: float
+    decode_tokens: float
+    attn_pairs: float
+    kv_read_tokens: float
+    seconds: float
+    label: str = ""
+
+    @classmethod
+    def prefill(cls, prompt_tokens: float, seconds: float, label: str = "") -> StepPoint:
+        p = prompt_tokens
+        return cls("prefill", p, 0, p * (p + 1) / 2, 0, seconds, label)
+
+    @classmethod
+    def decode(
+        cls, batch: float, context_tokens: float, seconds: float, label: str = ""
+    ) -> StepPoint:
+        """``batch`` sequences, each with ``context_tokens`` tokens including the new one."""
+        return cls("decode", 0, batch, batch * context_tokens, batch * (context_tokens - 1),
+                   seconds, label)  # fmt: skip
+
+    def features(self) -> tuple[float, float, float, float]:
+        return (self.prefill_tokens, self.decode_tokens, self.attn_pairs, self.kv_read_tokens)
+
+    @property
+    def size(self) -> float:
+        """Prompt tokens (prefill) or batch (decode)."""
+        return self.prefill_tokens if self.kind == "prefill" else self.decode_tokens
+
+
+def fit_linear(points: Sequence[StepPoint], source: str) -> LinearStepTime:
+    """Non-negative least squares on relative error; residuals and range kept on the model."""
+    from scipy.optimize import nnls
+
+    if len(points) < 2:
+        raise ValueError(f"need at least 2 measured steps to fit, got {len(points)}")
+    a = np.array([(1.0, *p.features()) for p in points])
+    y = np.array([p.seconds for p in points])
+    if not (y > 0).all():
+        raise ValueError("every measured step time must be > 0")
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    w = 1.0 / y
+    coef, _ = nnls((a / scale) * w[:, None], np.ones(len(y)))
+    coef = coef / scale
+    predicted = a @ coef
+    rows = [
+        {"kind": p.kind, "label": p.label, "size": p.size,
+         "measured_s": p.seconds, "predicted_s": float(s), "error_pct": float((s / p.seconds - 1) * 100)}
+        for p, s in zip(points, predicted, strict=True)
+    ]  # fmt: skip
+    errors = np.array([r["error_pct"] for r in rows])
+    residuals: dict[str, Any] = {
+        "points": rows,
+        "max_abs_error_pct": float(np.abs(errors).max()),
+        "rms_error_pct": float(np.sqrt((errors**2).mean())),
+    }
+    return LinearStepTime(
+        base_s=float(coef[0]),
+        per_prefill_token_s=float(coef[1]),
+        per_decode_token_s=float(coef[2]),
+        per_pair_s=float(coef[3]),
+        per_kv_token_s=float(coef[4]),
+        source=source,
+        fit_range=_range(points),
+        residuals=residuals,
+    )
+
+
+def _range(points: Sequence[StepPoint]) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    pre = [p.prefill_tokens for p in points if p.kind == "prefill"]
+    dec = [p for p in points if p.kind == "decode"]
+    if pre:
+        out["prompt_tokens"] = (min(pre), max(pre))
+    if dec:
+        out["decode_batch"] = (min(p.decode_tokens for p in dec), max(p.decode_tokens for p in dec))
+        ctx = [p.kv_read_tokens / p.decode_tokens + 1 for p in dec]
+        out["context_tokens"] = (min(ctx), max(ctx))
+    return out
+
+
+def residual_table(model: LinearStepTime) -> str:
+    """The fit's points, measured against fitted, as text."""
+    res = model.residuals
+    lines = [model.describe(), f"{'kind':<8} {'size':>7} {'measured ms':>12} "
+             f"{'fitted ms':>10} {'error':>7}  label"]  # fmt: skip
+    for r in res.get("points", []):
+        lines.append(f"{r['kind']:<8} {r['size']:>7.1f} "
+                     f"{r['measured_s'] * 1e3:>12.2f} {r['predicted_s'] * 1e3:>10.2f} "
+                     f"{r['error_pct']:>+6.1f}%  {r['label']}")  # fmt: skip
+    if res:
+        lines.append(f"residuals: max |error| {res['max_abs_error_pct']:.1f} %, "
+                     f"rms {res['rms_error_pct']:.1f} % over {len(res['points'])} points")  # fmt: skip
+    ranges = ", ".join(f"{k} {lo:g}-{hi:g}" for k, (lo, hi) in model.fit_range.items())
+    if ranges:
+        lines.append(f"fitted on: {ranges}")
+    return "\n".join(lines)
+
+
+def extrapolation(
+    model: Any, seen: dict[str, float], factor: float = EXTRAPOLATION_FACTOR
+) -> list[str]:
+    """What a simulation asked of ``model`` beyond ``factor`` x its fitted range (empty: fine).
+
+    ``seen`` maps ``RANGE_KEYS`` to the largest value the simulation's steps reached."""
+    fit_range = getattr(model, "fit_range", None) or {}
+    out = []
+    for key in RANGE_KEYS:
+        if key in fit_range and key in seen and seen[key] > fit_range[key][1] * factor:
+            lo, hi = fit_range[key]
+            out.append(f"{key} reached {seen[key]:g}, the step-time model was fitted on "
+                       f"{lo:g}-{hi:g}")  # fmt: skip
+    return out
+
+
+def measure_reference(
+    preset: str,
+    batches: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    contexts: Sequence[int] = (64, 256, 1024),
+    prompts: Sequence[int] = (32, 128, 512, 1024, 2048),
+    *,
+    threads: int | None = None,
+    repeats: int = 3,
+    log: IO[str] | None = None,
+) -> list[StepPoint]:
+    """Time the reference model's steps here (``reference_server.bench``; needs torch)."""
+    import importlib
+
+    bench = importlib.import_module("reference_server.bench")
+    runner_cls = importlib.import_module("reference_server.model_runner").ModelRunner
+    runner = runner_cls(preset, kv_cache_bytes=1 << 30, threads=threads)
+    points = []
+    for p in prompts:
+        s = bench.prefill_time_s(runner, p, 1, repeats)
+        points.append(StepPoint.prefill(p, s, f"prefill {p}"))
+        _say(log, points[-1])
+    for c in contexts:
+        for b in batches:
+            s = bench.decode_step_time_s(runner, b, c, repeats)
+            points.append(StepPoint.decode(b, c, s, f"decode {b} x {c}"))
+            _say(log, points[-1])
+    return points
+
+
+def _say(log: IO[str] | None, p: StepPoint) -> None:
+    if log is not None:
+        print(f"  {p.label}: {p.seconds * 1e3:.2f} ms", file=log, flush=True)
+
+
+def points_from_results(results: Iterable[Any], min_gaps: int = 20) -> list[StepPoint]:
+    """Black-box step points from a sweep's results files (see the module docstring)."""
+    from loadlab import metrics
+
+    points: list[StepPoint] = []
+    for res in results:
+        ok = [r for r in res.records if r.ok and len(r.chunk_ns) >= 2 and r.sent_ns is not None]
+        if not ok:
+            continue
+        label = f"load {res.config.get('rate_rps') or res.config.get('concurrency')}"
+        ctx = statistics.fmean((r.prompt_tokens or 0) + len(r.chunk_ns) / 2 for r in ok)
+        for batch, seconds in _decode_steps(ok, min_gaps):
+            points.append(StepPoint.decode(batch, ctx, seconds, f"ITL p50, batch {batch}, {label}"))
+        lo, hi = res.measurement_window_ns()
+        in_flight = sum(r.chunk_ns[-1] - r.sent_ns for r in ok) / max(1, hi - lo)
+        if in_flight <= 1.5:  # about one request at a time: a TTFT is one prefill alone
+            by_len: dict[int, list[float]] = defaultdict(list)
+            for r in ok:
+                ttft = metrics.ttft_ms(r)
+                if ttft is not None and r.prompt_tokens:
+                    by_len[r.prompt_tokens].append(ttft)
+            for p, ttfts in sorted(by_len.items()):
+                points.append(StepPoint.prefill(p, statistics.median(ttfts) / 1e3,
+                                                f"TTFT p50, {p} tokens, {label}"))  # fmt: skip
+    return points
+
+
+def _decode_steps(records: Sequence[Any], min_gaps: int) -> list[tuple[int, float]]:
+    """(batch, median gap in s) for every batch size seen by at least ``min_gaps`` gaps. A
+    gap's batch is the number of requests between their first and last token at its middle
+    (counted per gap, not per second: a gap sees the batches that make gaps)."""
+    firsts = np.sort(np.array([r.chunk_ns[0] for r in records], dtype=np.float64))
+    lasts = np.sort(np.array([r.chunk_ns[-1] for r in records], dtype=np.float64))
+    chunks = [np.asarray(r.chunk_ns, dtype=np.float64) for r in records]
+    gaps = np.concatenate([np.diff(c) for c in chunks])
+    mids = np.concatenate([(c[1:] + c[:-1]) / 2 for c in chunks])
+    batch = np.searchsorted(firsts, mids, side="right") - np.searchsorted(lasts, mids, side="left")
+    out = []
+    for b in np.unique(batch):
+        sel = gaps[batch == b]
+        if b >= 1 and len(sel) >= min_gaps:
+            out.append((int(b), float(np.median(sel)) / 1e9))
+    return out

@@ -1,0 +1,112 @@
+"""Fitting step-time models: exact recovery, a black box recovered from simulated sweeps,
+residuals, the fitted range, and the refusal to extrapolate silently."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadlab.config import RunConfig
+from loadlab.results import write_results
+from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
+from loadlab.simulate.fit import StepPoint, extrapolation, fit_linear, points_from_results
+from loadlab.simulate.steptime import model_from_dict
+from loadlab.workloads import build_requests
+
+TRUTH = LinearStepTime(base_s=0.012, per_prefill_token_s=4e-4, per_decode_token_s=1.5e-3,
+                       per_pair_s=2e-8, per_kv_token_s=3e-6)  # fmt: skip
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def truth_points() -> list[StepPoint]:
+    pts = [StepPoint.prefill(p, float(TRUTH.step_s(p, 0, p * (p + 1) / 2, 0)))
+           for p in (16, 64, 256, 1024)]  # fmt: skip
+    for b in (1, 4, 16):
+        for c in (64, 512):
+            pts.append(StepPoint.decode(b, c, float(TRUTH.step_s(0, b, b * c, b * (c - 1)))))
+    return pts
+
+
+def test_fit_recovers_a_linear_model_exactly() -> None:
+    model = fit_linear(truth_points(), "synthetic")
+    for f in (
+        "base_s",
+        "per_prefill_token_s",
+        "per_decode_token_s",
+        "per_pair_s",
+        "per_kv_token_s",
+    ):
+        assert getattr(model, f) == pytest.approx(getattr(TRUTH, f), rel=1e-6, abs=1e-12), f
+    assert model.residuals["max_abs_error_pct"] < 1e-6
+    assert model.fit_range == {"prompt_tokens": (16, 1024), "decode_batch": (1, 16),
+                               "context_tokens": (64, 512)}  # fmt: skip
+    again = model_from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again == model
+
+
+def test_black_box_fit_from_a_simulated_sweep(tmp_path: Path) -> None:
+    """The simulator plays the endpoint (continuous batching priced by TRUTH): a concurrency
+    sweep of synthetic requests with drawn prompt lengths. The fit from those results files
+    alone prices prefills and decode steps within 10 % of TRUTH in the range it saw."""
+    files = []
+    for c in (1, 2, 4, 8):
+        wl = {"kind": "synthetic", "prompt_tokens": {"dist": "uniform", "low": 32, "high": 512},
+              "output_tokens": 40}  # fmt: skip
+        cfg = RunConfig(concurrency=c, requests=60, workload=wl, seed=c)
+        out = Simulator(cfg, ServerConfig(max_num_seqs=16), TRUTH).run(build_requests(cfg))
+        files.append(write_results(out.to_results(), tmp_path / f"c{c}.json"))
+    from loadlab.results import read_results
+
+    points = points_from_results(read_results(f) for f in files)
+    assert {p.kind for p in points} == {"prefill", "decode"}
+    model = fit_linear(points, "black box")
+    for p in (64, 256, 500):
+        want = TRUTH.step_s(p, 0, p * (p + 1) / 2, 0)
+        assert model.step_s(p, 0, p * (p + 1) / 2, 0) == pytest.approx(want, rel=0.10)
+    for b in (1, 4, 8):
+        c = 300
+        want = TRUTH.step_s(0, b, b * c, b * (c - 1))
+        assert model.step_s(0, b, b * c, b * (c - 1)) == pytest.approx(want, rel=0.10)
+
+
+def test_extrapolation_is_named() -> None:
+    model = fit_linear(truth_points(), "synthetic")
+    assert extrapolation(model, {"decode_batch": 20, "prompt_tokens": 1500}) == []
+    msgs = extrapolation(model, {"decode_batch": 64, "prompt_tokens": 1500})
+    assert msgs == ["decode_batch reached 64, the step-time model was fitted on 1-16"]
+    assert extrapolation(TRUTH, {"decode_batch": 1e9}) == []  # set by hand: no range to hold
+
+
+def test_simulate_refuses_to_extrapolate_silently(tmp_path: Path) -> None:
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps(fit_linear(truth_points(), "synthetic").to_dict()))
+    base = ["simulate", "--step-model", str(fit), "--concurrency", "64", "--requests", "128",
+            "--max-num-seqs", "64", "--out", str(tmp_path / "p.json")]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    for extra, code in (([], 2), (["--extrapolate"], 0)):
+        done = subprocess.run([sys.executable, "-m", "loadlab", *base, *extra], text=True,
+                              capture_output=True, env=env, timeout=120, cwd=ROOT)  # fmt: skip
+        assert done.returncode == code, done.stderr
+        assert "decode_batch reached 64" in done.stderr
+
+
+def test_fit_command_prints_residuals_and_writes_the_model(tmp_path: Path) -> None:
+    cfg = RunConfig(concurrency=1, requests=20, workload={"kind": "synthetic",
+                    "prompt_tokens": {"dist": "uniform", "low": 32, "high": 512}, "output_tokens": 20})  # fmt: skip
+    out = Simulator(cfg, ServerConfig(), TRUTH).run(build_requests(cfg))
+    res = write_results(out.to_results(), tmp_path / "c1.json")
+    cfg4 = cfg.replace(concurrency=4, requests=40)
+    out4 = Simulator(cfg4, ServerConfig(), TRUTH).run(build_requests(cfg4))
+    res4 = write_results(out4.to_results(), tmp_path / "c4.json")
+    fit = tmp_path / "fit.json"
+    argv = ["simulate", "--fit-results", str(res), str(res4), "--fit-out", str(fit)]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "loadlab", *argv], text=True,
+                          capture_output=True, env=env, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "residuals: max |error|" in done.stdout and "fitted on:" in done.stdout
+    assert model_from_dict(json.loads(fit.read_text())).source == "black box, 2 results files"
