@@ -26,9 +26,19 @@ from loadlab.errors import ConfigError
 
 if TYPE_CHECKING:
     from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.results import Results
     from loadlab.slo import SLOSpec
 
-__all__ = ["Level", "SweepResult", "find_max_load", "knee", "render_html", "run_level"]
+__all__ = [
+    "Level",
+    "SweepResult",
+    "find_max_load",
+    "judge_level",
+    "knee",
+    "level_config",
+    "render_html",
+    "run_level",
+]
 
 MODES = ("rate", "concurrency")
 
@@ -196,21 +206,33 @@ def run_level(
     inconclusive: str = "fail",
 ) -> Level:
     """One real level: run the load, write its results file, judge it against ``spec``."""
-    from loadlab.report.text import objective_line
     from loadlab.results import write_results
     from loadlab.runner.workers import run_load
-    from loadlab.slo import evaluate
-    from loadlab.summary import summarize
     from loadlab.workloads import build_requests
 
-    if mode == "rate":
-        cfg = base.replace(rate_rps=float(load), concurrency=None)
-    else:
-        cfg = base.replace(concurrency=int(load), rate_rps=None)
+    cfg = level_config(base, load, mode)
     path = out_dir / f"level-{mode}-{_num(load)}.json"
     cfg = cfg.replace(out=str(path), slo=None, progress=False)
     results = run_load(cfg, endpoint, build_requests, progress=False)
     write_results(results, path)
+    return judge_level(results, spec, load, str(path), inconclusive)
+
+
+def level_config(base: RunConfig, load: float, mode: str) -> RunConfig:
+    """``base`` at one load: open loop at ``load`` req/s, or closed loop of ``load`` streams."""
+    if mode == "rate":
+        return base.replace(rate_rps=float(load), concurrency=None)
+    return base.replace(concurrency=int(load), rate_rps=None)
+
+
+def judge_level(
+    results: Results, spec: SLOSpec, load: float, path: str | None, inconclusive: str = "fail"
+) -> Level:
+    """A level from its results (measured or predicted) judged against ``spec``."""
+    from loadlab.report.text import objective_line
+    from loadlab.slo import evaluate
+    from loadlab.summary import summarize
+
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
     s = summarize(results)
     counts = s.counts
@@ -224,7 +246,7 @@ def run_level(
         e2e_p95_ms=s.e2e_ms.at(95),
         tpot_p95_ms=s.tpot_ms.at(95),
         error_rate=counts.error_rate,
-        path=str(path),
+        path=path,
         failed_objectives=tuple(
             [objective_line(r) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
         ),

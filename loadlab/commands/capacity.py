@@ -10,6 +10,9 @@ Examples::
     loadlab capacity --vs-measured --preset cpu
     loadlab capacity --results reports/run.json --url http://127.0.0.1:8000
     loadlab capacity --results reports/vendor.json --model llama-3-8b --hardware h100
+    loadlab capacity --simulate --slo examples/slo.toml --model llama-3-8b --hardware h100 \
+        --prompt-tokens 1000 --completion-tokens 250 --peak-rps 400 --gpu-hour-price 2.5 \
+        --max-num-seqs 256 --max-model-len 8192     # the SLO bound, by simulation
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--threads", type=int, help="torch threads for --vs-measured")
     c.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: this thread's CPU time (with --threads 1, on a busy machine)")  # fmt: skip
+    from loadlab.simulate.capacity import add_capacity_arguments
+
+    add_capacity_arguments(p)
     p.add_argument("--list", action="store_true", help="list model and hardware presets")
     p.add_argument("--json", dest="json_out", help="also write the result as JSON here")
 
@@ -174,6 +180,14 @@ def run(args: argparse.Namespace) -> int:
 
         return run_vs_measured(args)
     out: dict[str, object] = {}
+    if args.simulate:
+        from loadlab.simulate.capacity import run_capacity
+
+        hw = _hardware(args) if args.model else None
+        out = run_capacity(args, _model(args, hw) if args.model else None, hw)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str), encoding="utf-8")
+        return 0
     if args.decode_tokens_per_s is not None:
         if args.completion_tokens is None or args.peak_rps is None:
             raise ConfigError("the sequence needs --completion-tokens and --peak-rps too")
