@@ -9,6 +9,11 @@ seed...) judged by the SLO file; rising levels until one fails, then bisection b
 last pass and the first fail. Writes one results file per level, ``sweep.json`` (the
 summary) and ``sweep.html`` (the curve) into ``--out-dir``, and prints the latency-throughput curve with its knee. Exit code:
 0 when some level met the SLOs, 1 when none did, 2 on bad input.
+
+``--predict`` also simulates the same sweep (``loadlab simulate``'s server and step-time
+flags; ``--mode`` is the simulated server's too) and prints, and writes as ``predicted.json``
+and ``predicted.html``, the predicted SLO-max load beside the measured one with its error and
+each latency metric's p50 / p90 / p99 against load, both curves.
 """
 
 from __future__ import annotations
@@ -21,10 +26,16 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loadlab.config import RunConfig
+    from loadlab.slo import SLOSpec
+    from loadlab.sweep import SweepResult
 
 __all__ = ["add_arguments", "parse_levels", "run"]
 
@@ -40,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an objective whose interval straddles its threshold (default: fail)")  # fmt: skip
     s.add_argument("--preset", default="cpu", help="embedded reference server preset")
     s.add_argument("--mode", default="continuous", help="embedded reference server mode")
+    s.add_argument("--predict", action="store_true",
+                   help="also simulate the sweep; print and plot predicted beside measured")  # fmt: skip
+    from loadlab.simulate.setup import add_server_arguments, add_step_arguments
+
+    add_server_arguments(p, mode=False)  # --mode above is the simulated server's too
+    add_step_arguments(p)
 
 
 def parse_levels(text: str, integer: bool) -> list[float]:
@@ -108,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         page.write_text(render_html(result), encoding="utf-8")
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
+        if args.predict:
+            _predict(args, base, spec, levels, mode, result, out_dir)
         return 0 if result.max_passing_load is not None else 1
 
     if base.endpoints:
@@ -118,3 +137,36 @@ def run(args: argparse.Namespace) -> int:
 
 def base_model(args: argparse.Namespace) -> str:
     return str(args.model or "loadlab-ref")
+
+
+def _predict(args: argparse.Namespace, base: RunConfig, spec: SLOSpec, levels: list[float],
+             mode: str, measured: SweepResult, out_dir: Path) -> None:  # fmt: skip
+    """``--predict``: the same sweep simulated, beside the measured one (text, JSON, HTML)."""
+    from loadlab.results import read_results
+    from loadlab.simulate.capacity import predicted_sweep
+    from loadlab.simulate.engine import Simulator
+    from loadlab.simulate.setup import server_from_args, step_model_from_args
+    from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
+    from loadlab.sweep import level_config
+    from loadlab.workloads import build_requests
+
+    step = step_model_from_args(args)
+    server = server_from_args(args, step)
+    print(f"loadlab sweep: predicting ({server.mode}; {step.describe()}) ...", file=sys.stderr)
+    predicted, runs = predicted_sweep(base, server, step, spec, levels, mode=mode,
+                                      bisect_steps=args.bisect_steps, inconclusive=args.inconclusive)  # fmt: skip
+    for lv in measured.levels:  # predict every measured load, for the curves
+        if lv.load not in runs:
+            cfg = level_config(base, lv.load, mode)
+            runs[lv.load] = Simulator(cfg, server, step).run(build_requests(cfg)).to_results()
+    measured_runs = {lv.load: read_results(lv.path) for lv in measured.levels if lv.path}
+    curves = {"measured": curves_of(measured_runs), "predicted": curves_of(runs)}
+    print(versus_text(measured, predicted, curves))
+    (out_dir / "predicted.json").write_text(json.dumps({
+        "predicted": predicted.to_dict(), "curves": {k: {str(x): v for x, v in c.items()}
+                                                     for k, c in curves.items()},
+        "max_load_error_pct": max_load_error_pct(measured, predicted),
+        "server": server.__dict__, "step_model": step.to_dict()}, indent=2), encoding="utf-8")  # fmt: skip
+    page = out_dir / "predicted.html"
+    page.write_text(versus_html(measured, predicted, curves), encoding="utf-8")
+    print(f"predicted: {out_dir / 'predicted.json'}; plot: {page}")

@@ -58,8 +58,13 @@ def predicted_sweep(
     *,
     mode: str = "rate",
     bisect_steps: int = 4,
+    inconclusive: str = "pass",
 ) -> tuple[SweepResult, dict[float, Any]]:
-    """The sweep with every level simulated; also each level's predicted ``Results``."""
+    """The sweep with every level simulated; also each level's predicted ``Results``.
+
+    ``inconclusive="pass"`` (the default): a prediction can be made as long as wanted, so an
+    objective it cannot yet decide at the SLO's confidence (0 errors in 150 requests against
+    ``error_rate <= 0.01``) is not held against it; beside a measured sweep, use its policy."""
     from loadlab.workloads import build_requests
 
     runs: dict[float, Any] = {}
@@ -68,9 +73,7 @@ def predicted_sweep(
         cfg = level_config(base, load, mode)
         results = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
         runs[float(load)] = results
-        # A prediction can be made as long as wanted: an objective it cannot yet decide at
-        # 95 % (0 errors in 150 requests against "error_rate <= 0.01") is not held against it.
-        return judge_level(results, spec, load, None, inconclusive="pass")
+        return judge_level(results, spec, load, None, inconclusive)
 
     result = find_max_load(evaluate, levels, bisect_steps, integer=mode != "rate", mode=mode)
     return result, runs

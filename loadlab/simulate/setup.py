@@ -37,9 +37,11 @@ __all__ = [
 CPU_KV_BYTES = 1 << 30  # the reference server's CPU default cap (model_runner._default_kv_bytes)
 
 
-def add_server_arguments(p: argparse.ArgumentParser) -> None:
+def add_server_arguments(p: argparse.ArgumentParser, mode: bool = True) -> None:
+    """The simulated server's flags; ``mode=False`` where the command has its own ``--mode``."""
     g = p.add_argument_group("simulated server (loadlab-server's flags and defaults)")
-    g.add_argument("--mode", choices=MODES, default="continuous", help="scheduling policy")
+    if mode:
+        g.add_argument("--mode", choices=MODES, default="continuous", help="scheduling policy")
     g.add_argument("--max-num-seqs", type=int, default=32, help="largest running batch")
     g.add_argument("--num-kv-blocks", type=int, help="KV cache blocks (default: from the model)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
