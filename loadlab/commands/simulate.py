@@ -35,9 +35,7 @@ from loadlab.commands import run as run_cmd
 if TYPE_CHECKING:
     from loadlab.simulate.steptime import StepTimeModel
 
-__all__ = ["HELP", "add_arguments", "run"]
-
-HELP = "predict a run by simulating the server; write a results file marked predicted"
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loadlab.errors import ConfigError
 from loadlab.simulate.engine import Simulator
 from loadlab.sweep import Level, SweepResult, find_max_load, judge_level, level_config
 
@@ -44,7 +45,7 @@ __all__ = [
 def rate_levels(first: float, last: float, count: int = 8) -> list[float]:
     """``count`` rising rates from ``first`` to ``last``, evenly spaced in log."""
     if not 0 < first < last or count < 2:
-        raise ValueError(f"need 0 < first < last and count >= 2, got {first}, {last}, {count}")
+        raise ConfigError(f"need 0 < first < last and count >= 2, got {first}, {last}, {count}")
     ratio = (last / first) ** (1 / (count - 1))
     return [round(first * ratio**i, 4) for i in range(count)]
 
@@ -223,14 +224,14 @@ def run_capacity(args: Any, model_spec: Any, hardware: Any) -> dict[str, Any]:
     from loadlab.slo import load_slo
 
     if not args.slo:
-        raise ValueError("--simulate needs --slo FILE: the objectives a level must meet")
+        raise ConfigError("--simulate needs --slo FILE: the objectives a level must meet")
     spec, dropped = ceilings_only(load_slo(args.slo))
     if args.step_model:
         step: StepTimeModel = model_from_dict(json.loads(Path(args.step_model).read_text()))
     elif model_spec is not None:
         step = RooflineStepTime(model_spec, hardware)
     else:
-        raise ValueError("--simulate needs --model and --hardware (a roofline) or --step-model")
+        raise ConfigError("--simulate needs --model and --hardware (a roofline) or --step-model")
     args.sim_model = model_spec.name if model_spec is not None else "ref-cpu"
     server = server_from_args(args, step)
     prompt, completion = args.prompt_tokens or 512, int(args.completion_tokens or 128)
@@ -259,7 +260,7 @@ def ceilings_only(spec: SLOSpec) -> tuple[SLOSpec, list[str]]:
     floors = [str(o) for o in spec.objectives if not o.upper_bound]
     keep = tuple(o for o in spec.objectives if o.upper_bound)
     if not keep:
-        raise ValueError(f"{spec.source or 'the SLO'} has no upper-bound objective to search on")
+        raise ConfigError(f"{spec.source or 'the SLO'} has no upper-bound objective to search on")
     return dataclasses.replace(spec, objectives=keep), floors
 
 
@@ -268,7 +269,7 @@ def _base_config(args: Any, run_config: Any, prompt: int, completion: int) -> Ru
                           "output_tokens": completion}  # fmt: skip
     fields: dict[str, Any] = {}
     if args.scenario:
-        from loadlab.workloads.scenario import load_scenario
+        from loadlab.scenario import load_scenario
 
         sc = load_scenario(args.scenario)
         wl = dict(sc.workload)

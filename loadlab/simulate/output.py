@@ -15,8 +15,9 @@ and ``compare`` read the file unchanged. What marks it as a prediction:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -24,7 +25,48 @@ from loadlab.records import RequestRecord
 from loadlab.results import Results, environment_info
 
 if TYPE_CHECKING:
-    from loadlab.simulate.engine import Request, SimOutput
+    from loadlab.config import RunConfig
+    from loadlab.records import RequestSpec
+    from loadlab.simulate.policies import SimSeq
+    from loadlab.simulate.server import ServerConfig
+    from loadlab.simulate.steptime import StepTimeModel
+
+
+class Request(Protocol):
+    """What a record is made from (``engine.Request``; a protocol, so that the engine may
+    import this module and not the other way round)."""
+
+    spec: RequestSpec
+    outcome: str
+    error: str | None
+    intended_s: float | None
+    arrival_s: float
+    end_s: float | None
+    prompt_tokens: int
+    seq: SimSeq | None
+    dseq: SimSeq | None
+
+
+class SimOutput(Protocol):
+    """What a results file is made from (``engine.SimOutput``)."""
+
+    cfg: RunConfig
+    server: ServerConfig
+    step_model: StepTimeModel
+    step_start_s: np.ndarray
+    step_end_s: np.ndarray
+    end_s: float
+    preemptions: int
+    wall_s: float
+    stretch_steps: int
+    extra: dict[str, Any]
+
+    @property
+    def requests(self) -> Sequence[Request]: ...
+
+    @property
+    def num_steps(self) -> int: ...
+
 
 __all__ = ["KIND", "is_predicted", "to_results"]
 

@@ -23,6 +23,7 @@ from loadlab.capacity.hardware import (
     get_hardware,
 )
 from loadlab.capacity.models import MODELS, REFERENCE_PREFIX, ModelSpec, get_model
+from loadlab.errors import ConfigError
 from loadlab.simulate.server import FINISHED_SLOTS, MODES, ServerConfig
 from loadlab.simulate.steptime import RooflineStepTime, StepTimeModel, model_from_dict
 
@@ -100,7 +101,7 @@ def step_model_from_args(args: argparse.Namespace) -> StepTimeModel:
         try:
             data = json.loads(Path(args.step_model).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"--step-model {args.step_model}: cannot read it ({exc})") from exc
+            raise ConfigError(f"--step-model {args.step_model}: cannot read it ({exc})") from exc
         return model_from_dict(data)
     hw = _hardware(args)
     return RooflineStepTime(_model_spec(args, hw), hw)
@@ -118,7 +119,7 @@ def default_kv_blocks(
         budget = min(64 * max_model_len * model.kv_bytes_per_token, CPU_KV_BYTES)
     blocks = int(budget // per_block)
     if blocks < 1:
-        raise ValueError(f"{model.name} leaves no KV cache on this device; give --num-kv-blocks")
+        raise ConfigError(f"{model.name} leaves no KV cache on this device; give --num-kv-blocks")
     return blocks
 
 

@@ -32,12 +32,14 @@ Curves = Mapping[str, Mapping[float, Mapping[str, Mapping[str, float | None]]]]
 
 def curves_of(results_by_load: Mapping[float, Any]) -> dict[float, dict[str, dict[str, Any]]]:
     """Each load's metric percentiles, from its results (measured or predicted)."""
-    from loadlab.metrics import summarize
+    from loadlab.summary import summarize
 
     out: dict[float, dict[str, dict[str, Any]]] = {}
     for load, res in sorted(results_by_load.items()):
         s = summarize(res)
-        out[float(load)] = {m: {p: s[m].get(p) for p in PERCENTILES} for m in METRICS}
+        out[float(load)] = {
+            m: {p: s.latency(m).at(float(p[1:])) for p in PERCENTILES} for m in METRICS
+        }
     return out
 
 

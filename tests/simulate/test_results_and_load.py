@@ -15,6 +15,7 @@ from loadlab.config import RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, read_results, write_results
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator, is_predicted
+from loadlab.summary import summarize
 from loadlab.workloads import build_requests
 
 MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)
@@ -44,8 +45,8 @@ def test_predicted_file_goes_through_the_same_metric_code(tmp_path: Path) -> Non
         assert metrics.tpot_ms(r) == pytest.approx(11.1)
     assert rec.output_tokens == 3 and rec.prompt_tokens == 100 and rec.server["predicted"]
     assert rec.server["queue_ms"] == pytest.approx(0.0)
-    summary = metrics.summarize(res)
-    assert summary == metrics.summarize(Results.from_dict(json.loads(path.read_text())))
+    summary = summarize(res)
+    assert summary == summarize(Results.from_dict(json.loads(path.read_text())))
 
 
 def test_report_slo_and_compare_read_a_predicted_file(tmp_path: Path) -> None:
