@@ -50,7 +50,6 @@ class StaticScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         if not self.running:
-            self._end_batch()  # (when its last member was aborted rather than finished)
             self._take_new_batch(batch)
             return batch
         for seq in self.running:  # decode every unfinished member
@@ -64,6 +63,12 @@ class StaticScheduler(Scheduler):
         if not self.running:
             self._end_batch()
         return updated
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        seq = super().abort(seq_id)
+        if not self.running:  # its last member was aborted: the padded rows go now, not at
+            self._end_batch()  # the next schedule(), which an idle engine never calls
+        return seq
 
     def _end_batch(self) -> None:
         """The batch is over: its padded rows give their blocks back."""
