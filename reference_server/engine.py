@@ -180,6 +180,7 @@ class Engine:
         if not batch:
             return False
         prefill, decode, padding = batch.token_counts()
+        waiting = self.scheduler.num_waiting > 0  # slots were all taken (or held): saturated
         t0 = self.clock()
         try:
             tokens = self.runner.run(batch)
@@ -190,7 +191,7 @@ class Engine:
         seconds = (self.clock() - t0) / 1e9
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode,
-                               padding_tokens=padding)  # fmt: skip
+                               padding_tokens=padding, waiting=waiting)  # fmt: skip
         self._emit(updated)
         return True
 

@@ -10,9 +10,14 @@ a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
     kv_blocks_used / kv_blocks_total  gauge    paged KV cache blocks (used: held by a request)
     kv_blocks_cached                  gauge    blocks holding a cached prefix (held or free)
     step_seconds{phase}               histogram  forward-pass step time; phase = prefill|decode|mixed
+                                               (10 buckets a decade: fine enough for step jitter)
     steps_total{phase}                counter
     tokens_total{phase}               counter  tokens processed (prefill), generated (decode), or
                                                recomputed as padding rows (static, pad)
+    steps_while_waiting_total         counter  steps that decoded while requests waited for a slot
+    decode_tokens_while_waiting_total counter  their decode tokens: / the steps above = useful
+                                               decode rows per step while work waits (what static
+                                               batching's finished slots waste)
     preemptions_total                 counter  sequences preempted (recomputed later)
     prefix_cache_queries_total        counter  prompt tokens of admitted requests (vLLM's
                                                prefix_cache_queries; recomputes not counted)
@@ -37,8 +42,10 @@ from collections.abc import Mapping
 __all__ = ["PHASES", "STEP_BUCKETS_S", "ServerStats"]
 
 PHASES = ("prefill", "decode", "mixed")
-# Step times span ~1 ms (tiny model decode) to seconds (a 2k-token CPU prefill).
-STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Step times span ~1 ms (tiny model decode) to seconds (a 2k-token CPU prefill). Ten buckets a
+# decade (each 1.26x the last) so a client (loadlab lab) can read the step time's jitter from
+# two scrapes: a coarser 1-2.5-5 ladder put every decode step of a run in one bucket.
+STEP_BUCKETS_S = tuple(round(10 ** (k / 10 - 3), 6) for k in range(41))  # 1 ms .. 10 s
 PREFIX = "loadlab_server_"
 
 
@@ -52,6 +59,8 @@ class ServerStats:
         self._tokens: Counter[str] = Counter()
         self._finished: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
+        self._waiting_steps = 0
+        self._waiting_decode_tokens = 0
 
     def record_step(
         self,
@@ -61,7 +70,9 @@ class ServerStats:
         prefill_tokens: int,
         decode_tokens: int,
         padding_tokens: int = 0,
+        waiting: bool = False,
     ) -> None:
+        """``waiting``: requests were still waiting for a slot when this step was scheduled."""
         with self._lock:
             self._bucket_counts[phase][bisect.bisect_left(STEP_BUCKETS_S, seconds)] += 1
             self._step_sum_s[phase] += seconds
@@ -69,6 +80,9 @@ class ServerStats:
             self._tokens["decode"] += decode_tokens
             if padding_tokens:
                 self._tokens["padding"] += padding_tokens
+            if waiting and decode_tokens:
+                self._waiting_steps += 1
+                self._waiting_decode_tokens += decode_tokens
 
     def record_finished(self, finish_reason: str) -> None:
         with self._lock:
@@ -113,6 +127,11 @@ class ServerStats:
             for phase in PHASES:
                 n = sum(self._bucket_counts[phase])
                 lines.append(f'{PREFIX}steps_total{{phase="{phase}"}} {n}')
+            for name, value in (
+                ("steps_while_waiting_total", self._waiting_steps),
+                ("decode_tokens_while_waiting_total", self._waiting_decode_tokens),
+            ):
+                lines += [f"# TYPE {PREFIX}{name} counter", f"{PREFIX}{name} {value}"]
             lines += _labelled(
                 "tokens_total", "phase", self._tokens, ("prefill", "decode", "padding")
             )

@@ -138,3 +138,28 @@ def test_gauges_follow_the_scheduler_and_the_inbox() -> None:
     assert during.kv_blocks_used == 2 and during.kv_blocks_total == 32
     assert (after.running_requests, after.kv_blocks_used, after.preemptions_total) == (0, 0, 0)
     assert engine.max_num_seqs == 4 and engine.extra_metrics() == []
+
+
+def test_steps_while_requests_wait_count_static_batchings_useful_rows() -> None:
+    """Static, 2 slots, answers of 1, 3 and 1 tokens: while c waits, a's finished row pads."""
+    from reference_server.scheduler import StaticScheduler
+
+    clock = FakeClock()
+    runner = FakeModelRunner(32, 4, clock=clock, step_ns=lambda b: 1_000_000)
+    sched = StaticScheduler(BlockManager(32, 4), max_num_seqs=2)
+    engine = Engine(runner, sched, clock=clock)
+    loop = asyncio.new_event_loop()
+    try:
+        for name, n in (("a", 1), ("b", 3), ("c", 1)):
+            q: asyncio.Queue[TokenEvent] = asyncio.Queue()
+            engine.submit(Sequence(name, [1] * 4, SamplingParams(max_tokens=n)), loop, q)
+        while engine.step():
+            pass
+    finally:
+        loop.close()
+    # prefill(a, b) | decode(b; a pads) | decode(b; a pads) | prefill(c): c waited through the
+    # two decode steps, each with one useful row
+    text = engine.stats.render(gauges={}, counters={})
+    assert "loadlab_server_steps_while_waiting_total 2" in text
+    assert "loadlab_server_decode_tokens_while_waiting_total 2" in text
+    assert 'loadlab_server_tokens_total{phase="padding"} 2' in text
