@@ -15,7 +15,8 @@ Every kind takes ``min`` and ``max`` clamps (values outside are set to the bound
 sets ``mu = ln(mean) - sigma^2/2``. Normal is *truncated*, not clipped, at the floor (1 token for
 lengths, 0 s for times, or ``min`` when higher): draws below it are redrawn, so the mass does not
 pile up on the bound. Empirical draws rows of a CSV column uniformly with replacement;
-``file = "sharegpt"`` and ``file = "arxiv"`` name the copies in ``loadlab/data/``; ``scale``
+``file = "sharegpt"``, ``"arxiv"`` and ``"azure_conv"`` (the Azure 2023 conversation trace's
+lengths) name the copies in ``loadlab/data/``; ``scale``
 multiplies the drawn values. All sampling goes through a seeded ``numpy.random.Generator``.
 
 Example::
@@ -58,6 +59,7 @@ __all__ = [
 DATASETS = {
     "sharegpt": PACKAGE_DATA / "sharegpt_lengths.csv",
     "arxiv": PACKAGE_DATA / "arxiv_summarization_lengths.csv",
+    "azure_conv": PACKAGE_DATA / "azure_conv_lengths.csv",
 }
 PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
@@ -172,7 +174,7 @@ def _read_column(path: Path, column: str) -> np.ndarray:
 
 
 def dataset_path(file: str, key: str, bases: Sequence[Path] = ()) -> Path:
-    """``sharegpt`` / ``arxiv`` name the packaged copies; anything else is a path."""
+    """``sharegpt`` / ``arxiv`` / ``azure_conv`` name the packaged copies; else a path."""
     return DATASETS[file] if file in DATASETS else resolve_path(file, key, bases)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +79,23 @@ def test_empirical_mean_matches_the_file():
     x = draw({"dist": "empirical", "file": "sharegpt", "column": "num_decode_tokens"})
     assert abs(x.mean() / np.mean(col) - 1) < 0.02
     assert set(x.tolist()) <= {round(v) for v in col}
+
+
+def test_azure_conv_lengths_are_the_shared_traces_columns():
+    """The packaged copy is the trace's two length columns, row for row (README's stats)."""
+    trace = Path(__file__).resolve().parents[2] / "../shared/data/traces"
+    src = trace / "AzureLLMInferenceTrace_conv.csv"
+    if not src.exists():
+        pytest.skip("the shared traces are not next to this checkout")
+    with src.open(newline="") as f:
+        want = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
+    with DATASETS["azure_conv"].open(newline="") as f:
+        got = [
+            (int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])) for r in csv.DictReader(f)
+        ]
+    assert got == want and len(got) == 19366
+    out = np.array([b for _, b in got])
+    assert round(out.mean()) == 211 and np.median(out) == 129
 
 
 def test_empirical_scale_and_pairs_are_rows_of_the_file():
