@@ -1,12 +1,12 @@
 """``loadlab lab``: start the reference server in each mode and show the modes side by side.
 
-    loadlab lab                                  # cpu preset, all four modes (~10 min, 2 cores)
+    loadlab lab                                  # cpu preset, all four modes, 3 rounds (~5-8 min)
     loadlab lab --quick                          # tiny preset, seconds (what the tests run)
     loadlab lab --preset 1b --out reports/lab-gpu   # one GPU
     loadlab lab --modes continuous,chunked --duration 60
 
-Writes ``<out>/lab.md``, ``lab.html``, ``lab.json`` and one results file per mode and
-experiment (``loadlab report <out>/chunked-interference.json`` reads any of them).
+Writes ``<out>/lab.md``, ``lab.html``, ``lab.json`` and one results file per mode, experiment
+and round (``loadlab report <out>/chunked-interference-r1.json`` reads any of them).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--preset", default="cpu", help="cpu (default), tiny or 1b (one GPU)")
     a("--modes", default="static,continuous,chunked,disaggregated", help="comma-separated")
-    a("--duration", type=float, metavar="S", help="interference experiment length in seconds")
-    a("--baseline", type=float, metavar="S", help="baseline (no long prompts) length in seconds")
+    a("--rounds", type=int, metavar="N", help="rounds, each visiting every mode (cpu default 3)")
+    a("--duration", type=float, metavar="S", help="interference experiment per round (seconds)")
+    a("--baseline", type=float, metavar="S", help="baseline (no long prompts) per round (seconds)")
     a("--long-every", type=float, metavar="S", help="seconds between long prompts")
     a("--long-prompt-tokens", type=int, metavar="N", help="long prompt length")
     a("--streams", type=int, metavar="N", help="steady chat streams")
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     s = settings_for(
         args.preset,
         args.quick,
+        rounds=args.rounds,
         duration_s=args.duration,
         baseline_s=args.baseline,
         long_every_s=args.long_every,

@@ -3,8 +3,9 @@
 "Batching helps decode enormously and prefill barely": a decode step reads every weight to
 make one token per sequence, so B sequences share that read (tokens/s grows ~B-fold until
 compute binds); a prefill step is already a large matmul, so a batch of prompts finds no
-idle capacity. Measured with ``reference_server.bench`` on the real model runner; run as a
-subprocess by ``loadlab lab`` (it imports torch) and prints one JSON object::
+idle capacity. Measured with ``reference_server.bench`` on the real model runner, in rounds
+(each visiting every batch size, in a rotated order); run as a subprocess by ``loadlab lab``
+(it imports torch) and prints one JSON object with each round's step times::
 
     python3 -m loadlab.lab.batching '{"preset": "tiny", "decode_batches": [1, 4], ...}'
 """
@@ -12,12 +13,13 @@ subprocess by ``loadlab lab`` (it imports torch) and prints one JSON object::
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["main", "measure", "speedups"]
+__all__ = ["main", "measure", "speedups", "tokens_per_s"]
 
 
 def speedups(tokens_per_s: Mapping[int, float]) -> dict[int, float]:
@@ -40,11 +42,16 @@ def measure(
     prefill_prompt: int,
     repeats: int = 2,
     threads: int | None = None,
+    rounds: int = 1,
+    watch_root: int | None = None,
 ) -> dict[str, Any]:
-    """Decode tokens/s per batch size (``decode_context`` tokens of K/V each) and prefill
-    tokens/s per batch of ``prefill_prompt``-token prompts, each the fastest of ``repeats``."""
+    """Seconds of one decode step per batch size (``decode_context`` tokens of K/V each) and
+    of one prefill step per batch of ``prefill_prompt``-token prompts, each the fastest of
+    ``repeats``, in ``rounds`` rounds; each round visits the sizes in a rotated order and
+    records what the machine did meanwhile (``MachineWatch`` rooted at ``watch_root``, the lab)."""
     import torch
 
+    from loadlab.lab.machine import MachineWatch
     from reference_server.bench import decode_step_time_s, prefill_time_s
     from reference_server.model_runner import ModelRunner
 
@@ -55,12 +62,21 @@ def measure(
     )
     t0 = time.perf_counter()
     runner = ModelRunner(preset, num_kv_blocks=need, block_size=bs, threads=threads)
-    decode = {}
-    for b in decode_batches:
-        decode[b] = b / decode_step_time_s(runner, b, decode_context, repeats)
-    prefill = {}
-    for b in prefill_batches:
-        prefill[b] = b * prefill_prompt / prefill_time_s(runner, prefill_prompt, b, repeats)
+    jobs = [("decode", b) for b in decode_batches] + [("prefill", b) for b in prefill_batches]
+    out_rounds = []
+    for r in range(rounds):
+        k = r % len(jobs)
+        watch = MachineWatch.start(watch_root)
+        step_s: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
+        for phase, b in jobs[k:] + jobs[:k]:
+            if phase == "decode":
+                step_s[phase][str(b)] = decode_step_time_s(runner, b, decode_context, repeats)
+            else:
+                step_s[phase][str(b)] = prefill_time_s(runner, prefill_prompt, b, repeats)
+        out_rounds.append(
+            {"decode_step_s": step_s["decode"], "prefill_step_s": step_s["prefill"],
+             "machine": watch.stop()}
+        )  # fmt: skip
     info = runner.info()
     return {
         "preset": preset,
@@ -69,12 +85,22 @@ def measure(
         "torch_threads": torch.get_num_threads(),
         "decode_context": decode_context,
         "prefill_prompt": prefill_prompt,
-        "decode_tokens_per_s": {str(b): v for b, v in decode.items()},
-        "prefill_tokens_per_s": {str(b): v for b, v in prefill.items()},
-        "decode_speedup": {str(b): v for b, v in speedups(decode).items()},
-        "prefill_speedup": {str(b): v for b, v in speedups(prefill).items()},
+        "rounds": out_rounds,
         "elapsed_s": time.perf_counter() - t0,
     }
+
+
+def tokens_per_s(round_: Mapping[str, Any], prefill_prompt: int) -> dict[str, dict[int, float]]:
+    """One round's step times as tokens/s: decode ``b / step``, prefill ``b * prompt / step``.
+
+    >>> tokens_per_s({"decode_step_s": {"1": 0.05, "4": 0.1}, "prefill_step_s": {"2": 0.5}}, 100)
+    {'decode': {1: 20.0, 4: 40.0}, 'prefill': {2: 400.0}}
+    """
+    dec = {int(b): int(b) / t for b, t in round_["decode_step_s"].items() if t > 0}
+    pre = {
+        int(b): int(b) * prefill_prompt / t for b, t in round_["prefill_step_s"].items() if t > 0
+    }
+    return {"decode": dict(sorted(dec.items())), "prefill": dict(sorted(pre.items()))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         int(s.get("prefill_prompt", 64)),
         int(s.get("bench_repeats", 2)),
         s.get("threads"),
+        int(s.get("rounds", 1)),
+        os.getppid(),  # the lab: its whole process tree is "ours", the rest is other work
     )
     print(json.dumps(out))
     return 0

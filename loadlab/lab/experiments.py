@@ -1,21 +1,29 @@
-"""The lab's experiments: the reference server's modes on the same seeded workload.
+"""The lab's experiments: the reference server's modes on the same seeded workload, in rounds.
 
-For each mode (static, continuous, chunked, disaggregated) the lab starts the reference
-server, runs three experiments against it and writes one results file per experiment:
+The lab starts the reference server once per mode (static, continuous, chunked,
+disaggregated) and then runs ``rounds`` rounds; each round visits every mode once, in an order
+that rotates from round to round (``round_orders``), so a slow spell of other work on the
+machine touches every mode alike. In its turn a mode runs:
 
-    <out>/<mode>-interference.json   steady chat streams + a long prompt arriving periodically
-    <out>/<mode>-baseline.json       the same streams, no long prompts
-    <out>/<mode>-batch.json          a batch job: N documents submitted at once
+    <out>/<mode>-batch-r<k>.json          a batch job: N documents submitted at once
+                                           (``batch_modes`` only: static and continuous)
+    <out>/<mode>-interference-r<k>.json   steady chat streams + long prompts arriving
+    <out>/<mode>-baseline-r<k>.json       the same streams, no long prompts
 
-plus ``<out>/batching.json`` (decode and prefill tokens/s against batch size, measured on the
-model runner in a subprocess) and the report (``lab.md``, ``lab.html``, ``lab.json``; see
-``loadlab.lab.summary``). Each results file carries the server's ``/v1/server_info`` and the
-change of its ``/metrics`` counters over the experiment in ``extra["lab"]``.
+plus ``<out>/batching.json`` (decode and prefill tokens/s against batch size, in rounds too,
+measured on the model runner in a subprocess) and the report (``lab.md``, ``lab.html``,
+``lab.json``; see ``loadlab.lab.summary``). Each results file carries in ``extra["lab"]`` the
+round, the server's ``/v1/server_info``, the change of its ``/metrics`` counters and what the
+machine was doing meanwhile (``loadlab.lab.machine.MachineWatch``).
+
+The load generator (this process), each server and the disaggregated worker pools are pinned
+to cores of their own where the machine has them (``loadlab.lab.machine.plan_placement``);
+the placement, read back from the OS, is in ``LabOutcome.machine["placement"]``.
 
 Example::
 
     outcome = run_lab(settings_for("tiny"), ["continuous", "chunked"], Path("reports/lab"))
-    print(outcome.paths["chunked"]["interference"])   # reports/lab/chunked-interference.json
+    print(outcome.paths["chunked"]["interference"][0])   # reports/lab/chunked-interference-r1.json
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
+from loadlab.lab.machine import MachineWatch, Placement, pin, placement_report, plan_placement
 from loadlab.lab.settings import ALL_MODES, LabSettings
 from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results, write_results
@@ -50,23 +59,41 @@ __all__ = [
     "available_modes",
     "counter_deltas",
     "experiment_configs",
+    "experiments_of",
+    "round_orders",
     "run_lab",
 ]
 
-EXPERIMENTS = ("interference", "baseline", "batch")
+EXPERIMENTS = ("batch", "interference", "baseline")
 Log = Callable[[str], None]
 
 
 @dataclass
 class LabOutcome:
-    """What a lab run produced: results per (mode, experiment), skipped modes and why."""
+    """What a lab run produced: results per (mode, experiment), one per round in order;
+    skipped modes and why; the batching rounds; the machine and the placement."""
 
-    results: dict[str, dict[str, Results]] = field(default_factory=dict)
-    paths: dict[str, dict[str, Path]] = field(default_factory=dict)
+    results: dict[str, dict[str, list[Results]]] = field(default_factory=dict)
+    paths: dict[str, dict[str, list[Path]]] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     batching: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
-    machine: dict[str, Any] = field(default_factory=dict)  # cores, load before and after
+    machine: dict[str, Any] = field(default_factory=dict)  # cores, load, placement
+
+
+def round_orders(modes: list[str], rounds: int) -> list[list[str]]:
+    """Each round's order of the modes: rotated by one each round.
+
+    >>> round_orders(["a", "b", "c"], 4)
+    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]
+    """
+    n = len(modes)
+    return [modes[r % n :] + modes[: r % n] for r in range(rounds)] if n else []
+
+
+def experiments_of(s: LabSettings, mode: str) -> list[str]:
+    """The experiments a mode runs in its turn (the batch job only in ``s.batch_modes``)."""
+    return [e for e in EXPERIMENTS if e != "batch" or mode in s.batch_modes]
 
 
 def available_modes() -> dict[str, str]:
@@ -116,16 +143,20 @@ def experiment_configs(s: LabSettings, url: str, experiment: str) -> list[RunCon
     }
     scrape = {"scrape": url + "/metrics", "scrape_interval_s": 1.0}
     if experiment == "batch":
-        out = {"dist": "uniform", "low": s.batch_output_min, "high": s.batch_output_max}
         wl = {
             "kind": "batch",
             "documents": s.batch_documents,
             "submit": "at_once",
             "prompt_tokens": s.batch_prompt_tokens,
-            "output_tokens": out,
+            "output_tokens": 1,  # each document's own length replaces it (batch_specs)
             "exact_output": True,
         }
-        return [_cfg(s, url, rate_rps=1.0, requests=s.batch_documents, workload=wl, **scrape)]
+        return [
+            _cfg(
+                s, url, rate_rps=1.0, requests=s.batch_documents, workload=wl,
+                scrape=url + "/metrics", scrape_interval_s=1.0,
+            )
+        ]  # fmt: skip
     duration = s.duration_s if experiment == "interference" else s.baseline_s
     streams = _cfg(
         s,
@@ -167,11 +198,22 @@ def _specs(cfg: RunConfig, offset_s: float) -> Iterator[RequestSpec]:
         yield spec
 
 
-async def _run_parts(cfgs: list[RunConfig], offsets: list[float]) -> Results:
+def batch_specs(cfg: RunConfig, lengths: list[int]) -> list[RequestSpec]:
+    """The batch job's documents, each asking for exactly its own answer length."""
+    specs = list(build_requests(cfg))
+    return [
+        dataclasses.replace(
+            spec, max_tokens=n, extra_body={**spec.extra_body, "min_tokens": n, "ignore_eos": True}
+        )
+        for spec, n in zip(specs, lengths, strict=True)
+    ]
+
+
+async def _run_parts(parts_in: list[tuple[RunConfig, Iterator[RequestSpec]]]) -> Results:
     t0 = time.perf_counter_ns() + 50_000_000  # every part waits for the same start
     parts = [
-        run_endpoint(cfg, cfg.endpoints[0], _specs(cfg, off), t0_ns=t0, scrape=i == 0)
-        for i, (cfg, off) in enumerate(zip(cfgs, offsets, strict=True))
+        run_endpoint(cfg, cfg.endpoints[0], specs, t0_ns=t0, scrape=i == 0)
+        for i, (cfg, specs) in enumerate(parts_in)
     ]
     done = list(await asyncio.gather(*parts))
     return done[0] if len(done) == 1 else merge_results(done)
@@ -193,7 +235,8 @@ def _counters(url: str) -> dict[str, float]:
 
 
 def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """``after - before`` of every counter (``*_total``, ``*_sum``, ``*_count``) in both.
+    """``after - before`` of every counter (``*_total``, ``*_sum``, ``*_count``, histogram
+    ``*_bucket``) in both.
 
     >>> counter_deltas({"a_total": 1.0, "g": 5.0}, {"a_total": 4.0, "g": 2.0})
     {'a_total': 3.0}
@@ -201,17 +244,23 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
     out = {}
     for key, value in after.items():
         name = key.split("{", 1)[0]
-        if name.endswith(("_total", "_sum", "_count")) and key in before:
+        if name.endswith(("_total", "_sum", "_count", "_bucket")) and key in before:
             out[key] = value - before[key]
     return out
 
 
-def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str) -> Results:
+def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str, round_no: int) -> Results:
     cfgs = experiment_configs(s, url, experiment)
-    offsets = [0.0, s.long_first_s][: len(cfgs)]
+    if experiment == "batch":
+        parts = [(cfgs[0], iter(batch_specs(cfgs[0], s.batch_lengths())))]
+    else:
+        offsets = [0.0, s.long_first_s][: len(cfgs)]
+        parts = [(c, _specs(c, off)) for c, off in zip(cfgs, offsets, strict=True)]
+    watch = MachineWatch.start()
     before = _counters(url)
-    results = run_async(_run_parts(cfgs, offsets))
+    results = run_async(_run_parts(parts))
     after = _counters(url)
+    machine = watch.stop()
     try:
         info = json.loads(_get(url + "/v1/server_info"))
     except (OSError, ValueError):
@@ -224,8 +273,10 @@ def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str) -> Res
     results.extra["lab"] = {
         "mode": mode,
         "experiment": experiment,
+        "round": round_no,
         "server_info": info,
         "server_deltas": counter_deltas(before, after),
+        "machine": machine,
     }
     return results
 
@@ -233,20 +284,27 @@ def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str) -> Res
 # ---------------------------------------------------------------- the lab
 
 
-def _batching(s: LabSettings, out_dir: Path, log: Log) -> dict[str, Any]:
-    """The batching experiment in its own process (torch threads and memory stay there)."""
-    log("batching experiment: decode and prefill tokens/s against batch size ...")
+def _batching(
+    s: LabSettings, out_dir: Path, log: Log, cpus: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """The batching experiment in its own process (torch threads and memory stay there),
+    pinned to ``cpus`` (the server's core: where a server's decode steps run)."""
+    log(f"batching experiment: decode and prefill tokens/s against batch size, {s.rounds} rounds")
     cmd = [sys.executable, "-m", "loadlab.lab.batching", json.dumps(s.to_dict())]
     root = Path(__file__).resolve().parents[2]  # the checkout: loadlab/lab/ -> ..
+    proc = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root
+    )
+    pin(proc.pid, cpus)
     try:
-        proc = subprocess.run(  # noqa: S603 (our own interpreter and module)
-            cmd, capture_output=True, text=True, timeout=600, cwd=root, check=False
-        )
+        out, err = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         return {"error": "the batching experiment took over 600 s"}
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]}
-    data: dict[str, Any] = json.loads(proc.stdout)
+        return {"error": (err.strip().splitlines() or ["failed"])[-1][:300]}
+    data: dict[str, Any] = json.loads(out)
     (out_dir / "batching.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
     return data
 
@@ -259,51 +317,81 @@ def run_lab(
     *,
     overlap_batching: bool = False,
 ) -> LabOutcome:
-    """Run every experiment in every mode, write the results files, return what happened.
+    """Run every experiment in every mode, ``s.rounds`` times, write the results files,
+    return what happened.
 
     Every server is started at once (their start-up, mostly importing torch, overlaps; an
-    idle server sleeps) and each is stopped as soon as its mode is measured. The batching
-    experiment runs first, alone, unless ``overlap_batching`` (``--quick``: speed over
-    precision) runs it while the servers start.
+    idle server sleeps) and stays up through the rounds. The batching experiment runs first,
+    alone, unless ``overlap_batching`` (``--quick``: speed over precision) runs it while the
+    servers start. This process is pinned to the load generator's core while it runs.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from reference_server.launch import RunningServer
-
     t_start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcome = LabOutcome(machine={"cpus": os.cpu_count(), "load_avg_start": _load()})
+    cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+    plan = plan_placement(cpus, s.threads)
+    outcome = LabOutcome(machine={"cpus": len(cpus) or os.cpu_count(), "load_avg_start": _load()})
     avail = available_modes()
     for mode in modes:
         if avail.get(mode):
             outcome.unavailable[mode] = avail[mode]
             log(f"{mode}: skipped ({avail[mode]})")
     runnable = [m for m in modes if m not in outcome.unavailable]
+    pin(0, plan.generator)
     pool = ThreadPoolExecutor(max_workers=1)
-    batching = pool.submit(_batching, s, out_dir, log) if overlap_batching else None
-    if batching is None:
-        outcome.batching = _batching(s, out_dir, log)
-    servers: dict[str, RunningServer] = {}
+    servers: dict[str, Any] = {}
     try:
-        for mode in runnable:
-            log(f"{mode}: starting the reference server (preset {s.preset}) ...")
-            servers[mode] = RunningServer(
-                mode,
-                s.preset,
-                extra_args=s.server_args(mode),
-                log_path=out_dir / f"{mode}-server.log",
-            )
+        batching = (
+            pool.submit(_batching, s, out_dir, log, plan.server) if overlap_batching else None
+        )
+        if batching is None:
+            outcome.batching = _batching(s, out_dir, log, plan.server)
+        servers = _start_servers(s, runnable, plan, out_dir, outcome, log)
         if batching is not None:
             outcome.batching = batching.result()
-        for mode in runnable:
-            _run_mode(s, mode, servers[mode], out_dir, outcome, log)
+        outcome.machine["placement"] = placement_report(
+            {"load generator (loadlab lab)": os.getpid()}, children=False
+        ) | placement_report({f"{m} server": srv.process.pid for m, srv in servers.items()})
+        for r, order in enumerate(round_orders(list(servers), s.rounds), start=1):
+            log(f"round {r} of {s.rounds}: {', '.join(order)}")
+            for mode in order:
+                _run_mode(s, mode, servers[mode].url, r, out_dir, outcome, log)
     finally:
         pool.shutdown()
         for server in servers.values():
             server.stop()
+        pin(0, cpus)
     outcome.elapsed_s = time.perf_counter() - t_start
     outcome.machine["load_avg_end"] = _load()
     return outcome
+
+
+def _start_servers(
+    s: LabSettings, modes: list[str], plan: Placement, out_dir: Path, outcome: LabOutcome,
+    log: Log,
+) -> dict[str, Any]:  # fmt: skip
+    """Start a server per mode (pinned), wait for each; a mode whose server fails is skipped."""
+    from reference_server.launch import RunningServer
+
+    started = {}
+    for mode in modes:
+        log(f"{mode}: starting the reference server (preset {s.preset}) ...")
+        srv = RunningServer(
+            mode, s.preset, extra_args=s.server_args(mode, plan),
+            log_path=out_dir / f"{mode}-server.log",
+        )  # fmt: skip
+        pin(srv.process.pid, plan.api if mode == "disaggregated" else plan.server)
+        started[mode] = srv
+    ready = {}
+    for mode, srv in started.items():
+        try:
+            ready[mode] = srv.wait_ready(s.server_timeout_s)
+        except (RuntimeError, TimeoutError) as exc:
+            outcome.unavailable[mode] = f"the server did not start: {exc}"
+            log(f"{mode}: {outcome.unavailable[mode]}")
+            srv.stop()
+    return ready
 
 
 def _load() -> list[float] | None:
@@ -315,21 +403,17 @@ def _load() -> list[float] | None:
 
 
 def _run_mode(
-    s: LabSettings, mode: str, server: Any, out_dir: Path, outcome: LabOutcome, log: Log
-) -> None:
-    try:
-        server.wait_ready(s.server_timeout_s)
-    except (RuntimeError, TimeoutError) as exc:
-        outcome.unavailable[mode] = f"the server did not start: {exc}"
-        log(f"{mode}: {outcome.unavailable[mode]}")
-        return
-    try:
-        for exp in EXPERIMENTS:
-            t = time.perf_counter()
-            res = _run_experiment(s, server.url, mode, exp)
-            path = write_results(res, out_dir / f"{mode}-{exp}.json")
-            outcome.results.setdefault(mode, {})[exp] = res
-            outcome.paths.setdefault(mode, {})[exp] = path
-            log(f"{mode}: {exp} done in {time.perf_counter() - t:.0f} s -> {path}")
-    finally:
-        server.stop()
+    s: LabSettings, mode: str, url: str, round_no: int, out_dir: Path, outcome: LabOutcome,
+    log: Log,
+) -> None:  # fmt: skip
+    for exp in experiments_of(s, mode):
+        t = time.perf_counter()
+        res = _run_experiment(s, url, mode, exp, round_no)
+        path = write_results(res, out_dir / f"{mode}-{exp}-r{round_no}.json")
+        outcome.results.setdefault(mode, {}).setdefault(exp, []).append(res)
+        outcome.paths.setdefault(mode, {}).setdefault(exp, []).append(path)
+        load = res.extra["lab"]["machine"]
+        log(
+            f"{mode}: {exp} done in {time.perf_counter() - t:.0f} s "
+            f"(others {load['others_cores']:.2f} cores, steal {load['steal_share']:.0%}) -> {path}"
+        )

@@ -12,13 +12,19 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loadlab import metrics
+from loadlab.lab import stalls
+from loadlab.lab.batching import tokens_per_s
+from loadlab.lab.batchjob import expected_max, step_cost_gain, useful_rows_while_waiting
+from loadlab.lab.claims import CLAIMS, judge_claims
+from loadlab.lab.machine import busy_reasons, step_jitter
 
 if TYPE_CHECKING:
     from loadlab.lab.experiments import LabOutcome
@@ -27,27 +33,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIMS",
-    "acceptance",
+    "aggregate",
+    "batch_job_summary",
     "batch_stats",
+    "batching_summary",
     "class_stats",
     "dig",
+    "figure",
+    "interference_stats",
     "kv_transfer_stats",
     "lab_summary",
+    "measurement",
     "ratio",
+    "round_row",
     "server_counter",
 ]
-
-# The lesson's claims (../shared/seed/), each number in the report names one of them.
-CLAIMS = {
-    "decode": "decode is memory-bandwidth-bound → batching multiplies decode throughput",
-    "prefill": "prefill is compute-bound → batching barely helps prefill",
-    "static": "static batching wastes finished slots; continuous batching refills them every step",
-    "stall": "a long prompt stalls everyone's stream unless chunked or disaggregated",
-    "chunked": "chunked prefill: everyone slows a little instead of stopping",
-    "chunk_cost": "chunking costs the long prompt itself some TTFT",
-    "disagg": "disaggregation: a long prompt cannot interfere with anyone's decode",
-    "disagg_cost": "disaggregation's cost: the KV cache must be transferred before decode",
-}
 
 
 def class_stats(
@@ -134,7 +134,8 @@ def kv_transfer_stats(results: Results) -> dict[str, Any]:
 
 
 def batch_stats(results: Results) -> dict[str, Any]:
-    """The batch job's numbers: job time, output tokens (and per second), mean decode batch."""
+    """The batch job's numbers: job time, output tokens (and per second), mean decode batch
+    over the whole job, and useful decode rows per step while documents waited for a slot."""
     recs = [r for r in results.records if r.sent_ns is not None]
     ends = [r.chunk_ns[-1] for r in results.records if r.chunk_ns]
     job_s = (max(ends) - min(r.sent_ns or 0 for r in recs)) / 1e9 if ends and recs else None
@@ -145,46 +146,249 @@ def batch_stats(results: Results) -> dict[str, Any]:
     steps = server_counter(results, r"steps_total$", 'phase="(decode|mixed)"')
     return {
         "mean_decode_batch": ratio(decoded, steps),
+        # the same while documents waited: the job's drain (nothing left to admit) left out
+        "useful_rows_waiting": ratio(
+            server_counter(results, r"decode_tokens_while_waiting_total$"),
+            server_counter(results, r"steps_while_waiting_total$"),
+        ),
         "job_s": job_s,
+        "requests_per_s": len([r for r in recs if r.ok]) / job_s if job_s else None,
         "output_tokens": out,
         "output_tokens_per_s": out / job_s if job_s else None,
         "failed": sum(1 for r in results.records if r.failed),
     }
 
 
+def interference_stats(
+    inter: Results, base: Results | None, k: float = 3.0
+) -> dict[str, float | int | None]:
+    """The streams' stalls while long prompts are prefilled (``loadlab.lab.stalls``):
+    longest stall per stream in flight, and the share of their time in gaps over k x the
+    baseline's median gap; the baseline's longest stall per stream beside them (ms)."""
+    chat = metrics.latency_records(
+        (r for r in inter.records if r.request_class == "chat"), inter.measurement_window_ns()
+    )
+    windows = stalls.prefill_windows_ns(inter.records)
+    hit = stalls.in_flight(chat, windows)
+    base_chat = (
+        metrics.latency_records(
+            (r for r in base.records if r.request_class == "chat"), base.measurement_window_ns()
+        )
+        if base is not None
+        else []
+    )
+    typical = [g for r in base_chat for g in metrics.itl_ms(r)] or [
+        g for r in chat if r not in hit for g in metrics.itl_ms(r)
+    ]
+    gap_ms = float(np.median(typical)) if typical else None
+    return {
+        "longest_stall_ms": stalls.longest_stall_ms(hit),
+        "streams_in_flight": len(hit),
+        "stall_share": stalls.stall_share(hit, windows, k * gap_ms) if gap_ms else None,
+        "baseline_longest_stall_ms": stalls.longest_stall_ms(base_chat),
+        "baseline_gap_ms": gap_ms,
+    }
+
+
+# Which experiments each section's figures come from (a busy one marks the figure).
+SOURCES = {
+    "chat": ("interference",),
+    "long": ("interference",),
+    "kv": ("interference",),
+    "server": ("interference",),
+    "stalls": ("interference", "baseline"),
+    "baseline": ("baseline",),
+    "batch": ("batch",),
+}
+
+
+def measurement(results: Results, cpus: int) -> dict[str, Any]:
+    """What the machine did during one experiment, and the reasons it was busy (if any)."""
+    lab = results.extra.get("lab", {})
+    load = dict(lab.get("machine") or {})
+    jitter = None
+    if lab.get("experiment") in ("interference", "baseline"):  # a steady batch of streams
+        jitter = step_jitter(lab.get("server_deltas", {}))["ratio"]
+    return {
+        "round": lab.get("round"),
+        "mode": lab.get("mode"),
+        "experiment": lab.get("experiment"),
+        **load,
+        "step_jitter": jitter,
+        "busy": busy_reasons(load, cpus, jitter) if load else [],
+    }
+
+
+def round_row(
+    runs: Mapping[str, Results], s: LabSettings, cpus: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One round of one mode: every section's numbers, and each experiment's measurement."""
+    objectives = {"ttft_ms": s.slo_ttft_ms, "max_gap_ms": s.slo_stall_ms}
+    inter, base, batch = (runs.get(e) for e in ("interference", "baseline", "batch"))
+    row: dict[str, Any] = {}
+    if inter is not None:
+        row["chat"] = class_stats(inter, "chat", objectives, s.stall_k)
+        row["long"] = class_stats(inter, "long_prompt", None, s.stall_k)
+        row["kv"] = kv_transfer_stats(inter)
+        row["server"] = {"preemptions": server_counter(inter, r"preemptions_total$")}
+        row["stalls"] = interference_stats(inter, base, s.stall_k)
+    if base is not None:
+        row["baseline"] = class_stats(base, "chat", objectives, s.stall_k)
+    if batch is not None:
+        row["batch"] = batch_stats(batch)
+    loads = [measurement(r, cpus) for r in (batch, inter, base) if r is not None]
+    row["busy"] = {m["experiment"]: m["busy"] for m in loads if m["busy"]}
+    return row, loads
+
+
+def figure(values: Sequence[Any], busy_rounds: Sequence[int] = ()) -> dict[str, Any]:
+    """A figure over rounds: the median, its spread (min-max), every round's value, and the
+    rounds whose measurement was busy.
+
+    >>> figure([3.0, None, 1.0, 2.0], [2])["median"], figure([3.0, 1.0])["lo"]
+    (2.0, 1.0)
+    """
+    vals = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    return {
+        "median": float(np.median(vals)) if vals else None,
+        "lo": min(vals) if vals else None,
+        "hi": max(vals) if vals else None,
+        "n": len(vals),
+        "rounds": list(values),
+        "busy_rounds": list(busy_rounds),
+    }
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each section's numbers over rounds as figures (``figure``)."""
+    out: dict[str, Any] = {}
+    for section, sources in SOURCES.items():
+        present = [r for r in rows if section in r]
+        if not present:
+            continue
+        busy = [i + 1 for i, r in enumerate(rows) if any(e in r.get("busy", {}) for e in sources)]
+        keys = {k for r in present for k, v in r[section].items() if isinstance(v, int | float)}
+        out[section] = {
+            k: figure([r.get(section, {}).get(k) for r in rows], busy) for k in sorted(keys)
+        }
+    return out
+
+
 def lab_summary(outcome: LabOutcome, s: LabSettings) -> dict[str, Any]:
     """Everything the report shows, as plain data (``lab.json``)."""
-    objectives = {"ttft_ms": s.slo_ttft_ms, "max_gap_ms": s.slo_stall_ms}
+    cpus = int(outcome.machine.get("cpus") or os.cpu_count() or 1)
     modes: dict[str, Any] = {}
+    per_round: dict[str, list[dict[str, Any]]] = {}
+    loads: list[dict[str, Any]] = []
     for mode, runs in outcome.results.items():
-        row: dict[str, Any] = {}
-        if "interference" in runs:
-            r = runs["interference"]
-            row["chat"] = class_stats(r, "chat", objectives, s.stall_k)
-            row["long"] = class_stats(r, "long_prompt", None, s.stall_k)
-            row["preemptions"] = server_counter(r, r"preemptions_total$")
-            row["kv"] = kv_transfer_stats(r)
-            row["server_info"] = r.extra.get("lab", {}).get("server_info", {})
-        if "baseline" in runs:
-            row["baseline"] = class_stats(runs["baseline"], "chat", objectives, s.stall_k)
-        if "batch" in runs:
-            row["batch"] = batch_stats(runs["batch"])
-            row["batch"]["preemptions"] = server_counter(runs["batch"], r"preemptions_total$")
-            row["batch"]["kv"] = kv_transfer_stats(runs["batch"])
+        n = max((len(v) for v in runs.values()), default=0)
+        rows = []
+        for i in range(n):
+            row, row_loads = round_row({e: v[i] for e, v in runs.items() if i < len(v)}, s, cpus)
+            rows.append(row)
+            loads += row_loads
+        per_round[mode] = rows
+        modes[mode] = aggregate(rows)
+        last = runs.get("interference") or runs.get("batch") or []
+        modes[mode]["server_info"] = (
+            last[-1].extra.get("lab", {}).get("server_info", {}) if last else {}
+        )
         # torch threads of a one-engine server (None: torch's default; disaggregated: per worker)
-        row["threads"] = s.threads if mode != "disaggregated" else None
-        modes[mode] = row
-    summary = {
+        modes[mode]["threads"] = s.threads if mode != "disaggregated" else None
+    batching = batching_summary(outcome.batching, cpus)
+    summary: dict[str, Any] = {
         "settings": s.to_dict(),
         "modes": modes,
+        "per_round": per_round,
+        "measurements": sorted(loads, key=lambda m: m["round"] or 0),
         "unavailable": dict(outcome.unavailable),
-        "batching": outcome.batching,
+        "batching": batching,
+        "batch_job": batch_job_summary(s, per_round, batching),
         "elapsed_s": outcome.elapsed_s,
         "machine": dict(outcome.machine),
-        "files": {m: {e: str(p) for e, p in d.items()} for m, d in outcome.paths.items()},
+        "files": {
+            m: {e: [str(p) for p in ps] for e, ps in d.items()} for m, d in outcome.paths.items()
+        },
     }
-    summary["acceptance"] = acceptance(summary)
+    summary["claims"] = judge_claims(summary)
     return summary
+
+
+def batching_summary(data: Mapping[str, Any], cpus: int) -> dict[str, Any]:
+    """The batching rounds as figures: tokens/s, x batch 1 (per round) and step time per size."""
+    if not data or "error" in data or not data.get("rounds"):
+        return dict(data) if data else {}
+    rounds = data["rounds"]
+    busy = [i + 1 for i, r in enumerate(rounds) if busy_reasons(r.get("machine", {}), cpus)]
+    per = [tokens_per_s(r, int(data["prefill_prompt"])) for r in rounds]
+    out: dict[str, Any] = {k: data[k] for k in data if k != "rounds"}
+    out["busy"] = {
+        i + 1: busy_reasons(r.get("machine", {}), cpus)
+        for i, r in enumerate(rounds)
+        if i + 1 in busy
+    }
+    for phase in ("decode", "prefill"):
+        sizes = sorted({b for p in per for b in p[phase]})
+        out[phase] = {
+            str(b): {
+                "tokens_per_s": figure([p[phase].get(b) for p in per], busy),
+                "speedup": figure(
+                    [ratio(p[phase].get(b), p[phase].get(sizes[0])) for p in per], busy
+                ),
+                "step_ms": figure(
+                    [
+                        1e3 * r[f"{phase}_step_s"][str(b)]
+                        for r in rounds
+                        if str(b) in r[f"{phase}_step_s"]
+                    ],
+                    busy,
+                ),
+            }
+            for b in sizes
+        }
+    return out
+
+
+def batch_job_summary(
+    s: LabSettings,
+    per_round: Mapping[str, Sequence[Mapping[str, Any]]],
+    batching: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The static-batching claim's companions: the job's lengths, the bound E[max]/mean, the
+    ratio a replay of both schedules gives, and the requests/s gain this machine's step-cost
+    curve allows against the gain measured."""
+    lengths = s.batch_lengths()
+    b = s.max_num_seqs
+    curve = {
+        int(k): v["step_ms"]["median"] / 1e3
+        for k, v in (batching.get("decode") or {}).items()
+        if v["step_ms"]["median"]
+    }
+    static_rows = useful_rows_while_waiting(lengths, b, "static")
+    cont_rows = useful_rows_while_waiting(lengths, b, "continuous")
+    st, co = per_round.get("static", []), per_round.get("continuous", [])
+    busy = [
+        i + 1
+        for i, (x, y) in enumerate(zip(st, co, strict=False))
+        if "batch" in x.get("busy", {}) or "batch" in y.get("busy", {})
+    ]
+    gain = [
+        ratio(dig(x, "batch", "job_s"), dig(y, "batch", "job_s"))
+        for x, y in zip(st, co, strict=False)
+    ]
+    return {
+        "documents": len(lengths),
+        "batch_slots": b,
+        "length_mean": float(np.mean(lengths)),
+        "length_p50": float(np.median(lengths)),
+        "length_max": max(lengths),
+        "bound": expected_max(lengths, b) / float(np.mean(lengths)),
+        "replay_useful_rows": {"static": static_rows, "continuous": cont_rows},
+        "replay_ratio": ratio(cont_rows, static_rows),
+        "step_curve_s": {str(k): v for k, v in sorted(curve.items())},
+        "curve_gain": step_cost_gain(lengths, b, curve) if curve else None,
+        "measured_gain": figure(gain, busy),
+    }
 
 
 def dig(d: Mapping[str, Any], *keys: str) -> Any:
@@ -209,40 +413,3 @@ def ratio(a: Any, b: Any) -> float | None:
     (0.75, None, None)
     """
     return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
-
-
-def acceptance(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Issue 7's interference checks: (what, measured ratio or value, limit, met)."""
-    m = summary["modes"]
-    out = []
-    r = ratio(dig(m, "chunked", "chat", "itl_ms_p99"), dig(m, "continuous", "chat", "itl_ms_p99"))
-    out.append(
-        {
-            "check": "p99 ITL of the streams, chunked / continuous (long prompts arriving)",
-            "value": r,
-            "limit": "<= 0.333",
-            "met": None if r is None else r <= 1 / 3,
-        }
-    )
-    r = ratio(
-        dig(m, "disaggregated", "chat", "itl_ms_p99"),
-        dig(m, "disaggregated", "baseline", "itl_ms_p99"),
-    )
-    out.append(
-        {
-            "check": "p99 ITL, disaggregated with long prompts / without (baseline)",
-            "value": r,
-            "limit": "<= 1.5",
-            "met": None if r is None else r <= 1.5,
-        }
-    )
-    t = dig(m, "chunked", "long", "ttft_ms_p50")
-    out.append(
-        {
-            "check": "the long prompt's own TTFT in chunked mode (ms, p50)",
-            "value": t,
-            "limit": "reported",
-            "met": None,
-        }
-    )
-    return out

@@ -3,6 +3,8 @@ and the summary of a lab run made of them (no server)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from loadlab.lab import LabOutcome, lab_summary, settings_for
 from loadlab.records import RequestRecord
 from loadlab.results import Results
@@ -23,12 +25,19 @@ def rec(rid: str, chunks_ms: list[float], cls: str = "chat", **kw: object) -> Re
     )
 
 
-def results(records: list[RequestRecord], deltas: dict[str, float] | None = None) -> Results:
-    return Results(
-        records=records,
-        window_ns=(0, 100 * MS),
-        extra={"lab": {"server_deltas": deltas or {}, "server_info": {"kv_bytes_per_token": 8}}},
-    )
+def results(
+    records: list[RequestRecord],
+    deltas: dict[str, float] | None = None,
+    machine: dict[str, float] | None = None,
+    experiment: str = "interference",
+) -> Results:
+    lab = {
+        "server_deltas": deltas or {},
+        "server_info": {"kv_bytes_per_token": 8},
+        "experiment": experiment,
+        "machine": machine or {},
+    }
+    return Results(records=records, window_ns=(0, 100 * MS), extra={"lab": lab})
 
 
 def two_streams() -> Results:
@@ -44,6 +53,12 @@ def two_streams() -> Results:
     )
 
 
-def summary_of(modes: dict[str, dict[str, Results]], **kw: object) -> dict[str, object]:
-    out = LabOutcome(results=modes, **kw)  # type: ignore[arg-type]
+def summary_of(
+    modes: dict[str, dict[str, Results | list[Results]]], **kw: object
+) -> dict[str, Any]:
+    """The summary of a lab run made of these results (one round unless given a list)."""
+    rounds = {
+        m: {e: r if isinstance(r, list) else [r] for e, r in d.items()} for m, d in modes.items()
+    }
+    out = LabOutcome(results=rounds, **kw)  # type: ignore[arg-type]
     return lab_summary(out, settings_for("tiny"))

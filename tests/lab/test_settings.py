@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import pytest
 
+from loadlab.lab.machine import plan_placement
 from loadlab.lab.settings import LabSettings, settings_for
 
 
 def test_settings_validate() -> None:
     with pytest.raises(ValueError, match="raise --duration"):
         LabSettings(preset="cpu", duration_s=3.0, long_first_s=5.0)
+    with pytest.raises(ValueError, match="rounds"):
+        LabSettings(preset="cpu", rounds=0)
     with pytest.raises(ValueError, match="--preset"):
         settings_for("huge")
     s = settings_for("cpu", duration_s=80.0, chunk_size=None)
     assert s.duration_s == 80.0 and s.chunk_size == 64
-    assert s.long_prompts == 19  # at 5, 9, 13, ..., 77 s
+    assert s.long_prompts == 23  # at 1.5, 5, 8.5, ..., 78.5 s
     assert "--chunk-size" in s.server_args("chunked") and "--threads" in s.server_args("static")
     assert "--chunk-size" not in s.server_args("continuous")
+    pools = s.server_args("disaggregated", plan_placement([0, 1]))
+    assert pools[-4:] == ["--prefill-cpus", "0", "--decode-cpus", "1"]
+    assert "--prefill-cpus" not in s.server_args("disaggregated", plan_placement([0]))
+
+
+def test_batch_lengths_follow_the_azure_trace() -> None:
+    s = settings_for("cpu")
+    lengths = s.batch_lengths()
+    assert len(lengths) == s.batch_documents == 48
+    assert lengths == settings_for("cpu").batch_lengths()  # seeded
+    assert lengths != settings_for("cpu", seed=1).batch_lengths()
+    # the trace's output lengths (mean 211, p50 129) at 1/16: mean ~13, median 8
+    assert 11 < sum(lengths) / len(lengths) < 15 and sorted(lengths)[24] == 8

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from loadlab.lab import settings_for
+from loadlab.lab.batchjob import expected_max, schedule_rows
+from loadlab.lab.claims import judge
 from loadlab.lab.experiments import counter_deltas
 from loadlab.lab.summary import (
-    acceptance,
+    batch_job_summary,
     batch_stats,
     class_stats,
+    interference_stats,
     kv_transfer_stats,
     server_counter,
 )
+from loadlab.results import Results
 from tests.helpers.lab import rec, results, summary_of, two_streams
 
 
@@ -47,23 +53,91 @@ def test_server_counters() -> None:
     assert server_counter(two_streams(), r"nothing_total$") is None
 
 
-def test_acceptance_ratios() -> None:
-    slow = results([rec("a", [0, 10, 20, 320])])  # gaps 10 10 300
-    fast = results([rec("a", [0, 10, 20, 60])])  # gaps 10 10 40
+def _stalled(stall_ms: float) -> Results:
+    """A long prompt prefilled from 0 to 100 ms; chat a in flight (one gap of ``stall_ms``);
+    chat b after it."""
+    return results(
+        [
+            rec("long", [100], cls="long_prompt"),
+            rec("a", [20, 30, 30 + stall_ms, 40 + stall_ms]),
+            rec("b", [250, 260, 270]),
+        ]
+    )
+
+
+def _baseline() -> Results:
+    # gaps 10 10 10 | 10 20: pooled median 10; longest per stream 10 and 20 (median 15)
+    return results([rec("c", [0, 10, 20, 30]), rec("d", [0, 10, 30])], experiment="baseline")
+
+
+def test_interference_stats_by_hand() -> None:
+    st = interference_stats(_stalled(100.0), _baseline(), k=3.0)
+    assert st["streams_in_flight"] == 1  # b starts after the window
+    assert st["longest_stall_ms"] == pytest.approx(100.0)
+    assert st["baseline_longest_stall_ms"] == pytest.approx(15.0)
+    assert st["baseline_gap_ms"] == pytest.approx(10.0)
+    # a's time inside the window: 20..100 ms = 80; in gaps over 3 x 10 ms: 30..100 = 70
+    assert st["stall_share"] == pytest.approx(70 / 80)
+
+
+def test_claims_per_round_with_spread_and_busy_rounds() -> None:
+    busy = {"others_cores": 1.2, "own_cores": 0.8, "steal_share": 0.0}
     summary = summary_of(
         {
-            "continuous": {"interference": slow},
-            "chunked": {"interference": fast},
-            "disaggregated": {"interference": fast, "baseline": fast},
+            "continuous": {"interference": [_stalled(300.0), _stalled(300.0)]},
+            # round 1: 60 / 300 = 0.2 (shown side); round 2: 150 / 300 = 0.5, measured busy
+            "chunked": {
+                "interference": [
+                    _stalled(60.0),
+                    results(_stalled(150.0).records, machine=busy),
+                ]
+            },
+            "disaggregated": {
+                "interference": [_stalled(20.0), _stalled(25.0)],
+                "baseline": [_baseline(), _baseline()],
+            },
         }
     )
-    acc = summary["acceptance"]
-    assert isinstance(acc, list)
-    # p99 of [10, 10, 40] at rank 1.98: 10 + 0.98 x 30 = 39.4; of [10, 10, 300]: 294.2
-    assert acc[0]["value"] == pytest.approx(39.4 / 294.2) and acc[0]["met"] is True
-    assert acc[1]["value"] == pytest.approx(1.0) and acc[1]["met"] is True
-    assert acc[2]["value"] is None  # no long prompt in chunked mode's hand-made run
-    assert acceptance({"modes": {}})[0]["met"] is None
+    claims = {c["claim"]: c for c in summary["claims"]}
+    chunked = claims["chunked"]
+    assert chunked["rounds"] == pytest.approx([0.2, 0.5])
+    assert chunked["status"] == "not shown on this machine"
+    assert (
+        "straddles" in chunked["reason"]
+        and "2 (other processes took up to 1.20 cores)" in chunked["reason"]
+    )
+    disagg = claims["disagg"]  # 20 / 15 = 1.33, 25 / 15 = 1.67 against its baseline
+    assert disagg["rounds"] == pytest.approx([20 / 15, 25 / 15])
+    assert disagg["status"] == "not shown on this machine"  # 1.67 > 1.5 in round 2
+    assert claims["static"]["status"] == "not measured"  # no batch job ran
+    # every figure from a busy round says so
+    fig = summary["modes"]["chunked"]["stalls"]["longest_stall_ms"]
+    assert fig["median"] == pytest.approx(105.0) and fig["busy_rounds"] == [2]
+    assert summary["modes"]["continuous"]["stalls"]["longest_stall_ms"]["busy_rounds"] == []
+
+
+def test_judge_statuses() -> None:
+    assert judge([0.1, 0.2], "<=", 1 / 3)["status"] == "shown"
+    quiet = judge([0.5, 0.6], "<=", 1 / 3)
+    assert quiet["status"] == "not shown on this machine" and "quiet machine" in quiet["reason"]
+    assert judge([None, None], "<=", 1.5)["status"] == "not measured"
+
+
+def test_batch_job_summary_bound_replay_and_curve() -> None:
+    s = settings_for("tiny")
+    lengths = s.batch_lengths()
+    per_round = {
+        "static": [{"batch": {"job_s": 2.0}}, {"batch": {"job_s": 3.0}}],
+        "continuous": [{"batch": {"job_s": 1.0}}, {"batch": {"job_s": 2.0}}],
+    }
+    flat = {"decode": {"1": {"step_ms": {"median": 10.0}}, "4": {"step_ms": {"median": 10.0}}}}
+    job = batch_job_summary(s, per_round, flat)
+    assert job["documents"] == len(lengths) == s.batch_documents
+    assert job["bound"] == pytest.approx(expected_max(lengths, s.max_num_seqs) / np.mean(lengths))
+    # a flat step-cost curve: the gain is the ratio of the two schedules' decode steps
+    steps = {p: len(schedule_rows(lengths, s.max_num_seqs, p)) for p in ("static", "continuous")}
+    assert job["curve_gain"] == pytest.approx(steps["static"] / steps["continuous"])
+    assert job["measured_gain"]["rounds"] == [2.0, 1.5]
 
 
 def test_run_summary_shows_stalls_beside_itl() -> None:
@@ -87,9 +161,13 @@ def test_mean_decode_batch_from_server_counters() -> None:
         'loadlab_server_steps_total{phase="decode"}': 8.0,
         'loadlab_server_steps_total{phase="mixed"}': 2.0,
         'loadlab_server_steps_total{phase="prefill"}': 1.0,
+        "loadlab_server_steps_while_waiting_total": 4.0,
+        "loadlab_server_decode_tokens_while_waiting_total": 14.0,
     }
     b = batch_stats(results([rec("a", [5, 10]), rec("b", [10, 40])], deltas))
     assert b["mean_decode_batch"] == pytest.approx(3.0)  # 30 tokens / (8 + 2) steps
+    assert b["useful_rows_waiting"] == pytest.approx(3.5)  # 14 / 4
+    assert b["requests_per_s"] == pytest.approx(2 / 0.040)
     assert b["job_s"] == pytest.approx(0.040) and b["output_tokens"] == 4
 
 
