@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from loadlab.clients.openai import OpenAIClient  # noqa: E402
 from loadlab.config import EndpointConfig  # noqa: E402
+from loadlab.lab.batchjob import expected_max  # noqa: E402
 from loadlab.records import RequestSpec  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 
@@ -54,22 +55,6 @@ def trace_lengths(path: Path, cap: int, scale: float = 1.0) -> list[int]:
     with open(path, newline="") as f:
         rows = [int(row["GeneratedTokens"]) for row in csv.DictReader(f)]
     return [min(max(1, round(n * scale)), cap) for n in rows if n > 0]
-
-
-def expected_max(population: list[int], batch: int) -> float:
-    """E[max of ``batch`` i.i.d. draws] from the empirical distribution:
-    sum over values x of x * (F(x)^B - F(x-)^B)."""
-    values = sorted(set(population))
-    n = len(population)
-    counts = {v: 0 for v in values}
-    for x in population:
-        counts[x] += 1
-    total, below = 0.0, 0
-    for v in values:
-        at_or_below = below + counts[v]
-        total += v * ((at_or_below / n) ** batch - (below / n) ** batch)
-        below = at_or_below
-    return total
 
 
 def scrape(url: str, names: tuple[str, ...]) -> dict[str, float]:

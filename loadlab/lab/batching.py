@@ -44,10 +44,11 @@ def measure(
     threads: int | None = None,
     rounds: int = 1,
     watch_root: int | None = None,
+    prefill_repeats: int | None = None,
 ) -> dict[str, Any]:
     """Seconds of one decode step per batch size (``decode_context`` tokens of K/V each) and
     of one prefill step per batch of ``prefill_prompt``-token prompts, each the fastest of
-    ``repeats``, in ``rounds`` rounds; each round visits the sizes in a rotated order and
+    ``repeats`` (``prefill_repeats`` for prefill), in ``rounds`` rounds; each round visits the sizes in a rotated order and
     records what the machine did meanwhile (``MachineWatch`` rooted at ``watch_root``, the lab)."""
     import torch
 
@@ -72,7 +73,9 @@ def measure(
             if phase == "decode":
                 step_s[phase][str(b)] = decode_step_time_s(runner, b, decode_context, repeats)
             else:
-                step_s[phase][str(b)] = prefill_time_s(runner, prefill_prompt, b, repeats)
+                step_s[phase][str(b)] = prefill_time_s(
+                    runner, prefill_prompt, b, prefill_repeats or repeats
+                )
         out_rounds.append(
             {"decode_step_s": step_s["decode"], "prefill_step_s": step_s["prefill"],
              "machine": watch.stop()}
@@ -116,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         s.get("threads"),
         int(s.get("rounds", 1)),
         os.getppid(),  # the lab: its whole process tree is "ours", the rest is other work
+        s.get("prefill_repeats"),
     )
     print(json.dumps(out))
     return 0

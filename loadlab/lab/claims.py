@@ -133,10 +133,12 @@ def condense(reasons: Sequence[str]) -> list[str]:
 
     >>> condense(["other processes took 0.90 cores", "other processes took 1.20 cores", "steal 6%"])
     ['other processes took up to 1.20 cores', 'steal up to 6%']
+    >>> condense(["server decode steps p90/p50 3.82", "server decode steps p90/p50 1.90"])
+    ['server decode steps p90/p50 up to 3.82']
     """
     best: dict[str, tuple[float, str]] = {}
     for why in reasons:
-        m = re.search(r"(\d+(?:\.\d+)?)", why)
+        m = re.search(r"(\d+(?:\.\d+)?)\D*$", why)  # the figure: the last number
         if not m:
             best.setdefault(why, (0.0, why))
             continue

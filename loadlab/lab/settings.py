@@ -26,7 +26,7 @@ Why these defaults (cpu preset, a 2-core machine; measured, see docs/lab.md):
 Example::
 
     s = settings_for("cpu")
-    s.server_args("chunked")   # ['--max-num-seqs', '16', '--threads', '1', '--chunk-size', ...]
+    s.server_args("chunked")   # ['--max-num-seqs', '16', '--prefix-caching', 'off', ...]
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class LabSettings:
     decode_context: int = 128
     prefill_batches: tuple[int, ...] = (1, 2, 4)
     prefill_prompt: int = 128
-    bench_repeats: int = 2  # per round: the fastest of these (after one warm-up)
+    bench_repeats: int = 5  # decode, per round: the fastest of these (after one warm-up)
+    prefill_repeats: int = 3  # prefill steps cost ~10x more: fewer
     seed: int = 0
     server_timeout_s: float = 180.0
 
@@ -134,7 +135,9 @@ class LabSettings:
     def server_args(self, mode: str, placement: Placement | None = None) -> list[str]:
         """Flags for ``loadlab-server`` in ``mode`` (every mode gets the same batch size);
         ``placement``: the disaggregated pools' CPUs (the other modes are pinned from outside)."""
-        args = ["--max-num-seqs", str(self.max_num_seqs)]
+        # no prefix caching: every round sends the same seeded prompts, and a cached long
+        # prompt would cost no prefill (the prefix-caching experiment turns it on itself)
+        args = ["--max-num-seqs", str(self.max_num_seqs), "--prefix-caching", "off"]
         if self.threads is not None and mode != "disaggregated":  # it splits cores itself
             args += ["--threads", str(self.threads)]
         if mode == "disaggregated" and placement and placement.prefill and placement.decode:
@@ -179,6 +182,7 @@ PRESETS: dict[str, LabSettings] = {
         prefill_batches=(1, 4),
         prefill_prompt=64,
         bench_repeats=1,
+        prefill_repeats=1,
         server_timeout_s=90.0,
     ),
     # One GPU: longer prompts, bigger batches, tighter objectives.
