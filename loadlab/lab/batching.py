@@ -4,7 +4,7 @@
 make one token per sequence, so B sequences share that read (tokens/s grows ~B-fold until
 compute binds); a prefill step is already a large matmul, so a batch of prompts finds no
 idle capacity. Measured with ``reference_server.bench`` on the real model runner, in rounds
-(each visiting every batch size, in a rotated order); run as a subprocess by ``loadlab lab``
+(each visiting every batch size in a rotated order, its repeats interleaved across sizes); run as a subprocess by ``loadlab lab``
 (it imports torch) and prints one JSON object with each round's step times::
 
     python3 -m loadlab.lab.batching '{"preset": "tiny", "decode_batches": [1, 4], ...}'
@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["main", "measure", "speedups", "tokens_per_s"]
+__all__ = ["main", "measure", "speedups"]
 
 
 def speedups(tokens_per_s: Mapping[int, float]) -> dict[int, float]:
@@ -64,18 +64,26 @@ def measure(
     t0 = time.perf_counter()
     runner = ModelRunner(preset, num_kv_blocks=need, block_size=bs, threads=threads)
     jobs = [("decode", b) for b in decode_batches] + [("prefill", b) for b in prefill_batches]
+    reps = {"decode": repeats, "prefill": prefill_repeats or repeats}
+
+    def once(phase: str, b: int, warmup: bool) -> float:
+        if phase == "decode":
+            return decode_step_time_s(runner, b, decode_context, 1, warmup=warmup)
+        return prefill_time_s(runner, prefill_prompt, b, 1, warmup=warmup)
+
     out_rounds = []
     for r in range(rounds):
         k = r % len(jobs)
+        order = jobs[k:] + jobs[:k]
         watch = MachineWatch.start(watch_root)
+        # the repeats interleave the sizes, so a slow spell lands on all of them alike; each
+        # size keeps its fastest step (interference only ever adds time)
         step_s: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
-        for phase, b in jobs[k:] + jobs[:k]:
-            if phase == "decode":
-                step_s[phase][str(b)] = decode_step_time_s(runner, b, decode_context, repeats)
-            else:
-                step_s[phase][str(b)] = prefill_time_s(
-                    runner, prefill_prompt, b, prefill_repeats or repeats
-                )
+        for rep in range(max(reps.values())):
+            for phase, b in order:
+                if rep < reps[phase]:
+                    t = once(phase, b, warmup=rep == 0)
+                    step_s[phase][str(b)] = min(t, step_s[phase].get(str(b), t))
         out_rounds.append(
             {"decode_step_s": step_s["decode"], "prefill_step_s": step_s["prefill"],
              "machine": watch.stop()}
@@ -91,19 +99,6 @@ def measure(
         "rounds": out_rounds,
         "elapsed_s": time.perf_counter() - t0,
     }
-
-
-def tokens_per_s(round_: Mapping[str, Any], prefill_prompt: int) -> dict[str, dict[int, float]]:
-    """One round's step times as tokens/s: decode ``b / step``, prefill ``b * prompt / step``.
-
-    >>> tokens_per_s({"decode_step_s": {"1": 0.05, "4": 0.1}, "prefill_step_s": {"2": 0.5}}, 100)
-    {'decode': {1: 20.0, 4: 40.0}, 'prefill': {2: 400.0}}
-    """
-    dec = {int(b): int(b) / t for b, t in round_["decode_step_s"].items() if t > 0}
-    pre = {
-        int(b): int(b) * prefill_prompt / t for b, t in round_["prefill_step_s"].items() if t > 0
-    }
-    return {"decode": dict(sorted(dec.items())), "prefill": dict(sorted(pre.items()))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,6 @@ import numpy as np
 
 from loadlab import metrics
 from loadlab.lab import stalls
-from loadlab.lab.batching import tokens_per_s
 from loadlab.lab.batchjob import expected_max, step_cost_gain, useful_rows_while_waiting
 from loadlab.lab.claims import CLAIMS, judge_claims
 from loadlab.lab.machine import busy_reasons, step_jitter
@@ -47,6 +46,7 @@ __all__ = [
     "ratio",
     "round_row",
     "server_counter",
+    "tokens_per_s",
 ]
 
 
@@ -312,6 +312,19 @@ def lab_summary(outcome: LabOutcome, s: LabSettings) -> dict[str, Any]:
     }
     summary["claims"] = judge_claims(summary)
     return summary
+
+
+def tokens_per_s(round_: Mapping[str, Any], prefill_prompt: int) -> dict[str, dict[int, float]]:
+    """One round's step times as tokens/s: decode ``b / step``, prefill ``b * prompt / step``.
+
+    >>> tokens_per_s({"decode_step_s": {"1": 0.05, "4": 0.1}, "prefill_step_s": {"2": 0.5}}, 100)
+    {'decode': {1: 20.0, 4: 40.0}, 'prefill': {2: 400.0}}
+    """
+    dec = {int(b): int(b) / t for b, t in round_["decode_step_s"].items() if t > 0}
+    pre = {
+        int(b): int(b) * prefill_prompt / t for b, t in round_["prefill_step_s"].items() if t > 0
+    }
+    return {"decode": dict(sorted(dec.items())), "prefill": dict(sorted(pre.items()))}
 
 
 def batching_summary(data: Mapping[str, Any], cpus: int) -> dict[str, Any]:
