@@ -1,11 +1,15 @@
 """``loadlab lab``: the reference server's modes side by side, on the same seeded workload.
 
-The data flows settings → experiments → summary → render::
+The data flows settings → experiments → summary → claims → render::
 
     settings      LabSettings: every knob, one preset each (cpu, tiny, 1b)
-    experiments   start a server per mode, run the three experiments, write results files
-    batching      decode and prefill tokens/s against batch size (a subprocess: torch)
-    summary       the results as plain data (lab.json), each number under its claim
+    experiments   start a server per mode, run the experiments in rounds, write results files
+    batching      decode and prefill step times against batch size (a subprocess: torch)
+    machine       what else the machine did during each measurement; where each process runs
+    stalls        longest stall per stream in flight while a long prompt is prefilled
+    batchjob      the batch job's Azure answer lengths, E[max]/mean, both schedules replayed
+    summary       the results as plain data (lab.json): per round, and figures over rounds
+    claims        each of the lesson's claims: shown, or not shown on this machine and why
     render        that data as Markdown and HTML tables
 
 Example::
