@@ -8,6 +8,7 @@ The data flows settings → experiments → summary → claims → render::
     machine       what else the machine did during each measurement; where each process runs
     stalls        longest stall per stream in flight while a long prompt is prefilled
     batchjob      the batch job's Azure answer lengths, E[max]/mean, both schedules replayed
+    figures       a figure over rounds: the median, its spread, the busy rounds
     summary       the results as plain data (lab.json): per round, and figures over rounds
     claims        each of the lesson's claims: shown, or not shown on this machine and why
     render        that data as Markdown and HTML tables

@@ -31,13 +31,19 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from loadlab.lab.figures import dig, figure, ratio
 from loadlab.workloads.lengths import load_column
+
+if TYPE_CHECKING:
+    from loadlab.lab.settings import LabSettings
 
 __all__ = [
     "azure_output_lengths",
+    "batch_job_summary",
     "expected_max",
     "schedule_rows",
     "step_cost_gain",
@@ -150,3 +156,45 @@ def step_cost_gain(lengths: Sequence[int], batch: int, curve: Mapping[int, float
     static = sum(step_time_s(curve, s[0]) for s in schedule_rows(lengths, batch, "static"))
     cont = sum(step_time_s(curve, s[0]) for s in schedule_rows(lengths, batch, "continuous"))
     return static / cont if cont else None
+
+
+def batch_job_summary(
+    s: LabSettings,
+    per_round: Mapping[str, Sequence[Mapping[str, Any]]],
+    batching: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The static-batching claim's companions: the job's lengths, the bound E[max]/mean, the
+    ratio a replay of both schedules gives, and the requests/s gain this machine's step-cost
+    curve allows against the gain measured."""
+    lengths = s.batch_lengths()
+    b = s.max_num_seqs
+    curve = {
+        int(k): v["step_ms"]["median"] / 1e3
+        for k, v in (batching.get("decode") or {}).items()
+        if v["step_ms"]["median"]
+    }
+    static_rows = useful_rows_while_waiting(lengths, b, "static")
+    cont_rows = useful_rows_while_waiting(lengths, b, "continuous")
+    st, co = per_round.get("static", []), per_round.get("continuous", [])
+    busy = [
+        i + 1
+        for i, (x, y) in enumerate(zip(st, co, strict=False))
+        if "batch" in x.get("busy", {}) or "batch" in y.get("busy", {})
+    ]
+    gain = [
+        ratio(dig(x, "batch", "job_s"), dig(y, "batch", "job_s"))
+        for x, y in zip(st, co, strict=False)
+    ]
+    return {
+        "documents": len(lengths),
+        "batch_slots": b,
+        "length_mean": float(np.mean(lengths)),
+        "length_p50": float(np.median(lengths)),
+        "length_max": max(lengths),
+        "bound": expected_max(lengths, b) / float(np.mean(lengths)),
+        "replay_useful_rows": {"static": static_rows, "continuous": cont_rows},
+        "replay_ratio": ratio(cont_rows, static_rows),
+        "step_curve_s": {str(k): v for k, v in sorted(curve.items())},
+        "curve_gain": step_cost_gain(lengths, b, curve) if curve else None,
+        "measured_gain": figure(gain, busy),
+    }

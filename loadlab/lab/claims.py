@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from loadlab.lab.figures import ratio
+
 __all__ = ["CHECKS", "CLAIMS", "condense", "judge", "judge_claims"]
 
 # The lesson's claims (../shared/seed/), each number in the report names one of them.
@@ -98,11 +100,6 @@ def judge(
     return out | {"status": "not shown on this machine", "reason": why}
 
 
-def _ratio(a: Any, b: Any) -> float | None:
-    ok = isinstance(a, int | float) and isinstance(b, int | float)
-    return a / b if ok and b else None
-
-
 def _paired(
     rows_a: Sequence[Mapping[str, Any]],
     rows_b: Sequence[Mapping[str, Any]],
@@ -114,7 +111,7 @@ def _paired(
     values, busy = [], {}
     for i, (a, b) in enumerate(zip(rows_a, rows_b, strict=False)):
         values.append(
-            _ratio(a.get(path_a[0], {}).get(path_a[1]), b.get(path_b[0], {}).get(path_b[1]))
+            ratio(a.get(path_a[0], {}).get(path_a[1]), b.get(path_b[0], {}).get(path_b[1]))
         )
         reasons = [
             why

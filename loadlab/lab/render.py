@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from loadlab.lab.claims import CLAIMS
+from loadlab.lab.figures import dig, figure, ratio
 from loadlab.lab.machine import JITTER_LIMIT, OTHERS_LIMIT_CORES, STEAL_LIMIT
-from loadlab.lab.summary import dig, figure, ratio
 from loadlab.report.text import fmt_num
 
 __all__ = ["Section", "render_html", "render_markdown", "sections"]

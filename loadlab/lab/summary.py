@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loadlab import metrics
 from loadlab.lab import stalls
-from loadlab.lab.batchjob import expected_max, step_cost_gain, useful_rows_while_waiting
+from loadlab.lab.batchjob import batch_job_summary
 from loadlab.lab.claims import CLAIMS, judge_claims
+from loadlab.lab.figures import aggregate, dig, figure, ratio
 from loadlab.lab.machine import busy_reasons, step_jitter
 
 if TYPE_CHECKING:
@@ -32,13 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIMS",
-    "aggregate",
-    "batch_job_summary",
     "batch_stats",
     "batching_summary",
     "class_stats",
     "dig",
-    "figure",
     "interference_stats",
     "kv_transfer_stats",
     "lab_summary",
@@ -190,18 +188,6 @@ def interference_stats(
     }
 
 
-# Which experiments each section's figures come from (a busy one marks the figure).
-SOURCES = {
-    "chat": ("interference",),
-    "long": ("interference",),
-    "kv": ("interference",),
-    "server": ("interference",),
-    "stalls": ("interference", "baseline"),
-    "baseline": ("baseline",),
-    "batch": ("batch",),
-}
-
-
 def measurement(results: Results, cpus: int) -> dict[str, Any]:
     """What the machine did during one experiment, and the reasons it was busy (if any)."""
     lab = results.extra.get("lab", {})
@@ -239,39 +225,6 @@ def round_row(
     loads = [measurement(r, cpus) for r in (batch, inter, base) if r is not None]
     row["busy"] = {m["experiment"]: m["busy"] for m in loads if m["busy"]}
     return row, loads
-
-
-def figure(values: Sequence[Any], busy_rounds: Sequence[int] = ()) -> dict[str, Any]:
-    """A figure over rounds: the median, its spread (min-max), every round's value, and the
-    rounds whose measurement was busy.
-
-    >>> figure([3.0, None, 1.0, 2.0], [2])["median"], figure([3.0, 1.0])["lo"]
-    (2.0, 1.0)
-    """
-    vals = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    return {
-        "median": float(np.median(vals)) if vals else None,
-        "lo": min(vals) if vals else None,
-        "hi": max(vals) if vals else None,
-        "n": len(vals),
-        "rounds": list(values),
-        "busy_rounds": list(busy_rounds),
-    }
-
-
-def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Each section's numbers over rounds as figures (``figure``)."""
-    out: dict[str, Any] = {}
-    for section, sources in SOURCES.items():
-        present = [r for r in rows if section in r]
-        if not present:
-            continue
-        busy = [i + 1 for i, r in enumerate(rows) if any(e in r.get("busy", {}) for e in sources)]
-        keys = {k for r in present for k, v in r[section].items() if isinstance(v, int | float)}
-        out[section] = {
-            k: figure([r.get(section, {}).get(k) for r in rows], busy) for k in sorted(keys)
-        }
-    return out
 
 
 def lab_summary(outcome: LabOutcome, s: LabSettings) -> dict[str, Any]:
@@ -360,69 +313,3 @@ def batching_summary(data: Mapping[str, Any], cpus: int) -> dict[str, Any]:
             for b in sizes
         }
     return out
-
-
-def batch_job_summary(
-    s: LabSettings,
-    per_round: Mapping[str, Sequence[Mapping[str, Any]]],
-    batching: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The static-batching claim's companions: the job's lengths, the bound E[max]/mean, the
-    ratio a replay of both schedules gives, and the requests/s gain this machine's step-cost
-    curve allows against the gain measured."""
-    lengths = s.batch_lengths()
-    b = s.max_num_seqs
-    curve = {
-        int(k): v["step_ms"]["median"] / 1e3
-        for k, v in (batching.get("decode") or {}).items()
-        if v["step_ms"]["median"]
-    }
-    static_rows = useful_rows_while_waiting(lengths, b, "static")
-    cont_rows = useful_rows_while_waiting(lengths, b, "continuous")
-    st, co = per_round.get("static", []), per_round.get("continuous", [])
-    busy = [
-        i + 1
-        for i, (x, y) in enumerate(zip(st, co, strict=False))
-        if "batch" in x.get("busy", {}) or "batch" in y.get("busy", {})
-    ]
-    gain = [
-        ratio(dig(x, "batch", "job_s"), dig(y, "batch", "job_s"))
-        for x, y in zip(st, co, strict=False)
-    ]
-    return {
-        "documents": len(lengths),
-        "batch_slots": b,
-        "length_mean": float(np.mean(lengths)),
-        "length_p50": float(np.median(lengths)),
-        "length_max": max(lengths),
-        "bound": expected_max(lengths, b) / float(np.mean(lengths)),
-        "replay_useful_rows": {"static": static_rows, "continuous": cont_rows},
-        "replay_ratio": ratio(cont_rows, static_rows),
-        "step_curve_s": {str(k): v for k, v in sorted(curve.items())},
-        "curve_gain": step_cost_gain(lengths, b, curve) if curve else None,
-        "measured_gain": figure(gain, busy),
-    }
-
-
-def dig(d: Mapping[str, Any], *keys: str) -> Any:
-    """``d[k1][k2]...``, or ``None`` where a key is missing (a mode or experiment not run).
-
-    >>> dig({"chunked": {"chat": {"itl_ms_p99": 12.5}}}, "chunked", "chat", "itl_ms_p99")
-    12.5
-    >>> dig({}, "static", "batch") is None
-    True
-    """
-    for k in keys:
-        if not isinstance(d, Mapping) or k not in d:
-            return None
-        d = d[k]
-    return d
-
-
-def ratio(a: Any, b: Any) -> float | None:
-    """``a / b`` when both are numbers and ``b`` is not 0, else ``None``.
-
-    >>> ratio(3, 4), ratio(None, 4), ratio(3, 0)
-    (0.75, None, None)
-    """
-    return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None

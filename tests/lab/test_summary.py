@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from loadlab.lab import settings_for
-from loadlab.lab.batchjob import expected_max, schedule_rows
+from loadlab.lab.batchjob import batch_job_summary, expected_max, schedule_rows
 from loadlab.lab.claims import judge
 from loadlab.lab.experiments import counter_deltas
 from loadlab.lab.summary import (
-    batch_job_summary,
     batch_stats,
     class_stats,
     interference_stats,
