@@ -1,10 +1,12 @@
 """HTTP layer: OpenAI-compatible endpoints over the engine, SSE streaming, admission, errors.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` or not),
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
+(Anthropic's Messages API, ``reference_server.messages``; each ``stream`` or not),
 ``GET /v1/models``, ``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``.
 Every error is OpenAI-shaped JSON and bad input is a 4xx, never a 500: invalid JSON, a
 non-object body or a schema violation is 400 (FastAPI's 422 is converted), an unknown model
-404, a body over the limit 413, a missing or wrong API key 401, and a full queue 429 with
+404, a body over the limit 413, a missing or wrong API key 401 (sent as ``Authorization:
+Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key: <key>``), and a full queue 429 with
 ``Retry-After`` at once. A client that goes away, streaming or not, aborts its request, which
 frees its KV blocks.
 
@@ -17,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
@@ -31,7 +34,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from reference_server import messages
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
+from reference_server.messages import MessagesRequest
 from reference_server.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -92,9 +97,9 @@ class _Guard:
         key = self.settings.api_key
         if key is not None:
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), key.encode()
-            ):
+            if scheme.lower() != "bearer":
+                given = headers.get("x-api-key", "")  # Anthropic's clients send the key so
+            if not hmac.compare_digest(given.strip().encode(), key.encode()):
                 msg = "missing or invalid API key: send 'Authorization: Bearer <key>'"
                 return await _send_json(
                     send, 401, error_body(msg, "authentication_error", None, "invalid_api_key")
@@ -252,19 +257,76 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
         prompt = body.prompt[0] if isinstance(body.prompt, list) else body.prompt
         return await _serve("completion", body, prompt, request)
 
+    @app.post("/v1/messages", response_model=None)
+    async def messages_route(body: MessagesRequest, request: Request) -> Response:
+        seq, queue, release = _start("chat", body, messages.messages_prompt(body))
+        if body.stream:
+            return _SSE(_message_events(body, seq, queue, release), release)
+        build = functools.partial(_whole_message, body, seq)
+        return await _whole(seq, queue, request, release, build)
+
     async def _serve(
         kind: Kind, body: ChatRequest | CompletionRequest, prompt: str, request: Request
     ) -> Response:
+        seq, queue, release = _start(kind, body, prompt)
+        if body.stream:
+            return _SSE(_events(kind, seq, body.include_usage, queue, release), release)
+        build = functools.partial(_whole_openai, kind, seq)
+        return await _whole(seq, queue, request, release, build)
+
+    def _start(kind: Kind, body: Any, prompt: str) -> tuple[Sequence, EventQueue, _Release]:
         seq = _admit(kind, body, prompt)
         queue: EventQueue = asyncio.Queue()
         state["in_flight"] += 1
         release = _Release(state, engine, seq.seq_id)
         engine.submit(seq, asyncio.get_running_loop(), queue)
-        if body.stream:
-            return _SSE(_events(kind, seq, body.include_usage, queue, release), release)
-        return await _whole(kind, seq, queue, request, release)
+        return seq, queue, release
 
-    def _admit(kind: Kind, body: ChatRequest | CompletionRequest, prompt: str) -> Sequence:
+    def _whole_openai(kind: Kind, seq: Sequence, text: str, ev: TokenEvent) -> dict[str, Any]:
+        body = whole_response(
+            kind, seq.seq_id, settings.model_name, text, ev.finish_reason or "", _usage(seq, ev)
+        )
+        return _with_transfer(body, ev)
+
+    def _whole_message(
+        req: MessagesRequest, seq: Sequence, text: str, ev: TokenEvent
+    ) -> dict[str, Any]:
+        return messages.whole_message(
+            seq.seq_id, settings.model_name, text, ev.finish_reason or "", req,
+            seq.num_prompt_tokens, ev.completion_tokens,
+        )  # fmt: skip
+
+    async def _message_events(
+        req: MessagesRequest, seq: Sequence, queue: EventQueue, release: _Release
+    ) -> AsyncGenerator[str, None]:
+        """Anthropic's event stream; an engine error is an ``error`` event."""
+        try:
+            for name, obj in messages.message_start(
+                seq.seq_id, settings.model_name, seq.num_prompt_tokens
+            ):
+                yield _sse_event(name, obj)
+            while True:
+                ev = await queue.get()
+                if ev is None:  # only the non-streaming watcher sends None
+                    continue
+                if ev.error is not None:
+                    release.finished = True
+                    err = {"type": "error", "error": {"type": "api_error", "message": ev.error}}
+                    yield _sse_event("error", err)
+                    break
+                if ev.completion_tokens > 0 and ev.finish_reason != "error" and ev.text:
+                    yield _sse_event(*messages.text_delta(ev.text))
+                if ev.finish_reason is not None:
+                    release.finished = True
+                    for name, obj in messages.message_delta(
+                        ev.finish_reason, req, seq.num_prompt_tokens, ev.completion_tokens
+                    ):
+                        yield _sse_event(name, obj)
+                    break
+        finally:
+            release()
+
+    def _admit(kind: Kind, body: Any, prompt: str) -> Sequence:
         if body.model != settings.model_name:
             msg = f"model {body.model!r} does not exist; this server serves {settings.model_name!r}"
             raise _ApiError(404, msg, "invalid_request_error", "model", "model_not_found")
@@ -333,11 +395,11 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             release()
 
     async def _whole(
-        kind: Kind,
         seq: Sequence,
         queue: EventQueue,
         request: Request,
         release: _Release,
+        build: Callable[[str, TokenEvent], dict[str, Any]],
     ) -> Response:
         watcher = asyncio.create_task(_watch_disconnect(request, queue))
         parts: list[str] = []
@@ -354,15 +416,7 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
                     )
                 if ev.finish_reason is not None:
                     release.finished = True
-                    body = whole_response(
-                        kind,
-                        seq.seq_id,
-                        settings.model_name,
-                        "".join(parts),
-                        ev.finish_reason,
-                        _usage(seq, ev),
-                    )
-                    return JSONResponse(_with_transfer(body, ev))
+                    return JSONResponse(build("".join(parts), ev))
         finally:
             watcher.cancel()
             release()
@@ -392,6 +446,11 @@ def _with_transfer(body: dict[str, Any], ev: TokenEvent) -> dict[str, Any]:
 
 def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def _sse_event(name: str, obj: dict[str, Any]) -> str:
+    """A named event, as Anthropic's stream sends each one."""
+    return f"event: {name}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def _render_metrics(engine: EngineLike, in_flight: int) -> str:
