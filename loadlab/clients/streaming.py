@@ -166,4 +166,4 @@ class StreamingClient:
         finally:
             if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
                 state.on_sent(attempt_ns)
-        return Completion(rec, state.text)
+        return Completion(rec, state.text, state.tool_calls)
