@@ -8,15 +8,20 @@ differs:
   ``anthropic-version: 2023-06-01`` headers; body ``{model, max_tokens, messages, stream}``
   (the chat session so far plus the new user message), then the run's and the request's
   ``extra_body``;
-- stream events (Anthropic, "Streaming Messages"): ``message_start`` (``usage.input_tokens``:
-  the prompt tokens), ``content_block_start`` (a ``tool_use`` block names a tool call),
+- stream events (Anthropic, "Streaming Messages"): ``message_start`` (``usage``: the prompt
+  tokens, see below), ``content_block_start`` (a ``tool_use`` block names a tool call),
   ``content_block_delta`` (a ``text_delta`` with non-empty text is answer content, a
   ``thinking_delta`` reasoning, an ``input_json_delta`` a tool call's arguments: each carries
   tokens, its read time goes into ``chunk_ns``), ``content_block_stop``, ``message_delta`` (``usage.output_tokens``, the
   cumulative output count; ``delta.stop_reason`` becomes the record's ``finish_reason``
   unchanged: ``end_turn``, ``max_tokens``, ``stop_sequence``, ...), ``message_stop`` (the
   stream is complete), ``ping`` (ignored), ``error`` (``stream_error``);
-- complete: only ``message_stop``; EOF before it is ``incomplete`` even after a stop reason.
+- complete: only ``message_stop``; EOF before it is ``incomplete`` even after a stop reason;
+- prompt tokens: Anthropic's ``input_tokens`` counts only the prompt tokens after the last
+  cache breakpoint; ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` count the
+  rest. The record's ``prompt_tokens`` is their sum (the whole prompt, as the OpenAI dialects
+  count it; vLLM's ``/v1/messages`` moves prefix-cache hits into ``cache_read_input_tokens``),
+  and the two cache counts are kept apart in ``record.server`` under their own names.
 
 The event's JSON ``type`` field is what is read, not the SSE ``event:`` line (proxies that
 drop ``event:`` lines still work); an SSE ``event: error`` is an error whatever its data says.
@@ -52,6 +57,8 @@ __all__ = [
 
 ANTHROPIC_VERSION = "2023-06-01"
 _TOOL_BLOCKS = ("tool_use", "server_tool_use")
+# Prompt tokens Anthropic's usage counts apart from input_tokens (both null or absent: none)
+_CACHE_USAGE_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 def messages_url(endpoint: EndpointConfig) -> str:
@@ -147,6 +154,17 @@ class AnthropicStreamState(TokenFrameState):
         except (AttributeError, KeyError, TypeError):
             return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
         return False
+
+    def _count_tokens(self) -> None:
+        super()._count_tokens()
+        usage = self.usage if isinstance(self.usage, dict) else {}
+        rec = self.record
+        for key in _CACHE_USAGE_KEYS:
+            n = usage.get(key)
+            if isinstance(n, int):
+                rec.server[key] = n
+                if rec.prompt_tokens is not None:
+                    rec.prompt_tokens += n
 
     def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
         """A non-streaming Message: text blocks joined; the whole answer is one chunk."""

@@ -144,6 +144,37 @@ def test_non_streaming_message_body() -> None:
     assert (r.prompt_tokens, r.output_tokens, r.finish_reason) == (3, 5, "end_turn")
 
 
+def test_prompt_tokens_include_the_cached_part_which_is_also_kept_apart() -> None:
+    """Anthropic's input_tokens excludes cache reads and writes (vLLM reports prefix-cache hits
+    as cache_read_input_tokens): the whole prompt is the sum."""
+    s = _state()
+    usage = '{"input_tokens":7,"cache_read_input_tokens":96,"cache_creation_input_tokens":null}'
+    start = '{"type":"message_start","message":{"usage":' + usage + "}}"
+    a = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
+    delta = (
+        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
+    )
+    stop = _ev("message_stop", '{"type":"message_stop"}')
+    s.on_bytes(_ev("message_start", start) + _ev("content_block_delta", a), 2000)
+    s.on_bytes(_ev("message_delta", delta) + stop, 3000)
+    s.finish(4000)
+    r = s.record
+    assert (r.outcome, r.prompt_tokens, r.server) == ("ok", 103, {"cache_read_input_tokens": 96})
+    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
+    s.on_headers(200, {"Content-Type": "application/json"}, 10)
+    s.on_bytes(
+        b'{"type":"message","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn",'
+        b'"usage":{"input_tokens":3,"output_tokens":1,"cache_read_input_tokens":0,'
+        b'"cache_creation_input_tokens":40}}',
+        20,
+    )
+    s.finish(30)
+    assert (s.record.prompt_tokens, s.record.server) == (
+        43,
+        {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 40},
+    )
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_client_against_fixed_server_truth(
     fixed_server: FixedScheduleServer, transport: str
