@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import json
 import time
@@ -27,7 +26,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,17 +34,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reference_server import messages
+from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose_tool
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
 from reference_server.protocol import (
     ChatRequest,
+    ChatStream,
     CompletionRequest,
     Kind,
     chat_prompt,
     error_body,
-    stream_chunk,
-    whole_response,
 )
+from reference_server.responses import ResponsesRequest, ResponsesStream, responses_prompt
 from reference_server.sequence import Sequence
 
 __all__ = ["ServerSettings", "create_app"]
@@ -53,6 +53,17 @@ __all__ = ["ServerSettings", "create_app"]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class AnswerStream(Protocol):
+    """One dialect's framing of one answer (``ChatStream``, ``messages.MessagesStream``,
+    ``ResponsesStream``): each returns the SSE text to write, or a whole body."""
+
+    def head(self) -> str: ...
+    def piece(self, piece: Piece, text: str) -> str: ...
+    def tail(self, ev: TokenEvent) -> str: ...
+    def error(self, message: str) -> str: ...
+    def whole(self, ev: TokenEvent) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -64,12 +75,21 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     info: dict[str, Any] = field(default_factory=dict)  # served at /v1/server_info
     encode: Callable[[str], list[int]] = lambda s: list(s.encode("utf-8"))
+    # a reasoning model and tool calls (``reference_server.answer``)
+    reasoning_tokens: int = 0  # the first N tokens of each answer go out as reasoning
+    tool_call_rate: float = 0.5  # of requests that offer tools, the share answered by a call
+    answer_seed: int = 0  # seeds the tool-call draw
+    request_log_size: int = 1024  # requests kept for GET /v1/request_log
 
     def __post_init__(self) -> None:
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        if self.reasoning_tokens < 0:
+            raise ValueError(f"--reasoning-tokens must be >= 0, got {self.reasoning_tokens}")
+        if not 0.0 <= self.tool_call_rate <= 1.0:
+            raise ValueError(f"--tool-call-rate must be in [0, 1], got {self.tool_call_rate}")
 
 
 class _ApiError(Exception):
@@ -187,6 +207,7 @@ class _SSE(StreamingResponse):
 def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     """The ASGI app (FastAPI wrapped in the auth and body-size guard) over any engine."""
     state = {"in_flight": 0}
+    book = AnswerBook(settings.request_log_size)
     capacity = engine.max_num_seqs + settings.max_queue
 
     @asynccontextmanager
@@ -244,9 +265,19 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
         text = _render_metrics(engine, state["in_flight"])
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    @app.get("/v1/request_log")
+    async def request_log() -> list[dict[str, Any]]:
+        """The last requests as the server framed them (``reference_server.answer``)."""
+        return book.to_list()
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
-        return await _serve("chat", body, chat_prompt(body.messages), request)
+        prompt = chat_prompt(body.messages)
+        seq, queue, release = _start("chat", body, prompt)
+        answer = _answer(seq, "chat", prompt, body.tools, body.tool_choice)
+        writer = ChatStream("chat", seq.seq_id, settings.model_name, seq.num_prompt_tokens,
+                            answer, body.include_usage)  # fmt: skip
+        return await _respond(body.stream, writer, answer, queue, release, request)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -255,78 +286,56 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
                 400, "send exactly one prompt per request", "invalid_request_error", "prompt"
             )
         prompt = body.prompt[0] if isinstance(body.prompt, list) else body.prompt
-        return await _serve("completion", body, prompt, request)
+        seq, queue, release = _start("completion", body, prompt)
+        answer = _answer(seq, "completions", prompt, None, None, reasons=False)
+        writer = ChatStream("completion", seq.seq_id, settings.model_name,
+                            seq.num_prompt_tokens, answer, body.include_usage)  # fmt: skip
+        return await _respond(body.stream, writer, answer, queue, release, request)
 
     @app.post("/v1/messages", response_model=None)
     async def messages_route(body: MessagesRequest, request: Request) -> Response:
-        seq, queue, release = _start("chat", body, messages.messages_prompt(body))
-        if body.stream:
-            return _SSE(_message_events(body, seq, queue, release), release)
-        build = functools.partial(_whole_message, body, seq)
-        return await _whole(seq, queue, request, release, build)
+        prompt = messages.messages_prompt(body)
+        seq, queue, release = _start("chat", body, prompt, "msg_")
+        answer = _answer(seq, "messages", prompt, body.tools, body.tool_choice_name())
+        writer = messages.MessagesStream(body, seq.seq_id, settings.model_name,
+                                         seq.num_prompt_tokens, answer)  # fmt: skip
+        return await _respond(body.stream, writer, answer, queue, release, request)
 
-    async def _serve(
-        kind: Kind, body: ChatRequest | CompletionRequest, prompt: str, request: Request
-    ) -> Response:
-        seq, queue, release = _start(kind, body, prompt)
-        if body.stream:
-            return _SSE(_events(kind, seq, body.include_usage, queue, release), release)
-        build = functools.partial(_whole_openai, kind, seq)
-        return await _whole(seq, queue, request, release, build)
+    @app.post("/v1/responses", response_model=None)
+    async def responses_route(body: ResponsesRequest, request: Request) -> Response:
+        prompt = responses_prompt(body)
+        seq, queue, release = _start("chat", body, prompt, "resp_")
+        answer = _answer(seq, "responses", prompt, body.tools, body.tool_choice)
+        writer = ResponsesStream(seq.seq_id, settings.model_name, seq.num_prompt_tokens, answer)
+        return await _respond(body.stream, writer, answer, queue, release, request)
 
-    def _start(kind: Kind, body: Any, prompt: str) -> tuple[Sequence, EventQueue, _Release]:
-        seq = _admit(kind, body, prompt)
+    def _start(
+        kind: Kind, body: Any, prompt: str, prefix: str | None = None
+    ) -> tuple[Sequence, EventQueue, _Release]:
+        seq = _admit(kind, body, prompt, prefix)
         queue: EventQueue = asyncio.Queue()
         state["in_flight"] += 1
         release = _Release(state, engine, seq.seq_id)
         engine.submit(seq, asyncio.get_running_loop(), queue)
         return seq, queue, release
 
-    def _whole_openai(kind: Kind, seq: Sequence, text: str, ev: TokenEvent) -> dict[str, Any]:
-        body = whole_response(
-            kind, seq.seq_id, settings.model_name, text, ev.finish_reason or "", _usage(seq, ev)
-        )
-        return _with_transfer(body, ev)
+    def _answer(seq: Sequence, api: str, prompt: str, tools: Any, tool_choice: Any,
+                reasons: bool = True) -> Answer:  # fmt: skip
+        """How this request's tokens go out (reasoning, text, a tool call), logged."""
+        log = AnswerLog(seq.seq_id, api, seq.arrival_ns)
+        book.add(log)
+        tool = choose_tool(tools, tool_choice, rate=settings.tool_call_rate,
+                           seed=settings.answer_seed, prompt=prompt)  # fmt: skip
+        budget = settings.reasoning_tokens if reasons else 0
+        return Answer(log, reasoning_tokens=budget, tool=tool)
 
-    def _whole_message(
-        req: MessagesRequest, seq: Sequence, text: str, ev: TokenEvent
-    ) -> dict[str, Any]:
-        return messages.whole_message(
-            seq.seq_id, settings.model_name, text, ev.finish_reason or "", req,
-            seq.num_prompt_tokens, ev.completion_tokens,
-        )  # fmt: skip
+    async def _respond(stream: bool, writer: AnswerStream, answer: Answer, queue: EventQueue,
+                       release: _Release, request: Request) -> Response:  # fmt: skip
+        if stream:
+            return _SSE(_events(writer, answer, queue, release), release)
+        return await _whole(writer, answer, queue, request, release)
 
-    async def _message_events(
-        req: MessagesRequest, seq: Sequence, queue: EventQueue, release: _Release
-    ) -> AsyncGenerator[str, None]:
-        """Anthropic's event stream; an engine error is an ``error`` event."""
-        try:
-            for name, obj in messages.message_start(
-                seq.seq_id, settings.model_name, seq.num_prompt_tokens
-            ):
-                yield _sse_event(name, obj)
-            while True:
-                ev = await queue.get()
-                if ev is None:  # only the non-streaming watcher sends None
-                    continue
-                if ev.error is not None:
-                    release.finished = True
-                    err = {"type": "error", "error": {"type": "api_error", "message": ev.error}}
-                    yield _sse_event("error", err)
-                    break
-                if ev.completion_tokens > 0 and ev.finish_reason != "error" and ev.text:
-                    yield _sse_event(*messages.text_delta(ev.text))
-                if ev.finish_reason is not None:
-                    release.finished = True
-                    for name, obj in messages.message_delta(
-                        ev.finish_reason, req, seq.num_prompt_tokens, ev.completion_tokens
-                    ):
-                        yield _sse_event(name, obj)
-                    break
-        finally:
-            release()
-
-    def _admit(kind: Kind, body: Any, prompt: str) -> Sequence:
+    def _admit(kind: Kind, body: Any, prompt: str, prefix: str | None) -> Sequence:
         if body.model != settings.model_name:
             msg = f"model {body.model!r} does not exist; this server serves {settings.model_name!r}"
             raise _ApiError(404, msg, "invalid_request_error", "model", "model_not_found")
@@ -349,74 +358,64 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             engine.stats.record_rejected("queue_full")
             msg = f"server is at capacity ({capacity} requests in flight); retry later"
             raise _ApiError(429, msg, "rate_limit_error", None, "queue_full", {"Retry-After": "1"})
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        prefix = prefix or ("chatcmpl-" if kind == "chat" else "cmpl-")
         return Sequence(
             prefix + uuid.uuid4().hex, ids, body.sampling_params(max_tokens), time.perf_counter_ns()
         )
 
     async def _events(
-        kind: Kind,
-        seq: Sequence,
-        include_usage: bool,
-        queue: EventQueue,
-        release: _Release,
+        writer: AnswerStream, answer: Answer, queue: EventQueue, release: _Release
     ) -> AsyncGenerator[str, None]:
-        created, model, rid = int(time.time()), settings.model_name, seq.seq_id
-        first = True
+        """The stream: the dialect's head, a piece per token, its tail; an engine error is
+        the dialect's error event. Each piece with text is logged as it is handed over."""
+        log = answer.log
         try:
+            if head := writer.head():
+                yield head
             while True:
                 ev = await queue.get()
                 if ev is None:  # only the non-streaming watcher sends None
                     continue
                 if ev.error is not None:
                     release.finished = True
-                    yield _sse(error_body(ev.error, "server_error", None, "engine_error"))
+                    yield writer.error(ev.error)
                     break
-                if ev.completion_tokens > 0 and ev.finish_reason != "error":
-                    yield _sse(stream_chunk(kind, rid, model, created, text=ev.text, role=first))
-                    first = False
+                split = answer.split(ev)
+                if split is not None and (out := writer.piece(*split)):
+                    if split[1]:
+                        log.wrote(split[0], time.perf_counter_ns())
+                    yield out
                 if ev.finish_reason is not None:
                     release.finished = True
-                    last = stream_chunk(
-                        kind,
-                        rid,
-                        model,
-                        created,
-                        text="" if kind == "completion" else None,
-                        finish_reason=ev.finish_reason,
-                    )
-                    yield _sse(_with_transfer(last, ev))
-                    if include_usage:
-                        usage = stream_chunk(kind, rid, model, created, usage=_usage(seq, ev))
-                        yield _sse(_with_transfer(usage, ev))
+                    yield writer.tail(ev)
                     break
-            yield "data: [DONE]\n\n"
         finally:
             release()
 
     async def _whole(
-        seq: Sequence,
+        writer: AnswerStream,
+        answer: Answer,
         queue: EventQueue,
         request: Request,
         release: _Release,
-        build: Callable[[str, TokenEvent], dict[str, Any]],
     ) -> Response:
         watcher = asyncio.create_task(_watch_disconnect(request, queue))
-        parts: list[str] = []
         try:
             while True:
                 ev = await queue.get()
                 if ev is None:  # the client went away
                     return Response(status_code=499)
-                parts.append(ev.text)
                 if ev.error is not None:
                     release.finished = True
                     return JSONResponse(
                         error_body(ev.error, "server_error", None, "engine_error"), status_code=500
                     )
+                split = answer.split(ev)
+                if split is not None and split[1]:
+                    answer.log.wrote(split[0], time.perf_counter_ns())
                 if ev.finish_reason is not None:
                     release.finished = True
-                    return JSONResponse(build("".join(parts), ev))
+                    return JSONResponse(writer.whole(ev))
         finally:
             watcher.cancel()
             release()
@@ -428,29 +427,6 @@ async def _watch_disconnect(request: Request, queue: EventQueue) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     queue.put_nowait(None)
-
-
-def _usage(seq: Sequence, ev: TokenEvent) -> dict[str, Any]:
-    n_prompt = seq.num_prompt_tokens
-    return {"prompt_tokens": n_prompt, "completion_tokens": ev.completion_tokens,
-            "total_tokens": n_prompt + ev.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}  # fmt: skip
-
-
-def _with_transfer(body: dict[str, Any], ev: TokenEvent) -> dict[str, Any]:
-    """Disaggregated mode: the request's KV transfer beside ``usage`` (SSE has no trailers)."""
-    if ev.kv_transfer is not None:
-        body["kv_transfer"] = ev.kv_transfer
-    return body
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-def _sse_event(name: str, obj: dict[str, Any]) -> str:
-    """A named event, as Anthropic's stream sends each one."""
-    return f"event: {name}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def _render_metrics(engine: EngineLike, in_flight: int) -> str:
