@@ -80,7 +80,9 @@ def test_anthropic_sdk_messages_streaming_and_not(continuous_server: Any) -> Non
             "max_tokens",
             "text",
         )
-        assert (msg.usage.input_tokens, msg.usage.output_tokens) == (37, 9)
+        # Anthropic's input_tokens leaves out what the (prefix) cache served
+        cached = msg.usage.cache_read_input_tokens or 0
+        assert (msg.usage.input_tokens + cached, msg.usage.output_tokens) == (37, 9)
         # system first, joined by "\n" as the chat prompt is: 3 + 1 + 37 tokens
         with client.messages.stream(
             model=MODEL, max_tokens=6, messages=messages, system="abc"
@@ -89,7 +91,8 @@ def test_anthropic_sdk_messages_streaming_and_not(continuous_server: Any) -> Non
             final = stream.get_final_message()
         assert final.stop_reason == "max_tokens" and final.content[0].type == "text"
         assert final.content[0].text == text
-        assert (final.usage.input_tokens, final.usage.output_tokens) == (41, 6)
+        cached = final.usage.cache_read_input_tokens or 0
+        assert (final.usage.input_tokens + cached, final.usage.output_tokens) == (41, 6)
         kinds = [e.type for e in client.messages.create(
             model=MODEL, max_tokens=4, messages=messages, stream=True
         )]  # fmt: skip
@@ -130,4 +133,6 @@ def test_loadlab_anthropic_dialect_counts_exactly(continuous_server: Any, stream
         9,
         "max_tokens",
     )
-    assert r.server == {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+    # the prompt may be in the prefix cache (other tests send it too): its 2 full blocks of 16
+    assert r.server["cache_read_input_tokens"] in (0, 32)
+    assert r.server["cache_creation_input_tokens"] == 0
