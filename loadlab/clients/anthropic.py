@@ -41,7 +41,7 @@ from typing import Any
 
 from loadlab.clients.base import Message
 from loadlab.clients.state import StreamState, dumps
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.streaming import StreamingClient, v1_url
 from loadlab.clients.token_frame import TokenFrameState
 from loadlab.clients.tools import anthropic_messages, anthropic_tools
 from loadlab.config import EndpointConfig
@@ -67,10 +67,7 @@ def messages_url(endpoint: EndpointConfig) -> str:
     >>> messages_url(EndpointConfig("http://h:8000/v1", api="anthropic"))
     'http://h:8000/v1/messages'
     """
-    url = endpoint.url.rstrip("/")
-    if url.endswith("/v1/messages"):
-        return url
-    return url + "/messages" if url.endswith("/v1") else url + "/v1/messages"
+    return v1_url(endpoint, "/messages")
 
 
 def build_messages_body(

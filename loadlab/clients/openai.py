@@ -29,7 +29,7 @@ from typing import Any
 
 from loadlab.clients.base import Message
 from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.streaming import StreamingClient, v1_url
 from loadlab.clients.token_frame import TokenFrameState
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
@@ -43,11 +43,7 @@ def api_url(endpoint: EndpointConfig) -> str:
     >>> api_url(EndpointConfig("http://h:8000/v1", api="completions"))
     'http://h:8000/v1/completions'
     """
-    url = endpoint.url.rstrip("/")
-    path = "/chat/completions" if endpoint.api == "chat" else "/completions"
-    if url.endswith(path):
-        return url
-    return url + path if url.endswith("/v1") else url + "/v1" + path
+    return v1_url(endpoint, "/chat/completions" if endpoint.api == "chat" else "/completions")
 
 
 def build_body(

@@ -42,7 +42,7 @@ from typing import Any
 
 from loadlab.clients.base import Message
 from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.streaming import StreamingClient, v1_url
 from loadlab.clients.token_frame import TokenFrameState
 from loadlab.clients.tools import responses_input, responses_tools
 from loadlab.config import EndpointConfig
@@ -62,10 +62,7 @@ def responses_url(endpoint: EndpointConfig) -> str:
     >>> responses_url(EndpointConfig("http://h:8000/v1", api="responses"))
     'http://h:8000/v1/responses'
     """
-    url = endpoint.url.rstrip("/")
-    if url.endswith("/v1/responses"):
-        return url
-    return url + "/responses" if url.endswith("/v1") else url + "/v1/responses"
+    return v1_url(endpoint, "/responses")
 
 
 def build_responses_body(

@@ -13,8 +13,8 @@ from loadlab.clients.responses import responses_url
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fault_server import FaultServer
-from tests.helpers.clients import CANARY
-from tests.helpers.loopback import FAULT_OUTCOMES as EXPECTED
+from tests.helpers.clients import CANARY, assert_faults_classified, run_faults
+from tests.helpers.loopback import FAULT_OUTCOMES
 
 TRANSPORTS = ["raw", "aiohttp"]
 
@@ -31,49 +31,24 @@ def test_responses_url(url: str, expected: str) -> None:
     assert responses_url(EndpointConfig(url, api="responses")) == expected
 
 
-async def _send_one(url: str, *, stream: bool = True, transport: str = "raw") -> RequestRecord:
-    ep = EndpointConfig(url, api="responses")
-    async with ResponsesClient(
-        ep, stream=stream, timeout_s=0.6, read_timeout_s=0.3, transport=transport
-    ) as c:
-        return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_each_fault_becomes_its_outcome(fault_server: FaultServer, transport: str) -> None:
-    async def main() -> dict[str, RequestRecord]:
-        modes = list(EXPECTED)
-        recs = await asyncio.gather(
-            *(_send_one(f"{fault_server.url}/fault/{m}", transport=transport) for m in modes)
-        )
-        return dict(zip(modes, recs, strict=True))
-
-    records = asyncio.run(main())
-    assert {m: r.outcome for m, r in records.items()} == EXPECTED
-    assert records["429"].server["retry_after_s"] == 7.0
-    assert "model overloaded" in (records["429"].error or "")
-    assert "500 Internal Server Error" in (records["500_html"].error or "")
-    assert records["stream_error"].error == "error in stream: model overloaded"
-    assert len(records["reset"].chunk_ns) == 1  # tokens before the failure keep their times
+    records = run_faults(ResponsesClient, fault_server.url, "responses", list(FAULT_OUTCOMES),
+                         transport=transport)  # fmt: skip
+    assert_faults_classified(records)
     assert len(records["eof"].chunk_ns) == 2  # the text was done, the response never completed
     ok = records["ok"]
     assert (ok.prompt_tokens, ok.output_tokens, len(ok.chunk_ns), ok.response_id) == (1, 3, 3, "f")
     assert ok.finish_reason == "completed"
-    for r in records.values():
-        assert r.sent_ns is not None and r.end_ns is not None
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_non_streaming_faults(fault_server: FaultServer, transport: str) -> None:
-    async def main() -> list[str]:
-        modes = ["ok", "non_json", "429", "stream_error"]
-        urls = [f"{fault_server.url}/fault/{m}" for m in modes]
-        recs = await asyncio.gather(
-            *(_send_one(u, stream=False, transport=transport) for u in urls)
-        )
-        return [r.outcome for r in recs]
-
-    assert asyncio.run(main()) == ["ok", "protocol_error", "http_429", "protocol_error"]
+    modes = ["ok", "non_json", "429", "stream_error"]
+    records = run_faults(ResponsesClient, fault_server.url, "responses", modes, stream=False,
+                         transport=transport)  # fmt: skip
+    outcomes = [r.outcome for r in records.values()]
+    assert outcomes == ["ok", "protocol_error", "http_429", "protocol_error"]
 
 
 def test_the_key_never_reaches_a_record(
