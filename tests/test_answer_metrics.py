@@ -6,7 +6,7 @@ from __future__ import annotations
 from loadlab import metrics
 from loadlab.records import RequestRecord
 from loadlab.report.text import render_summary
-from loadlab.results import Results
+from loadlab.results import Results, to_dataframe
 from loadlab.slo import evaluate, parse_slo
 from loadlab.summary import summarize
 
@@ -41,6 +41,8 @@ def test_summary_report_and_slo_name_them() -> None:
     text = render_summary(res)
     assert "TTFAT (first answer token) (ms)" in text and "reasoning p50 4" in text
     assert "slowest requests" in text and "r10" in text and "srv-10" in text
+    df = to_dataframe(res)  # the CSV's columns
+    assert list(df["ttfat_ms"])[:2] == [50.0, 51.0] and set(df["answer_tokens"]) == {2}
     spec = parse_slo({"objectives": ["ttfat_ms.p50 <= 100", "reasoning_tokens.p50 <= 3"]})
     rows = {r.objective.metric: r for r in evaluate(res, spec).rows}
     assert rows["ttfat_ms"].measured == 55 and rows["reasoning_tokens"].status == "fail"
