@@ -28,12 +28,12 @@ def error_of(path) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("name", ["chat", "batch", "azure_conv", "agent"])
+@pytest.mark.parametrize("name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix"])
 def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_scenario(f"scenarios/{name}.toml")
     assert isinstance(cfg, RunConfig)
-    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent")
+    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent", "mix")
     specs = list(build_requests(cfg))
     assert specs
     if name == "chat":
@@ -43,12 +43,14 @@ def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
     if name == "agent":  # 20 sessions of a task and 3 tool rounds, on a reasoning model
         assert len(specs) == 80 and sum(s.tool_turn for s in specs) == 60
         assert {s.reasoning_effort for s in specs} == {"low"} and specs[0].tools
+    if name == "reasoning_mix":  # the classes examples/slo-reasoning.toml names
+        assert len(specs) == 200 and {s.request_class for s in specs} == {"chat", "agent"}
 
 
 def test_the_reasoning_slo_example_loads() -> None:
     spec = load_slo(ROOT / "examples" / "slo-reasoning.toml")
-    assert "ttfat_ms.p95 <= 8000" in [str(o) for o in spec.objectives]
-    assert {o.request_class for o in spec.objectives} == {None, "agent"}
+    assert "ttfat_ms.p95[chat] <= 8000" in [str(o) for o in spec.objectives]
+    assert {o.request_class for o in spec.objectives} == {None, "chat", "agent"}
 
 
 def test_same_scenario_and_seed_give_the_same_requests(shared_data, monkeypatch):
