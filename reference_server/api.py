@@ -1,8 +1,12 @@
 """HTTP layer: OpenAI-compatible endpoints over the engine, SSE streaming, admission, errors.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
-(Anthropic's Messages API, ``reference_server.messages``; each ``stream`` or not),
-``GET /v1/models``, ``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``.
+(Anthropic's Messages API, ``reference_server.messages``), ``POST /v1/responses`` (OpenAI's
+Responses API, ``reference_server.responses``), each ``stream`` or not; ``GET /v1/models``,
+``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``, ``/v1/request_log`` (each
+recent request as it was framed: ``reference_server.answer``). Every route runs one loop over
+the engine's token events; a dialect's ``AnswerStream`` writes them, and ``answer.Answer``
+decides whether each token goes out as reasoning, answer text or a tool call's arguments.
 Every error is OpenAI-shaped JSON and bad input is a 4xx, never a 500: invalid JSON, a
 non-object body or a schema violation is 400 (FastAPI's 422 is converted), an unknown model
 404, a body over the limit 413, a missing or wrong API key 401 (sent as ``Authorization:
