@@ -19,7 +19,7 @@ from loadlab.errors import ConfigError
 
 __all__ = ["EndpointConfig", "RunConfig"]
 
-APIS = ("chat", "completions", "anthropic")
+APIS = ("chat", "completions", "anthropic", "responses")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,11 @@
 
 Per request (milliseconds; ``None`` when undefined for that request)::
 
-    ttft_ms      first token-carrying chunk - sent
+    ttft_ms      first token-carrying chunk - sent (content, reasoning or tool-call arguments)
+    ttfat_ms     first chunk carrying answer content - sent (not reasoning, not a tool call's
+                 arguments); equals ttft_ms for a model that does not reason
+    reasoning_ms last reasoning chunk - first reasoning chunk (how long reasoning streamed)
+    reasoning_tokens, answer_tokens, tool_call_tokens   output tokens by kind (see each)
     e2e_ms       last token-carrying chunk - sent     (a usage chunk or [DONE] does not move it)
     tpot_ms      (last - first token chunk) / (output_tokens - 1), output_tokens >= 2
     itl_ms       every gap between consecutive token-carrying chunks (a list)
@@ -39,10 +43,12 @@ from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, RequestRecord, is_faile
 __all__ = [
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
+    "TOKEN_METRICS",
     "Counts",
     "Distribution",
     "LogHistogram",
     "Throughput",
+    "answer_token_count",
     "count_outcomes",
     "distribution",
     "e2e_from_intended_ms",
@@ -54,9 +60,13 @@ __all__ = [
     "max_gap_ms",
     "output_token_count",
     "percentile",
+    "reasoning_ms",
+    "reasoning_token_count",
     "stall_count",
     "throughput",
+    "tool_call_token_count",
     "tpot_ms",
+    "ttfat_ms",
     "ttft_from_intended_ms",
     "ttft_ms",
 ]
@@ -112,6 +122,37 @@ def output_token_count(r: RequestRecord) -> int:
     if r.chunk_tokens:
         return sum(r.chunk_tokens)
     return len(r.chunk_ns)
+
+
+def ttfat_ms(r: RequestRecord) -> float | None:
+    """Time to first answer token: the first chunk carrying answer content minus ``sent``
+    (ms); ``None`` when no answer content came (an answer that is only a tool call)."""
+    if r.sent_ns is None or r.answer_ns is None:
+        return None
+    return (r.answer_ns - r.sent_ns) / NS_PER_MS
+
+
+def reasoning_ms(r: RequestRecord) -> float | None:
+    """Reasoning duration: the last reasoning chunk minus the first (ms); ``None`` for a
+    request that streamed no reasoning."""
+    if r.reasoning_start_ns is None or r.reasoning_end_ns is None:
+        return None
+    return (r.reasoning_end_ns - r.reasoning_start_ns) / NS_PER_MS
+
+
+def reasoning_token_count(r: RequestRecord) -> int:
+    """Reasoning tokens: the server's ``reasoning_tokens`` when it said, else reasoning chunks."""
+    return r.reasoning_tokens if r.reasoning_tokens is not None else r.reasoning_chunks
+
+
+def tool_call_token_count(r: RequestRecord) -> int:
+    """Tool-call argument tokens: their chunks (no API's usage counts them apart)."""
+    return r.tool_call_chunks
+
+
+def answer_token_count(r: RequestRecord) -> int:
+    """Answer content tokens: output tokens less reasoning and tool-call argument tokens."""
+    return max(0, output_token_count(r) - reasoning_token_count(r) - tool_call_token_count(r))
 
 
 def tpot_ms(r: RequestRecord) -> float | None:
@@ -393,7 +434,11 @@ LATENCY_METRICS = (
     "e2e_ms",
     "e2e_from_intended_ms",
     "max_gap_ms",
+    "ttfat_ms",
+    "reasoning_ms",
 )
+# Per-request token counts by kind: distributions an SLO may name (``reasoning_tokens.p95``).
+TOKEN_METRICS = ("reasoning_tokens", "answer_tokens", "tool_call_tokens")
 
 # A per-request objective: metric name -> maximum (ms). Names are the per-request functions.
 PER_REQUEST_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
@@ -403,6 +448,11 @@ PER_REQUEST_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
     "e2e_from_intended_ms": e2e_from_intended_ms,
     "tpot_ms": tpot_ms,
     "max_gap_ms": max_gap_ms,
+    "ttfat_ms": ttfat_ms,
+    "reasoning_ms": reasoning_ms,
+    "reasoning_tokens": reasoning_token_count,
+    "answer_tokens": answer_token_count,
+    "tool_call_tokens": tool_call_token_count,
 }
 
 

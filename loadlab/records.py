@@ -102,6 +102,24 @@ class RequestSpec:
     think_time_s: float = 0.0
     request_class: str = "default"  # per-class SLOs and reports ("chat", "long_prompt", ...)
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # An agent's request: the tools it offers (OpenAI chat's ``{"type": "function",
+    # "function": {...}}`` form; each dialect sends its own). A ``tool_turn`` answers the
+    # previous turn's tool calls, ``prompt`` being each call's result: the runner sends it only
+    # when that answer called a tool (else the session is over) and fills in ``tool_results``
+    tools: tuple[Mapping[str, Any], ...] = ()
+    tool_turn: bool = False
+    tool_results: tuple[Mapping[str, Any], ...] = ()
+    reasoning_effort: str | None = None  # "low" | "medium" | "high", passed to the API
+
+    def new_messages(self) -> list[Mapping[str, Any]]:
+        """What this request adds to its session: the tool results, else the user message.
+
+        >>> RequestSpec("r1", "hi", 8).new_messages()
+        [{'role': 'user', 'content': 'hi'}]
+        """
+        if self.tool_results:
+            return list(self.tool_results)
+        return [{"role": "user", "content": self.prompt}]
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -121,8 +139,10 @@ class RequestSpec:
 class RequestRecord:
     """What happened to one request. Times are ns relative to the run's ``t0_ns``.
 
-    ``chunk_ns`` holds the read time of every *token-carrying* chunk (a role-only or empty
-    chunk, a usage-only chunk and ``[DONE]`` are not in it); ``chunk_tokens`` the number of
+    ``chunk_ns`` holds the read time of every *token-carrying* chunk (answer content,
+    reasoning or tool-call arguments; a role-only or empty chunk, a usage-only chunk and
+    ``[DONE]`` are not in it); ``answer_ns`` the first that carried answer content (reasoning
+    and tool-call arguments are not answer content); ``chunk_tokens`` the number of
     tokens each carried when known (1 per chunk otherwise). ``end_ns`` is when the response
     ended (EOF or ``[DONE]``), which is *not* the E2E end (that is ``chunk_ns[-1]``).
     """
@@ -152,6 +172,17 @@ class RequestRecord:
     finish_reason: str | None = None
     late: bool = False  # open loop: sent more than the lateness tolerance after intended_ns
     server: dict[str, Any] = field(default_factory=dict)  # e.g. kv_transfer_bytes from the server
+    # Reasoning models and tool calls (ARCHITECTURE.md: TTFAT, reasoning and tool-call tokens).
+    # A results file leaves these out while they hold their defaults (``to_dict``), so files
+    # of runs without them read and write back as before.
+    response_id: str | None = None  # the server's id: the stream's ``id``, else a header's
+    answer_ns: int | None = None  # first chunk carrying answer content (TTFAT's end)
+    reasoning_chunks: int = 0  # token chunks that carried reasoning (they are in chunk_ns)
+    reasoning_start_ns: int | None = None  # first and last reasoning chunk
+    reasoning_end_ns: int | None = None
+    reasoning_tokens: int | None = None  # usage's reasoning_tokens, else reasoning_chunks
+    tool_call_chunks: int = 0  # chunks of tool-call arguments (in chunk_ns: output tokens)
+    tool_calls: int = 0  # tool calls in the answer
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
@@ -179,7 +210,11 @@ class RequestRecord:
         return is_failed(self.outcome)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        for name in _LEFT_OUT_AT_DEFAULT:
+            if out[name] == _DEFAULTS[name]:
+                del out[name]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RequestRecord:
@@ -190,3 +225,17 @@ class RequestRecord:
                 f"unknown record fields {sorted(unknown)}; is the file from a newer loadlab?"
             )
         return cls(**dict(data))
+
+
+# fields added after results schema 1's first files: written only when they say something
+_LEFT_OUT_AT_DEFAULT = (
+    "response_id",
+    "answer_ns",
+    "reasoning_chunks",
+    "reasoning_start_ns",
+    "reasoning_end_ns",
+    "reasoning_tokens",
+    "tool_call_chunks",
+    "tool_calls",
+)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}

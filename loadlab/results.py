@@ -41,7 +41,7 @@ from loadlab._version import __version__
 from loadlab.errors import ResultsError
 from loadlab.generator import merge_parts
 from loadlab.records import RequestRecord
-from loadlab.summary import summarize
+from loadlab.summary import has_reasoning_or_tools, summarize
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -251,6 +251,8 @@ def to_dataframe(results: Results) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
+    # a reasoning model's or an agent's figures, when some request reasoned or called a tool
+    answers = has_reasoning_or_tools(results.records)
     for r in results.records:
         row = r.to_dict()
         row.pop("chunk_ns")
@@ -261,6 +263,12 @@ def to_dataframe(results: Results) -> pd.DataFrame:
         row["e2e_ms"] = metrics.e2e_ms(r)
         row["tpot_ms"] = metrics.tpot_ms(r)
         row["max_gap_ms"] = metrics.max_gap_ms(r)
+        if answers:
+            row["ttfat_ms"] = metrics.ttfat_ms(r)
+            row["reasoning_ms"] = metrics.reasoning_ms(r)
+            row["reasoning_tokens"] = metrics.reasoning_token_count(r)
+            row["answer_tokens"] = metrics.answer_token_count(r)
+            row["tool_call_tokens"] = metrics.tool_call_token_count(r)
         row.update({f"server_{k}": v for k, v in r.server.items()})
         rows.append(row)
     return pd.DataFrame(rows)

@@ -11,6 +11,9 @@ of the records from ``loadlab.metrics``. ``RunSummary.to_dict()`` is the results
      "ttft_ms" | "ttft_from_intended_ms" | "itl_ms" | "tpot_ms" | "e2e_ms" |
      "e2e_from_intended_ms" | "max_gap_ms" | "output_tokens_per_request":
                 {"count", "p50", "p90", "p95", "p99", "mean", "min", "max"},
+     "ttfat_ms" | "reasoning_ms" | "reasoning_tokens" | "answer_tokens" | "tool_call_tokens":
+                the same, written only when some request of the run reasoned or called a
+                tool (``has_reasoning_or_tools``; otherwise TTFAT is TTFT and they say nothing),
      "stalls_per_stream_mean", "token_count_disagreements",
      "throughput": {"window_s", "output_tokens", "output_tokens_per_s", "total_tokens_per_s",
                     "requests_per_s", "series_bin_s"},
@@ -31,6 +34,8 @@ from typing import Any, Protocol
 from loadlab.metrics import (
     DEFAULT_PERCENTILES,
     LATENCY_METRICS,
+    PER_REQUEST_METRICS,
+    TOKEN_METRICS,
     Counts,
     Distribution,
     Throughput,
@@ -50,7 +55,15 @@ from loadlab.metrics import (
 )
 from loadlab.records import RequestRecord
 
-__all__ = ["Run", "RunSummary", "summarize"]
+__all__ = ["ANSWER_METRICS", "Run", "RunSummary", "has_reasoning_or_tools", "summarize"]
+
+# The distributions a reasoning model or an agent adds (written when the run has either).
+ANSWER_METRICS = ("ttfat_ms", "reasoning_ms", *TOKEN_METRICS)
+
+
+def has_reasoning_or_tools(records: Iterable[RequestRecord]) -> bool:
+    """True when some request streamed reasoning or called a tool."""
+    return any(r.reasoning_chunks or r.reasoning_tokens or r.tool_calls for r in records)
 
 
 class Run(Protocol):
@@ -79,6 +92,8 @@ class RunSummary:
     counts: Counts
     window_ns: tuple[int, int]
     ttft_ms: Distribution
+    ttfat_ms: Distribution
+    reasoning_ms: Distribution
     ttft_from_intended_ms: Distribution
     itl_ms: Distribution
     tpot_ms: Distribution
@@ -90,13 +105,18 @@ class RunSummary:
     token_count_disagreements: int
     throughput: Throughput
     saturated: bool
+    # ANSWER_METRICS but the two latencies (a reasoning model's and an agent's token counts)
+    reasoning_tokens: Distribution
+    answer_tokens: Distribution
+    tool_call_tokens: Distribution
+    reasoning_or_tools: bool  # some request reasoned or called a tool
 
     def latency(self, name: str) -> Distribution:
-        """The distribution of one of ``LATENCY_METRICS`` (a report's row, an SLO's metric)."""
-        if name not in LATENCY_METRICS:
-            raise ValueError(
-                f"unknown latency metric {name!r}; known: {', '.join(LATENCY_METRICS)}"
-            )
+        """The distribution of one of ``LATENCY_METRICS`` or ``TOKEN_METRICS`` (a report's
+        row, an SLO's metric)."""
+        if name not in LATENCY_METRICS and name not in TOKEN_METRICS:
+            known = ", ".join((*LATENCY_METRICS, *TOKEN_METRICS))
+            raise ValueError(f"unknown latency metric {name!r}; known: {known}")
         value: Distribution = getattr(self, name)
         return value
 
@@ -105,7 +125,11 @@ class RunSummary:
         return {
             "counts": self.counts.to_dict(),
             "window_ns": list(self.window_ns),
-            **{name: self.latency(name).to_dict() for name in LATENCY_METRICS},
+            **{
+                name: self.latency(name).to_dict()
+                for name in (*LATENCY_METRICS, *TOKEN_METRICS)
+                if name not in ANSWER_METRICS or self.reasoning_or_tools
+            },
             "stalls_per_stream_mean": self.stalls_per_stream_mean,
             "output_tokens_per_request": self.output_tokens_per_request.to_dict(),
             "token_count_disagreements": self.token_count_disagreements,
@@ -127,6 +151,12 @@ def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary
         counts=count_outcomes(run.records, run.scheduled_count),
         window_ns=window,
         ttft_ms=dist(ttft_ms),
+        ttfat_ms=dist(PER_REQUEST_METRICS["ttfat_ms"]),
+        reasoning_ms=dist(PER_REQUEST_METRICS["reasoning_ms"]),
+        reasoning_tokens=dist(PER_REQUEST_METRICS["reasoning_tokens"]),
+        answer_tokens=dist(PER_REQUEST_METRICS["answer_tokens"]),
+        tool_call_tokens=dist(PER_REQUEST_METRICS["tool_call_tokens"]),
+        reasoning_or_tools=has_reasoning_or_tools(run.records),
         ttft_from_intended_ms=dist(ttft_from_intended_ms),
         itl_ms=distribution([g for r in lat for g in itl_ms(r)], qs),
         tpot_ms=dist(tpot_ms),

@@ -1,10 +1,16 @@
 """HTTP layer: OpenAI-compatible endpoints over the engine, SSE streaming, admission, errors.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` or not),
-``GET /v1/models``, ``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
+(Anthropic's Messages API, ``reference_server.messages``), ``POST /v1/responses`` (OpenAI's
+Responses API, ``reference_server.responses``), each ``stream`` or not; ``GET /v1/models``,
+``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``, ``/v1/request_log`` (each
+recent request as it was framed: ``reference_server.answer``). Every route runs one loop over
+the engine's token events; a dialect's ``AnswerStream`` writes them, and ``answer.Answer``
+decides whether each token goes out as reasoning, answer text or a tool call's arguments.
 Every error is OpenAI-shaped JSON and bad input is a 4xx, never a 500: invalid JSON, a
 non-object body or a schema violation is 400 (FastAPI's 422 is converted), an unknown model
-404, a body over the limit 413, a missing or wrong API key 401, and a full queue 429 with
+404, a body over the limit 413, a missing or wrong API key 401 (sent as ``Authorization:
+Bearer <key>`` or, as Anthropic's clients send it, ``x-api-key: <key>``), and a full queue 429 with
 ``Retry-After`` at once. A client that goes away, streaming or not, aborts its request, which
 frees its KV blocks.
 
@@ -24,23 +30,26 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from reference_server import messages
+from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose_tool
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
+from reference_server.messages import MessagesRequest
 from reference_server.protocol import (
     ChatRequest,
+    ChatStream,
     CompletionRequest,
     Kind,
     chat_prompt,
     error_body,
-    stream_chunk,
-    whole_response,
 )
+from reference_server.responses import ResponsesRequest, ResponsesStream, responses_prompt
 from reference_server.sequence import Sequence
 
 __all__ = ["ServerSettings", "create_app"]
@@ -48,6 +57,17 @@ __all__ = ["ServerSettings", "create_app"]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class AnswerStream(Protocol):
+    """One dialect's framing of one answer (``ChatStream``, ``messages.MessagesStream``,
+    ``ResponsesStream``): each returns the SSE text to write, or a whole body."""
+
+    def head(self) -> str: ...
+    def piece(self, piece: Piece, text: str) -> str: ...
+    def tail(self, ev: TokenEvent) -> str: ...
+    def error(self, message: str) -> str: ...
+    def whole(self, ev: TokenEvent) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -59,12 +79,21 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     info: dict[str, Any] = field(default_factory=dict)  # served at /v1/server_info
     encode: Callable[[str], list[int]] = lambda s: list(s.encode("utf-8"))
+    # a reasoning model and tool calls (``reference_server.answer``)
+    reasoning_tokens: int = 0  # the first N tokens of each answer go out as reasoning
+    tool_call_rate: float = 0.5  # of requests that offer tools, the share answered by a call
+    answer_seed: int = 0  # seeds the tool-call draw
+    request_log_size: int = 1024  # requests kept for GET /v1/request_log
 
     def __post_init__(self) -> None:
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        if self.reasoning_tokens < 0:
+            raise ValueError(f"--reasoning-tokens must be >= 0, got {self.reasoning_tokens}")
+        if not 0.0 <= self.tool_call_rate <= 1.0:
+            raise ValueError(f"--tool-call-rate must be in [0, 1], got {self.tool_call_rate}")
 
 
 class _ApiError(Exception):
@@ -92,9 +121,9 @@ class _Guard:
         key = self.settings.api_key
         if key is not None:
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), key.encode()
-            ):
+            if scheme.lower() != "bearer":
+                given = headers.get("x-api-key", "")  # Anthropic's clients send the key so
+            if not hmac.compare_digest(given.strip().encode(), key.encode()):
                 msg = "missing or invalid API key: send 'Authorization: Bearer <key>'"
                 return await _send_json(
                     send, 401, error_body(msg, "authentication_error", None, "invalid_api_key")
@@ -182,6 +211,7 @@ class _SSE(StreamingResponse):
 def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     """The ASGI app (FastAPI wrapped in the auth and body-size guard) over any engine."""
     state = {"in_flight": 0}
+    book = AnswerBook(settings.request_log_size)
     capacity = engine.max_num_seqs + settings.max_queue
 
     @asynccontextmanager
@@ -239,9 +269,19 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
         text = _render_metrics(engine, state["in_flight"])
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    @app.get("/v1/request_log")
+    async def request_log() -> list[dict[str, Any]]:
+        """The last requests as the server framed them (``reference_server.answer``)."""
+        return book.to_list()
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
-        return await _serve("chat", body, chat_prompt(body.messages), request)
+        prompt = chat_prompt(body.messages)
+        seq, queue, release = _start("chat", body, prompt)
+        answer = _answer(seq, "chat", prompt, body.tools, body.tool_choice)
+        writer = ChatStream("chat", seq.seq_id, settings.model_name, seq.num_prompt_tokens,
+                            answer, body.include_usage)  # fmt: skip
+        return await _respond(body.stream, writer, answer, queue, release, request)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -250,21 +290,56 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
                 400, "send exactly one prompt per request", "invalid_request_error", "prompt"
             )
         prompt = body.prompt[0] if isinstance(body.prompt, list) else body.prompt
-        return await _serve("completion", body, prompt, request)
+        seq, queue, release = _start("completion", body, prompt)
+        answer = _answer(seq, "completions", prompt, None, None, reasons=False)
+        writer = ChatStream("completion", seq.seq_id, settings.model_name,
+                            seq.num_prompt_tokens, answer, body.include_usage)  # fmt: skip
+        return await _respond(body.stream, writer, answer, queue, release, request)
 
-    async def _serve(
-        kind: Kind, body: ChatRequest | CompletionRequest, prompt: str, request: Request
-    ) -> Response:
-        seq = _admit(kind, body, prompt)
+    @app.post("/v1/messages", response_model=None)
+    async def messages_route(body: MessagesRequest, request: Request) -> Response:
+        prompt = messages.messages_prompt(body)
+        seq, queue, release = _start("chat", body, prompt, "msg_")
+        answer = _answer(seq, "messages", prompt, body.tools, body.tool_choice_name())
+        writer = messages.MessagesStream(body, seq.seq_id, settings.model_name,
+                                         seq.num_prompt_tokens, answer)  # fmt: skip
+        return await _respond(body.stream, writer, answer, queue, release, request)
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses_route(body: ResponsesRequest, request: Request) -> Response:
+        prompt = responses_prompt(body)
+        seq, queue, release = _start("chat", body, prompt, "resp_")
+        answer = _answer(seq, "responses", prompt, body.tools, body.tool_choice)
+        writer = ResponsesStream(seq.seq_id, settings.model_name, seq.num_prompt_tokens, answer)
+        return await _respond(body.stream, writer, answer, queue, release, request)
+
+    def _start(
+        kind: Kind, body: Any, prompt: str, prefix: str | None = None
+    ) -> tuple[Sequence, EventQueue, _Release]:
+        seq = _admit(kind, body, prompt, prefix)
         queue: EventQueue = asyncio.Queue()
         state["in_flight"] += 1
         release = _Release(state, engine, seq.seq_id)
         engine.submit(seq, asyncio.get_running_loop(), queue)
-        if body.stream:
-            return _SSE(_events(kind, seq, body.include_usage, queue, release), release)
-        return await _whole(kind, seq, queue, request, release)
+        return seq, queue, release
 
-    def _admit(kind: Kind, body: ChatRequest | CompletionRequest, prompt: str) -> Sequence:
+    def _answer(seq: Sequence, api: str, prompt: str, tools: Any, tool_choice: Any,
+                reasons: bool = True) -> Answer:  # fmt: skip
+        """How this request's tokens go out (reasoning, text, a tool call), logged."""
+        log = AnswerLog(seq.seq_id, api, seq.arrival_ns)
+        book.add(log)
+        tool = choose_tool(tools, tool_choice, rate=settings.tool_call_rate,
+                           seed=settings.answer_seed, prompt=prompt)  # fmt: skip
+        budget = settings.reasoning_tokens if reasons else 0
+        return Answer(log, reasoning_tokens=budget, tool=tool)
+
+    async def _respond(stream: bool, writer: AnswerStream, answer: Answer, queue: EventQueue,
+                       release: _Release, request: Request) -> Response:  # fmt: skip
+        if stream:
+            return _SSE(_events(writer, answer, queue, release), release)
+        return await _whole(writer, answer, queue, request, release)
+
+    def _admit(kind: Kind, body: Any, prompt: str, prefix: str | None) -> Sequence:
         if body.model != settings.model_name:
             msg = f"model {body.model!r} does not exist; this server serves {settings.model_name!r}"
             raise _ApiError(404, msg, "invalid_request_error", "model", "model_not_found")
@@ -287,82 +362,64 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             engine.stats.record_rejected("queue_full")
             msg = f"server is at capacity ({capacity} requests in flight); retry later"
             raise _ApiError(429, msg, "rate_limit_error", None, "queue_full", {"Retry-After": "1"})
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        prefix = prefix or ("chatcmpl-" if kind == "chat" else "cmpl-")
         return Sequence(
             prefix + uuid.uuid4().hex, ids, body.sampling_params(max_tokens), time.perf_counter_ns()
         )
 
     async def _events(
-        kind: Kind,
-        seq: Sequence,
-        include_usage: bool,
-        queue: EventQueue,
-        release: _Release,
+        writer: AnswerStream, answer: Answer, queue: EventQueue, release: _Release
     ) -> AsyncGenerator[str, None]:
-        created, model, rid = int(time.time()), settings.model_name, seq.seq_id
-        first = True
+        """The stream: the dialect's head, a piece per token, its tail; an engine error is
+        the dialect's error event. Each piece with text is logged as it is handed over."""
+        log = answer.log
         try:
+            if head := writer.head():
+                yield head
             while True:
                 ev = await queue.get()
                 if ev is None:  # only the non-streaming watcher sends None
                     continue
                 if ev.error is not None:
                     release.finished = True
-                    yield _sse(error_body(ev.error, "server_error", None, "engine_error"))
+                    yield writer.error(ev.error)
                     break
-                if ev.completion_tokens > 0 and ev.finish_reason != "error":
-                    yield _sse(stream_chunk(kind, rid, model, created, text=ev.text, role=first))
-                    first = False
+                split = answer.split(ev)
+                if split is not None and (out := writer.piece(*split)):
+                    if split[1]:
+                        log.wrote(split[0], time.perf_counter_ns())
+                    yield out
                 if ev.finish_reason is not None:
                     release.finished = True
-                    last = stream_chunk(
-                        kind,
-                        rid,
-                        model,
-                        created,
-                        text="" if kind == "completion" else None,
-                        finish_reason=ev.finish_reason,
-                    )
-                    yield _sse(_with_transfer(last, ev))
-                    if include_usage:
-                        usage = stream_chunk(kind, rid, model, created, usage=_usage(seq, ev))
-                        yield _sse(_with_transfer(usage, ev))
+                    yield writer.tail(ev)
                     break
-            yield "data: [DONE]\n\n"
         finally:
             release()
 
     async def _whole(
-        kind: Kind,
-        seq: Sequence,
+        writer: AnswerStream,
+        answer: Answer,
         queue: EventQueue,
         request: Request,
         release: _Release,
     ) -> Response:
         watcher = asyncio.create_task(_watch_disconnect(request, queue))
-        parts: list[str] = []
         try:
             while True:
                 ev = await queue.get()
                 if ev is None:  # the client went away
                     return Response(status_code=499)
-                parts.append(ev.text)
                 if ev.error is not None:
                     release.finished = True
                     return JSONResponse(
                         error_body(ev.error, "server_error", None, "engine_error"), status_code=500
                     )
+                split = answer.split(ev)
+                if split is not None and split[1]:
+                    answer.log.wrote(split[0], time.perf_counter_ns())
                 if ev.finish_reason is not None:
                     release.finished = True
-                    body = whole_response(
-                        kind,
-                        seq.seq_id,
-                        settings.model_name,
-                        "".join(parts),
-                        ev.finish_reason,
-                        _usage(seq, ev),
-                    )
-                    return JSONResponse(_with_transfer(body, ev))
+                    return JSONResponse(writer.whole(ev))
         finally:
             watcher.cancel()
             release()
@@ -374,24 +431,6 @@ async def _watch_disconnect(request: Request, queue: EventQueue) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     queue.put_nowait(None)
-
-
-def _usage(seq: Sequence, ev: TokenEvent) -> dict[str, Any]:
-    n_prompt = seq.num_prompt_tokens
-    return {"prompt_tokens": n_prompt, "completion_tokens": ev.completion_tokens,
-            "total_tokens": n_prompt + ev.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}  # fmt: skip
-
-
-def _with_transfer(body: dict[str, Any], ev: TokenEvent) -> dict[str, Any]:
-    """Disaggregated mode: the request's KV transfer beside ``usage`` (SSE has no trailers)."""
-    if ev.kv_transfer is not None:
-        body["kv_transfer"] = ev.kv_transfer
-    return body
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def _render_metrics(engine: EngineLike, in_flight: int) -> str:

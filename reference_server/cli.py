@@ -70,7 +70,12 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     )
     p.add_argument("--api-key-env", help="name of an environment variable holding the API key")
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--seed", type=int, default=0, help="weight seed")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (and the tool-call draw's)")
+    a = p.add_argument_group("reasoning model and tool calls (reference_server.answer)")
+    a.add_argument("--reasoning-tokens", type=int, default=0,
+                   help="the first N tokens of each answer go out as reasoning (default 0)")  # fmt: skip
+    a.add_argument("--tool-call-rate", type=float, default=0.5,
+                   help="of requests that offer tools, the share whose answer is a tool call")  # fmt: skip
     p.add_argument("--log-level", default="warning")
     d = p.add_argument_group("disaggregated mode")
     d.add_argument("--prefill-workers", type=int, default=1, help="prefill worker processes")
@@ -147,7 +152,7 @@ def build_app(config: ServerConfig) -> tuple[Any, EngineLike, dict[str, Any]]:
         info["static_finished"] = config.static_finished
     settings = ServerSettings(model_name=config.model_name, max_model_len=max_model_len,
                               max_queue=config.max_queue, info=info,
-                              api_key=config.api_key())  # fmt: skip
+                              api_key=config.api_key(), **config.answer_settings())  # fmt: skip
     return create_app(engine, settings), engine, info
 
 

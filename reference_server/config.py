@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from typing import Any
 
 __all__ = ["ServerConfig"]
 
@@ -41,6 +42,8 @@ class ServerConfig:
     threads: int | None = None
     seed: int = 0
     log_level: str = "warning"
+    reasoning_tokens: int = 0  # reasoning model: the first N tokens of each answer
+    tool_call_rate: float = 0.5
     # disaggregated mode
     prefill_workers: int = 1
     decode_workers: int = 1
@@ -55,6 +58,11 @@ class ServerConfig:
             raise ValueError("set at most one of kv_cache_mb and num_kv_blocks")
         if self.prefix_caching not in ("on", "off"):
             raise ValueError(f"prefix_caching must be 'on' or 'off', got {self.prefix_caching!r}")
+
+    def answer_settings(self) -> dict[str, Any]:
+        """The ``ServerSettings`` fields of the answer's framing (reasoning, tool calls)."""
+        return {"reasoning_tokens": self.reasoning_tokens, "tool_call_rate": self.tool_call_rate,
+                "answer_seed": self.seed}  # fmt: skip
 
     def api_key(self) -> str | None:
         """The key from the environment variable ``api_key_env`` names (None: no auth)."""

@@ -16,15 +16,19 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from reference_server.answer import Answer, Piece
+from reference_server.engine_like import TokenEvent
 from reference_server.sequence import SamplingParams
 
 __all__ = [
     "ChatRequest",
+    "ChatStream",
     "CompletionRequest",
     "chat_prompt",
     "error_body",
@@ -52,6 +56,7 @@ class TextPart(_Loose):
 class ChatMessage(_Loose):
     role: StrictStr
     content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an earlier answer that called tools
 
 
 class _Request(_Loose):
@@ -89,6 +94,8 @@ class _Request(_Loose):
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int:
         if self.max_completion_tokens is not None:
@@ -100,14 +107,32 @@ class CompletionRequest(_Request):
     prompt: StrictStr | list[StrictStr] = Field(min_length=1)
 
 
+def part_text(part: TextPart) -> str:
+    """A content part's text: a text part's ``text``, a tool result's ``content`` (Anthropic
+    ``tool_result``), a tool call's ``input`` as JSON (Anthropic ``tool_use``)."""
+    if part.text:
+        return part.text
+    extra = part.model_extra or {}
+    content = extra.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(c.get("text", "") for c in content if isinstance(c, dict))
+    return json.dumps(extra["input"]) if "input" in extra else ""
+
+
 def chat_prompt(messages: list[ChatMessage]) -> str:
-    """Message contents joined by "\\n", no role markers: N ASCII characters are N tokens."""
+    """Message contents joined by "\\n", no role markers: N ASCII characters are N tokens. An
+    earlier answer's tool calls count by their arguments."""
     parts: list[str] = []
     for m in messages:
         if isinstance(m.content, list):
-            parts.append("".join(p.text for p in m.content))
+            parts.append("".join(part_text(p) for p in m.content))
         else:
             parts.append(m.content or "")
+        for call in m.tool_calls or ():
+            fn = call.get("function")
+            parts.append(str(fn.get("arguments", "")) if isinstance(fn, dict) else "")
     return "\n".join(parts)
 
 
@@ -130,7 +155,7 @@ def stream_chunk(
     text: str | None = None,
     role: bool = False,
     finish_reason: str | None = None,
-    usage: dict[str, int] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One SSE event's JSON; ``usage`` alone gives the trailing usage chunk (no choices)."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
@@ -153,7 +178,7 @@ def stream_chunk(
 
 
 def whole_response(
-    kind: Kind, request_id: str, model: str, text: str, finish_reason: str, usage: dict[str, int]
+    kind: Kind, request_id: str, model: str, text: str, finish_reason: str, usage: dict[str, Any]
 ) -> dict[str, Any]:
     """A non-streaming response body."""
     created = int(time.time())
@@ -172,3 +197,102 @@ def whole_response(
         "choices": [choice],
         "usage": usage,
     }
+
+
+def usage_body(prompt_tokens: int, ev: TokenEvent, answer: Answer) -> dict[str, Any]:
+    """OpenAI's usage: the prefix cache's hits as ``prompt_tokens_details.cached_tokens``,
+    and ``completion_tokens_details.reasoning_tokens`` from a reasoning model."""
+    n = ev.completion_tokens
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                             "total_tokens": prompt_tokens + n,
+                             "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}  # fmt: skip
+    if answer.reasoning_budget:
+        usage["completion_tokens_details"] = {"reasoning_tokens": answer.log.reasoning_tokens}
+    return usage
+
+
+def with_transfer(body: dict[str, Any], ev: TokenEvent) -> dict[str, Any]:
+    """Disaggregated mode: the request's KV transfer beside ``usage``."""
+    if ev.kv_transfer is not None:
+        body["kv_transfer"] = ev.kv_transfer
+    return body
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class ChatStream:
+    """The chat (or completions) chunks of one answer: content as ``delta.content``, reasoning
+    as ``delta.reasoning_content`` and ``delta.reasoning`` (vLLM's old and new names), a tool
+    call as ``delta.tool_calls`` (id and name on the first, then argument deltas). Each method
+    returns the SSE text to write ("" for nothing)."""
+
+    def __init__(self, kind: Kind, request_id: str, model: str, prompt_tokens: int,
+                 answer: Answer, include_usage: bool = False) -> None:  # fmt: skip
+        self.kind, self.id, self.model, self.answer = kind, request_id, model, answer
+        self.prompt_tokens, self.include_usage = prompt_tokens, include_usage
+        self.created = int(time.time())
+        self._role = True  # the first chunk names the role
+        self._call_id = "call_" + request_id[-24:]
+
+    def chunk(self, **kw: Any) -> dict[str, Any]:
+        return stream_chunk(self.kind, self.id, self.model, self.created, **kw)
+
+    def piece(self, piece: Piece, text: str) -> str:
+        if piece == "text":
+            out = sse(self.chunk(text=text, role=self._role))
+        elif not text and piece == "reasoning":
+            return ""  # a token that completed no character: nothing to send
+        else:
+            delta: dict[str, Any] = {"role": "assistant"} if self._role else {}
+            if piece == "reasoning":
+                delta.update(reasoning_content=text, reasoning=text)
+            else:
+                fn = {"arguments": text}
+                call: dict[str, Any] = {"index": 0, "function": fn}
+                if len(self.answer.arguments) == 1:  # the call's first delta names it
+                    call.update(id=self._call_id, type="function")
+                    fn["name"] = self.answer.log.tool or ""
+                delta["tool_calls"] = [call]
+            body = self.chunk()
+            body["choices"] = [{"index": 0, "delta": delta, "finish_reason": None}]
+            out = sse(body)
+        self._role = False
+        return out
+
+    def head(self) -> str:
+        return ""
+
+    def error(self, message: str) -> str:
+        return sse(error_body(message, "server_error", None, "engine_error")) + "data: [DONE]\n\n"
+
+    def _usage(self, ev: TokenEvent) -> dict[str, Any]:
+        return usage_body(self.prompt_tokens, ev, self.answer)
+
+    def tail(self, ev: TokenEvent) -> str:
+        """The chunk with the finish reason, the usage chunk when asked, ``[DONE]``; the
+        disaggregated mode's KV transfer beside each (SSE has no trailers)."""
+        text = "" if self.kind == "completion" else None
+        reason = self.answer.finish_reason(ev.finish_reason or "")
+        out = sse(with_transfer(self.chunk(text=text, finish_reason=reason), ev))
+        if self.include_usage:
+            out += sse(with_transfer(self.chunk(usage=self._usage(ev)), ev))
+        return out + "data: [DONE]\n\n"
+
+    def whole(self, ev: TokenEvent) -> dict[str, Any]:
+        a = self.answer
+        reason = a.finish_reason(ev.finish_reason or "")
+        usage = self._usage(ev)
+        body = with_transfer(
+            whole_response(self.kind, self.id, self.model, "".join(a.text), reason, usage), ev
+        )
+        if self.kind == "chat":
+            message = body["choices"][0]["message"]
+            if a.reasoning:
+                message["reasoning_content"] = message["reasoning"] = "".join(a.reasoning)
+            if a.called:
+                fn = {"name": a.log.tool, "arguments": "".join(a.arguments)}
+                message["tool_calls"] = [{"id": self._call_id, "type": "function", "function": fn}]
+                message["content"] = None
+        return body

@@ -9,6 +9,7 @@ import pytest
 
 from loadlab.config import RunConfig
 from loadlab.scenario import ScenarioError, load_scenario
+from loadlab.slo import load_slo
 from loadlab.workloads import build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,17 +28,29 @@ def error_of(path) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("name", ["chat", "batch", "azure_conv"])
+@pytest.mark.parametrize("name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix"])
 def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_scenario(f"scenarios/{name}.toml")
-    assert isinstance(cfg, RunConfig) and cfg.workload["kind"] in ("chat", "batch", "trace")
+    assert isinstance(cfg, RunConfig)
+    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent", "mix")
     specs = list(build_requests(cfg))
     assert specs
     if name == "chat":
         assert len(specs) == 100 and {s.turn for s in specs} == {0, 1, 2, 3, 4}
     if name == "azure_conv":
         assert Path(cfg.workload["path"]).is_absolute() and len(specs) == 191
+    if name == "agent":  # 20 sessions of a task and 3 tool rounds, on a reasoning model
+        assert len(specs) == 80 and sum(s.tool_turn for s in specs) == 60
+        assert {s.reasoning_effort for s in specs} == {"low"} and specs[0].tools
+    if name == "reasoning_mix":  # the classes examples/slo-reasoning.toml names
+        assert len(specs) == 200 and {s.request_class for s in specs} == {"chat", "agent"}
+
+
+def test_the_reasoning_slo_example_loads() -> None:
+    spec = load_slo(ROOT / "examples" / "slo-reasoning.toml")
+    assert "ttfat_ms.p95[chat] <= 8000" in [str(o) for o in spec.objectives]
+    assert {o.request_class for o in spec.objectives} == {None, "chat", "agent"}
 
 
 def test_same_scenario_and_seed_give_the_same_requests(shared_data, monkeypatch):

@@ -1,7 +1,8 @@
 """Protocol adapters: turn a ``RequestSpec`` into a timed ``RequestRecord``.
 
 ``make_client(endpoint, cfg)`` picks the adapter for ``endpoint.api`` (``chat`` and
-``completions``: ``OpenAIClient``; ``anthropic``: ``AnthropicClient``) and sizes it for the run::
+``completions``: ``OpenAIClient``; ``anthropic``: ``AnthropicClient``; ``responses``:
+``ResponsesClient``) and sizes it for the run::
 
     async with make_client(cfg.endpoints[0], cfg) as client:
         done = await client.send(spec, t0_ns=t0)
@@ -12,6 +13,7 @@ from __future__ import annotations
 from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
+from loadlab.clients.responses import ResponsesClient, ResponsesStreamState
 from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
@@ -25,6 +27,8 @@ __all__ = [
     "Message",
     "OpenAIClient",
     "OpenAIStreamState",
+    "ResponsesClient",
+    "ResponsesStreamState",
     "SSEDecoder",
     "SSEEvent",
     "StreamingClient",
@@ -39,15 +43,12 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
     The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
     unlimited (an open loop without a cap must never wait for a connection).
     """
-    kind: type[StreamingClient]
-    if endpoint.api in OpenAIClient.APIS:
-        kind = OpenAIClient
-    elif endpoint.api in AnthropicClient.APIS:
-        kind = AnthropicClient
-    else:
+    kinds: tuple[type[StreamingClient], ...] = (OpenAIClient, AnthropicClient, ResponsesClient)
+    kind = next((k for k in kinds if endpoint.api in k.APIS), None)
+    if kind is None:
         raise ConfigError(
             f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client; "
-            "use api = 'chat', 'completions' or 'anthropic'"
+            "use api = 'chat', 'completions', 'anthropic' or 'responses'"
         )
     return kind(
         endpoint,

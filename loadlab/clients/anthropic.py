@@ -8,14 +8,20 @@ differs:
   ``anthropic-version: 2023-06-01`` headers; body ``{model, max_tokens, messages, stream}``
   (the chat session so far plus the new user message), then the run's and the request's
   ``extra_body``;
-- stream events (Anthropic, "Streaming Messages"): ``message_start`` (``usage.input_tokens``:
-  the prompt tokens), ``content_block_start``, ``content_block_delta`` (a ``text_delta`` with
-  non-empty text or a ``thinking_delta`` carries tokens: its read time goes into
-  ``chunk_ns``), ``content_block_stop``, ``message_delta`` (``usage.output_tokens``, the
+- stream events (Anthropic, "Streaming Messages"): ``message_start`` (``usage``: the prompt
+  tokens, see below), ``content_block_start`` (a ``tool_use`` block names a tool call),
+  ``content_block_delta`` (a ``text_delta`` with non-empty text is answer content, a
+  ``thinking_delta`` reasoning, an ``input_json_delta`` a tool call's arguments: each carries
+  tokens, its read time goes into ``chunk_ns``), ``content_block_stop``, ``message_delta`` (``usage.output_tokens``, the
   cumulative output count; ``delta.stop_reason`` becomes the record's ``finish_reason``
   unchanged: ``end_turn``, ``max_tokens``, ``stop_sequence``, ...), ``message_stop`` (the
   stream is complete), ``ping`` (ignored), ``error`` (``stream_error``);
-- complete: only ``message_stop``; EOF before it is ``incomplete`` even after a stop reason.
+- complete: only ``message_stop``; EOF before it is ``incomplete`` even after a stop reason;
+- prompt tokens: Anthropic's ``input_tokens`` counts only the prompt tokens after the last
+  cache breakpoint; ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` count the
+  rest. The record's ``prompt_tokens`` is their sum (the whole prompt, as the OpenAI dialects
+  count it; vLLM's ``/v1/messages`` moves prefix-cache hits into ``cache_read_input_tokens``),
+  and the two cache counts are kept apart in ``record.server`` under their own names.
 
 The event's JSON ``type`` field is what is read, not the SSE ``event:`` line (proxies that
 drop ``event:`` lines still work); an SSE ``event: error`` is an error whatever its data says.
@@ -34,9 +40,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadlab.clients.base import Message
-from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.state import StreamState, dumps
+from loadlab.clients.streaming import StreamingClient, v1_url
 from loadlab.clients.token_frame import TokenFrameState
+from loadlab.clients.tools import anthropic_messages, anthropic_tools
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
 
@@ -49,7 +56,9 @@ __all__ = [
 ]
 
 ANTHROPIC_VERSION = "2023-06-01"
-_TOKEN_DELTAS = ("text_delta", "thinking_delta")
+_TOOL_BLOCKS = ("tool_use", "server_tool_use")
+# Prompt tokens Anthropic's usage counts apart from input_tokens (both null or absent: none)
+_CACHE_USAGE_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 def messages_url(endpoint: EndpointConfig) -> str:
@@ -58,10 +67,7 @@ def messages_url(endpoint: EndpointConfig) -> str:
     >>> messages_url(EndpointConfig("http://h:8000/v1", api="anthropic"))
     'http://h:8000/v1/messages'
     """
-    url = endpoint.url.rstrip("/")
-    if url.endswith("/v1/messages"):
-        return url
-    return url + "/messages" if url.endswith("/v1") else url + "/v1/messages"
+    return v1_url(endpoint, "/messages")
 
 
 def build_messages_body(
@@ -73,13 +79,18 @@ def build_messages_body(
     extra_body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Messages request JSON; ``extra_body`` then ``spec.extra_body`` are merged last
-    (``{"temperature": 0}``, ``{"thinking": {...}}``, ``{"system": "..."}``)."""
+    (``{"temperature": 0}``, ``{"thinking": {...}}``, ``{"system": "..."}``). The session's
+    tool calls and results become ``tool_use`` and ``tool_result`` blocks; a
+    ``reasoning_effort`` is not sent (the Messages API asks for a thinking budget instead:
+    pass ``{"thinking": {"type": "enabled", "budget_tokens": N}}`` in ``extra_body``)."""
     body: dict[str, Any] = {
         "model": endpoint.model,
         "max_tokens": spec.max_tokens,
-        "messages": [*history, {"role": "user", "content": spec.prompt}],
+        "messages": anthropic_messages([*history, *spec.new_messages()]),
         "stream": stream,
     }
+    if spec.tools:
+        body["tools"] = anthropic_tools(spec.tools)
     body.update(extra_body or {})
     body.update(spec.extra_body)
     return body
@@ -104,16 +115,28 @@ class AnthropicStreamState(TokenFrameState):
         try:
             if kind == "content_block_delta":  # first: nearly every event is one
                 d = obj["delta"]
-                if d.get("type") in _TOKEN_DELTAS:
-                    text = d.get("text")
-                    if text or d.get("thinking"):
-                        self._stamps.append(t_rel)
-                        if text:
-                            self._parts.append(text)
+                text = d.get("text")
+                if text:
+                    self._stamps.append(t_rel)
+                    self._parts.append(text)
+                    if self.record.answer_ns is None:
+                        self.record.answer_ns = t_rel
+                elif delta := d.get("type"):
+                    if delta == "thinking_delta":
+                        if d.get("thinking"):
+                            self._reasoning(t_rel)
+                    elif delta == "input_json_delta" and (part := d.get("partial_json")):
+                        self._tool_args(obj.get("index"), part, t_rel)
             elif event == "error" or kind == "error":
                 return self._error(obj, data)
+            elif kind == "content_block_start":
+                block = obj["content_block"]
+                if block.get("type") in _TOOL_BLOCKS:
+                    self._tool_start(obj.get("index"), block.get("id"), block.get("name"))
             elif kind == "message_start":
-                usage = obj["message"].get("usage")
+                message = obj["message"]
+                self.record.response_id = message.get("id")
+                usage = message.get("usage")
                 if isinstance(usage, dict):
                     self.usage = {**(self.usage or {}), **usage}
             elif kind == "message_delta":
@@ -129,20 +152,40 @@ class AnthropicStreamState(TokenFrameState):
             return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
         return False
 
+    def _count_tokens(self) -> None:
+        super()._count_tokens()
+        usage = self.usage if isinstance(self.usage, dict) else {}
+        rec = self.record
+        for key in _CACHE_USAGE_KEYS:
+            n = usage.get(key)
+            if isinstance(n, int):
+                rec.server[key] = n
+                if rec.prompt_tokens is not None:
+                    rec.prompt_tokens += n
+
     def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
         """A non-streaming Message: text blocks joined; the whole answer is one chunk."""
+        t_rel = t_ns - self._t0
         try:
             blocks = obj["content"]
             text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
-            thought = any(b.get("type") == "thinking" for b in blocks)
+            if any(b.get("type") == "thinking" for b in blocks):
+                self._reasoning(t_rel, stamp=not text)
+            for i, b in enumerate(blocks):
+                if b.get("type") in _TOOL_BLOCKS:
+                    self._tool_start(i, b.get("id"), b.get("name"))
+                    args = dumps(b.get("input") or {}).decode()
+                    self._tool_args(i, args, t_rel, not text and not self._stamps)
         except (KeyError, TypeError, AttributeError):
             self._set(OUTCOME_PROTOCOL_ERROR, "no content blocks in body: " + raw.decode())
             return
+        self.record.response_id = obj.get("id")
         self.record.finish_reason = obj.get("stop_reason")
         self.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        if text or thought:
+        if text:
             self._parts.append(text)
-            self._stamps.append(t_ns - self._t0)
+            self._stamps.append(t_rel)
+            self.record.answer_ns = t_rel
 
 
 class AnthropicClient(StreamingClient):

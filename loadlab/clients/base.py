@@ -16,19 +16,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from loadlab.records import RequestRecord, RequestSpec
 
 __all__ = ["Client", "Completion", "Message"]
 
-Message = Mapping[str, str]  # {"role": "user" | "assistant" | "system", "content": "..."}
+# {"role": "user" | "assistant" | "system" | "tool", "content": "..."}, in OpenAI chat's shape:
+# an assistant turn that called tools has "tool_calls", a tool result has "tool_call_id"; each
+# dialect's body builder turns these into its own (``loadlab.clients.tools``)
+Message = Mapping[str, Any]
 
 
 @dataclass
 class Completion:
+    """A request's record, its answer text and its tool calls (``{"id", "name",
+    "arguments"}`` each, arguments as the JSON text the server streamed)."""
+
     record: RequestRecord
     text: str = ""
+    tool_calls: tuple[Mapping[str, str], ...] = ()
 
 
 class Client(Protocol):

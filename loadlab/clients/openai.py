@@ -29,7 +29,7 @@ from typing import Any
 
 from loadlab.clients.base import Message
 from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients.streaming import StreamingClient, v1_url
 from loadlab.clients.token_frame import TokenFrameState
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
@@ -43,11 +43,7 @@ def api_url(endpoint: EndpointConfig) -> str:
     >>> api_url(EndpointConfig("http://h:8000/v1", api="completions"))
     'http://h:8000/v1/completions'
     """
-    url = endpoint.url.rstrip("/")
-    path = "/chat/completions" if endpoint.api == "chat" else "/completions"
-    if url.endswith(path):
-        return url
-    return url + path if url.endswith("/v1") else url + "/v1" + path
+    return v1_url(endpoint, "/chat/completions" if endpoint.api == "chat" else "/completions")
 
 
 def build_body(
@@ -63,13 +59,17 @@ def build_body(
     so either can add or override fields (``{"ignore_eos": true}``)."""
     body: dict[str, Any] = {"model": endpoint.model}
     if endpoint.api == "chat":
-        body["messages"] = [*history, {"role": "user", "content": spec.prompt}]
+        body["messages"] = [*history, *spec.new_messages()]
     else:
         body["prompt"] = spec.prompt
     body["max_tokens"] = spec.max_tokens
     body["stream"] = stream
     if stream and include_usage:
         body["stream_options"] = {"include_usage": True}
+    if spec.tools and endpoint.api == "chat":
+        body["tools"] = list(spec.tools)
+    if spec.reasoning_effort:
+        body["reasoning_effort"] = spec.reasoning_effort
     body.update(extra_body or {})
     body.update(spec.extra_body)
     return body
@@ -79,8 +79,10 @@ class OpenAIStreamState(TokenFrameState):
     """Interprets one OpenAI-dialect response; no I/O (``StreamState`` has the protocol, ``TokenFrameState`` the per-read path).
 
     Complete: ``[DONE]``, or a ``finish_reason`` before EOF. Token-carrying chunks: a chat
-    delta with non-empty ``content`` (or reasoning), a completions choice with non-empty
-    ``text``.
+    delta with non-empty ``content`` (answer content: ``answer_ns``), reasoning
+    (``reasoning_content`` or ``reasoning``: counted apart) or tool-call arguments
+    (``tool_calls[].function.arguments``: counted apart), a completions choice with non-empty
+    ``text``. The stream's ``id`` is the record's ``response_id``.
     """
 
     __slots__ = ("_chat", "api")
@@ -116,6 +118,9 @@ class OpenAIStreamState(TokenFrameState):
         if event != "message" or "error" in obj:
             if event == "error" or obj.get("error"):
                 return self._error(obj, data)
+        rec = self.record
+        if rec.response_id is None:
+            rec.response_id = obj.get("id")
         choices = obj.get("choices")
         if choices:
             try:
@@ -123,13 +128,18 @@ class OpenAIStreamState(TokenFrameState):
                 if self._chat:
                     d = c.get("delta") or {}
                     text = d.get("content")
-                    if text or d.get("reasoning_content") or d.get("reasoning"):
+                    if text:
                         self._stamps.append(t_rel)
-                        if text:
-                            self._parts.append(text)
+                        self._parts.append(text)
+                        if rec.answer_ns is None:
+                            rec.answer_ns = t_rel
+                    if text is None or len(d) > 1:  # reasoning, tool calls (or both at once)
+                        self._other_delta(d, t_rel, not text)
                 elif text := c.get("text"):
                     self._stamps.append(t_rel)
                     self._parts.append(text)
+                    if rec.answer_ns is None:
+                        rec.answer_ns = t_rel
                 if fr := c.get("finish_reason"):
                     self.record.finish_reason = fr
                     if "kv_transfer" in obj:
@@ -142,6 +152,22 @@ class OpenAIStreamState(TokenFrameState):
                 self._kv_transfer(obj["kv_transfer"])
         return False
 
+    def _other_delta(self, d: dict[str, Any], t_rel: int, stamp: bool) -> None:
+        """A chat delta's reasoning (``reasoning_content``, vLLM and DeepSeek; ``reasoning``,
+        OpenRouter and newer vLLM) and tool-call argument deltas (``tool_calls``); ``stamp``
+        is False when the chunk was already stamped for its content."""
+        if d.get("reasoning_content") or d.get("reasoning"):
+            self._reasoning(t_rel, stamp)
+            stamp = False
+        for call in d.get("tool_calls") or ():
+            key = call.get("index", 0)
+            fn = call.get("function") or {}
+            if call.get("id") or fn.get("name"):
+                self._tool_start(key, call.get("id"), fn.get("name"))
+            if args := fn.get("arguments"):
+                self._tool_args(key, args, t_rel, stamp)
+                stamp = False
+
     def _kv_transfer(self, kv: Any) -> None:
         """The reference server's disaggregated mode: this request's KV transfer."""
         if isinstance(kv, dict):
@@ -152,19 +178,29 @@ class OpenAIStreamState(TokenFrameState):
                 self.record.server["kv_transfer_s"] = float(seconds)
 
     def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
+        t_rel = t_ns - self._t0  # the whole answer is one chunk
         try:
             c = obj["choices"][0]
-            text = (c.get("message") or {}).get("content") if self.api == "chat" else c.get("text")
+            message = (c.get("message") or {}) if self.api == "chat" else {}
+            text = message.get("content") if self.api == "chat" else c.get("text")
             self.record.finish_reason = c.get("finish_reason")
+            if message and (message.get("reasoning_content") or message.get("reasoning")):
+                self._reasoning(t_rel, stamp=not text)
+            for i, call in enumerate(message.get("tool_calls") or ()):
+                fn = call.get("function") or {}
+                self._tool_start(i, call.get("id"), fn.get("name"))
+                self._tool_args(i, fn.get("arguments") or "", t_rel, not text and not self._stamps)
         except (KeyError, IndexError, TypeError, AttributeError):
             self._set(OUTCOME_PROTOCOL_ERROR, "no choices[0] in body: " + raw.decode())
             return
+        self.record.response_id = obj.get("id")
         self.usage = obj.get("usage") or None
         if "kv_transfer" in obj:
             self._kv_transfer(obj["kv_transfer"])
         if text:
             self._parts.append(text)
-            self._stamps.append(t_ns - self._t0)  # the whole answer is one chunk
+            self._stamps.append(t_rel)
+            self.record.answer_ns = t_rel
 
 
 class OpenAIClient(StreamingClient):

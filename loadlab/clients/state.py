@@ -102,8 +102,10 @@ class StreamState:
     __slots__ = (
         "_any_event",
         "_body",
+        "_calls",
         "_decoder",
         "_head",
+        "_header_id",
         "_outcome",
         "_parts",
         "_sse",
@@ -118,6 +120,9 @@ class StreamState:
 
     PROMPT_KEY = "prompt_tokens"  # usage key names of the dialect
     OUTPUT_KEY = "completion_tokens"
+    OUTPUT_DETAILS_KEY = "completion_tokens_details"  # where usage says reasoning_tokens
+    # response headers that carry the server's id for a request (OpenAI, Anthropic, gateways)
+    ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid")
     INCOMPLETE = "stream ended before its end marker"  # the incomplete outcome's message
 
     def __init__(
@@ -145,10 +150,53 @@ class StreamState:
         self._outcome: str | None = None
         self._any_event = False
         self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
+        self._header_id: str | None = None  # a request-id response header (ID_HEADERS)
+        self._calls: dict[Any, dict[str, str]] | None = None  # tool calls by index (_tool_*)
 
     @property
     def text(self) -> str:
         return "".join(p if isinstance(p, str) else str(p) for p in self._parts)
+
+    @property
+    def tool_calls(self) -> tuple[dict[str, str], ...]:
+        """The answer's tool calls, ``{"id", "name", "arguments"}`` each (arguments: the
+        streamed JSON text), in the order they started."""
+        return tuple(self._calls.values()) if self._calls else ()
+
+    # What a dialect's ``_event`` calls for the chunks that are not plain answer content (the
+    # content path stays inline in each ``_event``: it is the hot one).
+
+    def _reasoning(self, t_rel: int, stamp: bool = True) -> None:
+        """A chunk that carried reasoning: a token chunk (TTFT counts it), counted apart."""
+        rec = self.record
+        if stamp:
+            self._stamps.append(t_rel)
+        rec.reasoning_chunks += 1
+        if rec.reasoning_start_ns is None:
+            rec.reasoning_start_ns = t_rel
+        rec.reasoning_end_ns = t_rel
+
+    def _tool_start(self, key: Any, call_id: Any, name: Any) -> None:
+        """A tool call begins (its id and function name; arguments follow as deltas)."""
+        if self._calls is None:
+            self._calls = {}
+        if key not in self._calls:
+            self.record.tool_calls += 1
+            self._calls[key] = {"id": str(call_id or ""), "name": str(name or ""), "arguments": ""}
+        else:  # a later delta naming what the first left out
+            call = self._calls[key]
+            call["id"] = call["id"] or str(call_id or "")
+            call["name"] = call["name"] or str(name or "")
+
+    def _tool_args(self, key: Any, args: str, t_rel: int, stamp: bool = True) -> None:
+        """A chunk of a tool call's arguments: output tokens, timed like any token chunk."""
+        if self._calls is None or key not in self._calls:
+            self._tool_start(key, None, None)
+        assert self._calls is not None  # noqa: S101 - set just above
+        self._calls[key]["arguments"] += args
+        if stamp:
+            self._stamps.append(t_rel)
+        self.record.tool_call_chunks += 1
 
     def on_sent(self, t_ns: int) -> None:
         """The request bytes are about to go to the socket."""
@@ -158,6 +206,12 @@ class StreamState:
         rec = self.record
         rec.http_status = status
         rec.headers_ns = t_ns - self._t0
+        for name in self.ID_HEADERS:
+            value = headers.get(name)
+            # loadlab sends its own X-Request-Id: a server that echoes it says nothing new
+            if value and value != rec.request_id:
+                self._header_id = value
+                break
         if not 200 <= status < 300:
             self._outcome = http_outcome(status)
             self._sse = False
@@ -237,6 +291,8 @@ class StreamState:
             body = b"".join(self._body).decode("utf-8", "replace")
             rec.error = excerpt(f"HTTP {rec.http_status}: {body}", self.secrets)
         rec.outcome = self._outcome or OUTCOME_OK
+        if rec.response_id is None:
+            rec.response_id = self._header_id
         if rec.chunk_ns:  # a dialect that appended to the record itself keeps its stamps
             rec.chunk_ns.extend(self._stamps)
         else:
@@ -275,3 +331,11 @@ class StreamState:
                 rec.chunk_tokens = [completion]
         elif rec.output_tokens_chunks:
             rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
+        details = usage.get(self.OUTPUT_DETAILS_KEY)
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        if isinstance(reasoning, int) and (reasoning or not rec.reasoning_chunks):
+            rec.reasoning_tokens = (
+                reasoning  # the server's count (0 from a model that did not reason)
+            )
+        elif rec.reasoning_chunks:
+            rec.reasoning_tokens = rec.reasoning_chunks

@@ -33,7 +33,20 @@ from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
 from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
 
-__all__ = ["StreamingClient", "read_api_key"]
+__all__ = ["StreamingClient", "read_api_key", "v1_url"]
+
+
+def v1_url(endpoint: EndpointConfig, path: str) -> str:
+    """The request URL: ``endpoint.url`` with ``/v1`` and ``path`` appended (a base that ends in
+    ``/v1`` gets ``path`` alone; one that names the path already is used as is).
+
+    >>> v1_url(EndpointConfig("http://h:8000/v1/"), "/responses")
+    'http://h:8000/v1/responses'
+    """
+    url = endpoint.url.rstrip("/")
+    if url.endswith(path):
+        return url
+    return url + path if url.endswith("/v1") else url + "/v1" + path
 
 
 def read_api_key(endpoint: EndpointConfig) -> str | None:
@@ -166,4 +179,4 @@ class StreamingClient:
         finally:
             if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
                 state.on_sent(attempt_ns)
-        return Completion(rec, state.text)
+        return Completion(rec, state.text, state.tool_calls)

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadlab.config import EndpointConfig, RunConfig
+from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.generator import saturation_warning
 from loadlab.results import Results, write_results
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--endpoint", action="append", metavar="[NAME=]URL", help="server base URL (repeatable)")
     a("--model", help="model name sent in each request")
-    a("--api", choices=["chat", "completions", "anthropic"], help="API flavour (default chat)")
+    a("--api", choices=list(APIS), help="API flavour (default chat)")
     a("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     a("--header", action="append", metavar="K:V", help="extra HTTP header (repeatable)")
     a("--endpoint-model", action="append", metavar="NAME=MODEL", help="one endpoint's model")

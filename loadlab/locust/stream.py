@@ -160,7 +160,7 @@ class StreamConnection:
         finally:
             if rec.sent_ns is None:  # never written: the attempt still counts as sent
                 rec.sent_ns = rec.end_ns
-        return Completion(rec, state.text)
+        return Completion(rec, state.text, state.tool_calls)
 
     def _connect(self, fresh: bool) -> tuple[Any, bool]:
         """The user's socket and whether it is reused: the idle one if the server kept it

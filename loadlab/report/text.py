@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from loadlab import metrics
 from loadlab.generator import parser_fell_behind, worst_process
 from loadlab.metrics import Distribution
-from loadlab.summary import RunSummary, summarize
+from loadlab.records import RequestRecord
+from loadlab.summary import ANSWER_METRICS, RunSummary, summarize
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -29,11 +30,15 @@ __all__ = [
     "render_summary",
     "render_table",
     "render_verdict",
+    "slowest_requests",
 ]
 
 # (label, RunSummary latency metric, only for open loop)
 LATENCY_ROWS = (
     ("TTFT", "ttft_ms", False),
+    # a reasoning model or an agent (shown when some request reasoned or called a tool)
+    ("TTFAT (first answer token)", "ttfat_ms", False),
+    ("Reasoning duration", "reasoning_ms", False),
     ("TTFT from intended", "ttft_from_intended_ms", True),
     ("ITL", "itl_ms", False),
     # each stream's longest gap, over streams: the stall users see (beside the pooled ITL)
@@ -89,7 +94,9 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
     """(label, distribution) for each latency metric shown (from-intended only for open loop)."""
     open_loop = is_open_loop(results)
     return [
-        (label, summary.latency(name)) for label, name, ol in LATENCY_ROWS if open_loop or not ol
+        (label, summary.latency(name))
+        for label, name, ol in LATENCY_ROWS
+        if (open_loop or not ol) and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
     ]
 
 
@@ -121,6 +128,42 @@ def _longest_stall(results: Results) -> tuple[float | None, str]:
         if g is not None and (best[0] is None or g > best[0]):
             best = (g, r.request_id)
     return best
+
+
+def _token_kinds_line(s: RunSummary) -> str:
+    """Output tokens per request by kind (a reasoning model's, an agent's)."""
+    cells = [
+        f"{what} p50 {fmt_num(d.at(50))} p99 {fmt_num(d.at(99))}"
+        for what, d in (
+            ("reasoning", s.reasoning_tokens),
+            ("answer", s.answer_tokens),
+            ("tool-call", s.tool_call_tokens),
+        )
+    ]
+    return "tokens      per request: " + "; ".join(cells)
+
+
+def slowest_requests(results: Results, n: int = 5) -> list[RequestRecord]:
+    """The ``n`` ok requests of the window with the longest E2E latency, slowest first."""
+    lat = metrics.latency_records(results.records, results.measurement_window_ns())
+    timed = [(e, r) for r in lat if (e := metrics.e2e_ms(r)) is not None]
+    return [r for _, r in sorted(timed, key=lambda p: -p[0])[:n]]
+
+
+def _slowest_table(results: Results) -> str:
+    """The slowest requests with loadlab's id and the server's (to find them in its logs)."""
+    rows = [
+        [
+            r.request_id,
+            r.response_id or "-",
+            fmt_num(metrics.ttft_ms(r)),
+            fmt_num(metrics.e2e_ms(r)),
+            fmt_num(metrics.output_token_count(r)),
+        ]
+        for r in slowest_requests(results)
+    ]
+    header = ["slowest requests", "server id", "TTFT (ms)", "E2E (ms)", "tokens"]
+    return render_table(header, rows, "llrrr")
 
 
 def _trace_line(t: dict[str, Any]) -> str:
@@ -185,6 +228,10 @@ def render_summary(results: Results) -> str:
             f"stalls      longest {fmt_num(gap)} ms (request {rid}); "
             f"stalls per stream (gap > 3x its median), mean {s.stalls_per_stream_mean:.2f}"
         )
+    if s.reasoning_or_tools:
+        parts.append(_token_kinds_line(s))
+    if any(r.response_id for r in results.records):
+        parts.append(_slowest_table(results))
     if s.token_count_disagreements:
         parts.append(
             f"note        {s.token_count_disagreements} requests: server usage and streamed "

@@ -14,7 +14,9 @@ chat session) as soon as its previous one completed.
 Chat sessions: a session's specs are contiguous, turn 0 first. Turn k+1 is sent
 ``think_time_s`` after turn k completed, with the history of earlier user prompts and the
 answers actually received. A failed or dropped turn ends its session (the later turns depend
-on an answer that never came; they are not scheduled).
+on an answer that never came; they are not scheduled). Tool-calling sessions
+(``spec.tool_turn``): when an answer called tools, the next turn sends each call's result
+(the turn's ``prompt``) after its think time; an answer without a tool call ends the session.
 
 Stop rules: ``cfg.requests`` truncates the request stream (counting every turn);
 ``cfg.duration_s`` stops sending at ``t0 + duration``; requests still in flight may finish
@@ -35,16 +37,18 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import itertools
 import os
 import time
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from loadlab.clients.base import Client, Completion, Message
+from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import RunConfig
 from loadlab.metrics import percentile
 from loadlab.records import (
@@ -319,8 +323,11 @@ class Runner:
         """Send one request or a whole session. The caller reserved one in-flight slot."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         history: list[Message] = []
+        calls: Sequence[Mapping[str, str]] = ()  # the last answer's tool calls
         open_loop = intended_ns is not None
         for k, spec in enumerate(unit):
+            if spec.tool_turn and not calls:
+                return  # the agent answered without calling a tool: its session is over
             if k > 0:
                 await self._wait_or_stop(spec.think_time_s)
                 if self._sending_over():
@@ -332,11 +339,15 @@ class Runner:
                         self._record_dropped(spec, intended_ns, f"in-flight cap {cap} reached")
                         return
                 self.stats.in_flight += 1
+            if spec.tool_turn:  # answers the last turn's tool calls (checked above)
+                results = tuple(tool_result(c["id"], spec.prompt) for c in calls)
+                spec = dataclasses.replace(spec, tool_results=results)
             done = await self._send(spec, history, intended_ns)
             if not done.record.ok:
                 return
-            history.append({"role": "user", "content": spec.prompt})
-            history.append({"role": "assistant", "content": done.text})
+            calls = done.tool_calls
+            history.extend(spec.new_messages())
+            history.append(assistant_turn(done.text, calls))
 
     async def _send(
         self, spec: RequestSpec, history: Sequence[Message], intended_ns: int | None

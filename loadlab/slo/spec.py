@@ -32,7 +32,7 @@ __all__ = [
     "parse_slo",
 ]
 
-DIST_METRICS = metrics.LATENCY_METRICS
+DIST_METRICS = (*metrics.LATENCY_METRICS, *metrics.TOKEN_METRICS)
 # Whole-run figures (no percentile). error_rate = failed / sent; drop_rate = dropped / scheduled.
 RATE_METRICS = (
     "error_rate",

@@ -7,7 +7,8 @@ or by an ``X-Fault: <mode>`` header or a ``"fault": "<mode>"`` body field (a req
 completions chunks, or Anthropic Messages events on ``/v1/messages`` (there the errors are
 Anthropic-shaped, ``{"type": "error", "error": {...}}``, a stream error is an ``event: error``,
 ``eof`` sends the stop reason and usage but no ``message_stop``, and ``echo_auth`` echoes
-``x-api-key``). Every fault is real bytes on a real socket (a reset is a TCP RST).
+``x-api-key``), or Responses API events on ``/v1/responses`` (a stream error is an ``error``
+event, ``eof`` ends after ``response.output_text.done`` without ``response.completed``). Every fault is real bytes on a real socket (a reset is a TCP RST).
 
 =============  ==============================================================  ================
 mode           what the server does                                            client outcome
@@ -189,18 +190,21 @@ _DIALECTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/messages": "messages",
+    "/v1/responses": "responses",
 }
 
 
 class _Shape:
-    """The bytes of one dialect: OpenAI chat, OpenAI completions, or Anthropic Messages."""
+    """The bytes of one dialect: OpenAI chat, OpenAI completions, Anthropic Messages, or the
+    OpenAI Responses API."""
 
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
         self.messages = dialect == "messages"
+        self.responses = dialect == "responses"
 
     def _sse(self, obj: dict[str, Any]) -> bytes:
-        if self.messages:  # Anthropic names every event, and repeats the name as "type"
+        if self.messages or self.responses:  # named events, the name repeated as "type"
             return b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), json_bytes(obj))
         return b"data: " + json_bytes(obj) + b"\n\n"
 
@@ -218,6 +222,10 @@ class _Shape:
         return {"error": {"message": message, "type": "server_error"}}
 
     def start(self) -> bytes:
+        if self.responses:
+            return self._sse(
+                {"type": "response.created", "response": self._response("in_progress")}
+            )
         if not self.messages:
             return b""
         msg: dict[str, Any] = {"id": "f", "type": "message", "role": "assistant", "content": []}
@@ -231,7 +239,18 @@ class _Shape:
             {"type": "content_block_start", "index": 0, "content_block": block}
         )
 
+    def _response(self, status: str, text: str = "") -> dict[str, Any]:
+        """A Responses API response object (``text``: its one output message)."""
+        content = [{"type": "output_text", "text": text}] if text else []
+        output = [{"type": "message", "role": "assistant", "content": content}] if text else []
+        usage = {"input_tokens": 1, "output_tokens": 3, "total_tokens": 4}
+        return {"id": "f", "object": "response", "status": status, "output": output} | {
+            "usage": usage if status == "completed" else None
+        }
+
     def token(self, text: str) -> bytes:
+        if self.responses:
+            return self._sse({"type": "response.output_text.delta", "item_id": "m", "delta": text})
         if self.messages:
             delta = {"type": "text_delta", "text": text}
             return self._sse({"type": "content_block_delta", "index": 0, "delta": delta})
@@ -240,6 +259,8 @@ class _Shape:
     def before_end(self) -> bytes:
         """What comes after the last token but before the end marker (Anthropic: the stop
         reason and usage; so an EOF here proves that only message_stop completes)."""
+        if self.responses:  # the text's done events: still not the response's end
+            return self._sse({"type": "response.output_text.done", "item_id": "m", "text": ""})
         if not self.messages:
             return b""
         return self._sse({"type": "content_block_stop", "index": 0}) + self._sse(
@@ -251,23 +272,32 @@ class _Shape:
         )
 
     def end(self) -> bytes:
+        if self.responses:
+            done = {"type": "response.completed", "response": self._response("completed", "x")}
+            return self.before_end() + self._sse(done)
         if self.messages:
             return self.before_end() + self._sse({"type": "message_stop"})
         usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
         return self._chunk(finish="stop") + self._chunk(usage=usage) + b"data: [DONE]\n\n"
 
     def malformed(self) -> bytes:
+        if self.responses:
+            return b'event: response.output_text.delta\ndata: {"type": "response.output_te\n\n'
         if self.messages:
             return b'event: content_block_delta\ndata: {"type": "content_block_delta", \n\n'
         return b'data: {"choices": [{"delta": \n\n'
 
     def error_event(self, message: str) -> bytes:
+        if self.responses:  # the Responses API's stream error: no "error" wrapper
+            return self._sse({"type": "error", "code": "server_error", "message": message})
         if self.messages:
             return self._sse(self.error_body(message))
         return b"data: " + json_bytes(self.error_body(message)) + b"\n\n"
 
     def whole(self, text: str) -> dict[str, Any]:
         """The non-streaming answer."""
+        if self.responses:
+            return self._response("completed", text)
         if self.messages:
             usage = {"input_tokens": 1, "output_tokens": 3}
             return {"id": "f", "type": "message", "role": "assistant", "model": "fault"} | {

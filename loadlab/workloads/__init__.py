@@ -6,6 +6,11 @@
     chat        multi-turn sessions with think times             (loadlab.workloads.chat)
     batch       a job of N documents at once or under a cap      (loadlab.workloads.batch)
     trace       Azure / Mooncake / BurstGPT replay               (loadlab.workloads.replay)
+    agent       tool-calling sessions (tool results after a think time)  (loadlab.workloads.agent)
+    mix         several of these in one run, one request class each      (loadlab.workloads.mix)
+
+Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
+(chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
 
 Open loop (``cfg.rate_rps`` set): specs come in order of ``intended_at_s`` (a chat session's
 later turns follow its first, with ``intended_at_s = None``). Closed loop: all ``None``.
@@ -26,13 +31,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import batch, chat, replay, synthetic
+from loadlab.workloads import agent, batch, chat, mix, replay, synthetic
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import WorkloadError, closest, resolve_path
@@ -53,7 +60,12 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "chat": (chat.validate, chat.chat_requests),
     "batch": (batch.validate, batch.batch_requests),
     "trace": (replay.validate, replay.trace_requests),
+    "agent": (agent.validate, agent.agent_requests),
 }
+KINDS["mix"] = (
+    functools.partial(mix.validate, kinds=KINDS),
+    functools.partial(mix.mix_requests, kinds=KINDS),
+)
 
 
 def _kind(workload: Mapping[str, Any]) -> str:
@@ -87,7 +99,11 @@ def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[
     if not chars_per_token > 0:
         raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
-    return stream
+    effort = wl.get("reasoning_effort")
+    if effort is None:
+        return stream
+    with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
+    return RequestStream(with_effort, stream.extra)
 
 
 def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:

@@ -47,6 +47,7 @@ COMMON_KEYS = frozenset(
         "exact_output",
         "chars_per_token",
         "tokenizer",
+        "reasoning_effort",  # passed to the API on every request (build_requests)
     }
 )
 
@@ -148,6 +149,11 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
     """Check the keys every kind accepts (``COMMON_KEYS``)."""
     caps(params)
     common_extra_body(params, 1)
+    effort = params.get("reasoning_effort")
+    if effort is not None and (not isinstance(effort, str) or not effort):
+        raise WorkloadError(
+            f"workload.reasoning_effort = {effort!r}: a string such as 'low', 'medium', 'high'"
+        )
     get_float(params, "chars_per_token", None)
     if "request_class" in params and not isinstance(params["request_class"], str):
         raise WorkloadError(

@@ -458,5 +458,5 @@ def build_app(config: ServerConfig) -> tuple[Any, DisaggregatedEngine, dict[str,
                          for r, c in enumerate(configs)])  # fmt: skip
     settings = ServerSettings(model_name=config.model_name, max_model_len=max_len,
                               max_queue=config.max_queue, info=info,
-                              api_key=config.api_key())  # fmt: skip
+                              api_key=config.api_key(), **config.answer_settings())  # fmt: skip
     return create_app(engine, settings), engine, info

@@ -17,7 +17,12 @@ from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
 from loadlab.testing.fault_server import FaultServer
 from loadlab.testing.fixed_server import FixedScheduleServer
-from tests.helpers.clients import CANARY, assert_matches_truth
+from tests.helpers.clients import (
+    CANARY,
+    assert_faults_classified,
+    assert_matches_truth,
+    run_faults,
+)
 from tests.helpers.loopback import FAULT_OUTCOMES as EXPECTED
 
 TRANSPORTS = ["raw", "aiohttp"]
@@ -144,6 +149,37 @@ def test_non_streaming_message_body() -> None:
     assert (r.prompt_tokens, r.output_tokens, r.finish_reason) == (3, 5, "end_turn")
 
 
+def test_prompt_tokens_include_the_cached_part_which_is_also_kept_apart() -> None:
+    """Anthropic's input_tokens excludes cache reads and writes (vLLM reports prefix-cache hits
+    as cache_read_input_tokens): the whole prompt is the sum."""
+    s = _state()
+    usage = '{"input_tokens":7,"cache_read_input_tokens":96,"cache_creation_input_tokens":null}'
+    start = '{"type":"message_start","message":{"usage":' + usage + "}}"
+    a = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
+    delta = (
+        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
+    )
+    stop = _ev("message_stop", '{"type":"message_stop"}')
+    s.on_bytes(_ev("message_start", start) + _ev("content_block_delta", a), 2000)
+    s.on_bytes(_ev("message_delta", delta) + stop, 3000)
+    s.finish(4000)
+    r = s.record
+    assert (r.outcome, r.prompt_tokens, r.server) == ("ok", 103, {"cache_read_input_tokens": 96})
+    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
+    s.on_headers(200, {"Content-Type": "application/json"}, 10)
+    s.on_bytes(
+        b'{"type":"message","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn",'
+        b'"usage":{"input_tokens":3,"output_tokens":1,"cache_read_input_tokens":0,'
+        b'"cache_creation_input_tokens":40}}',
+        20,
+    )
+    s.finish(30)
+    assert (s.record.prompt_tokens, s.record.server) == (
+        43,
+        {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 40},
+    )
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_client_against_fixed_server_truth(
     fixed_server: FixedScheduleServer, transport: str
@@ -167,49 +203,28 @@ def test_client_against_fixed_server_truth(
     asyncio.run(main())
 
 
-async def _send_one(url: str, *, stream: bool = True, transport: str = "raw") -> RequestRecord:
-    ep = EndpointConfig(url, api="anthropic")
-    async with AnthropicClient(
-        ep, stream=stream, timeout_s=0.6, read_timeout_s=0.3, transport=transport
-    ) as c:
-        return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_each_fault_becomes_its_outcome(fault_server: FaultServer, transport: str) -> None:
-    async def main() -> dict[str, RequestRecord]:
-        modes = list(EXPECTED)
-        recs = await asyncio.gather(
-            *(_send_one(f"{fault_server.url}/fault/{m}", transport=transport) for m in modes)
-        )
-        return dict(zip(modes, recs, strict=True))
-
-    records = asyncio.run(main())
-    assert {m: r.outcome for m, r in records.items()} == EXPECTED
-    assert records["429"].server["retry_after_s"] == 7.0
-    assert "model overloaded" in (records["429"].error or "")
-    assert "500 Internal Server Error" in (records["500_html"].error or "")
-    assert records["stream_error"].error == "error in stream: model overloaded"
-    assert len(records["reset"].chunk_ns) == 1  # tokens before the failure keep their times
+    records = run_faults(AnthropicClient, fault_server.url, "anthropic", list(EXPECTED),
+                         transport=transport)  # fmt: skip
+    assert_faults_classified(records)
     eof = records["eof"]  # stop reason and usage came, message_stop did not
     assert (len(eof.chunk_ns), eof.finish_reason, eof.output_tokens) == (2, "end_turn", 3)
     ok = records["ok"]
     assert (ok.prompt_tokens, ok.output_tokens, len(ok.chunk_ns)) == (1, 3, 3)
-    for r in records.values():
-        assert r.sent_ns is not None and r.end_ns is not None
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_non_streaming_faults(fault_server: FaultServer, transport: str) -> None:
-    async def main() -> list[str]:
-        modes = ["ok", "non_json", "429", "stream_error"]
-        urls = [f"{fault_server.url}/fault/{m}" for m in modes]
-        recs = await asyncio.gather(
-            *(_send_one(u, stream=False, transport=transport) for u in urls)
-        )
-        return [r.outcome for r in recs]
-
-    assert asyncio.run(main()) == ["ok", "protocol_error", "http_429", "protocol_error"]
+    modes = ["ok", "non_json", "429", "stream_error"]
+    records = run_faults(AnthropicClient, fault_server.url, "anthropic", modes, stream=False,
+                         transport=transport)  # fmt: skip
+    assert [r.outcome for r in records.values()] == [
+        "ok",
+        "protocol_error",
+        "http_429",
+        "protocol_error",
+    ]
 
 
 def test_a_run_continues_past_faults(fault_server: FaultServer) -> None:

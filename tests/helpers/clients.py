@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.records import RequestRecord
+from loadlab.clients.streaming import StreamingClient
+from loadlab.config import EndpointConfig
+from loadlab.records import RequestRecord, RequestSpec
+from tests.helpers.loopback import FAULT_OUTCOMES
 
-__all__ = ["CANARY", "Sink", "assert_matches_truth"]
+__all__ = [
+    "CANARY",
+    "Sink",
+    "assert_faults_classified",
+    "assert_matches_truth",
+    "run_faults",
+    "send_one",
+]
 
 CANARY = "sk-canary-7f3a9e1b2c4d"  # an API key that must never reach a record, log or file
 
@@ -26,6 +38,45 @@ class Sink:
     def on_bytes(self, data: bytes, t_ns: int) -> bool:
         self.body += data
         return False
+
+
+async def send_one(
+    client: type[StreamingClient], url: str, api: str, *, stream: bool = True,
+    transport: str = "raw",
+) -> RequestRecord:  # fmt: skip
+    """One request through a fresh client of ``client``'s dialect, with short timeouts (the
+    fault server's stall and drip end in 0.3 s and 0.6 s)."""
+    ep = EndpointConfig(url, api=api)
+    async with client(ep, stream=stream, timeout_s=0.6, read_timeout_s=0.3,
+                      transport=transport) as c:  # fmt: skip
+        return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
+
+
+def run_faults(
+    client: type[StreamingClient], base: str, api: str, modes: Sequence[str], *,
+    stream: bool = True, transport: str = "raw",
+) -> dict[str, RequestRecord]:  # fmt: skip
+    """Each fault mode of the fault server at ``base``, at once, through ``client``."""
+
+    async def main() -> list[RequestRecord]:
+        urls = [f"{base}/fault/{m}" for m in modes]
+        sends = (send_one(client, u, api, stream=stream, transport=transport) for u in urls)
+        return await asyncio.gather(*sends)
+
+    return dict(zip(modes, asyncio.run(main()), strict=True))
+
+
+def assert_faults_classified(records: Mapping[str, RequestRecord]) -> None:
+    """What every dialect must make of the fault server's streaming faults: each its outcome
+    class (``FAULT_OUTCOMES``), the error's words kept, tokens before a failure timed."""
+    assert {m: r.outcome for m, r in records.items()} == FAULT_OUTCOMES
+    assert records["429"].server["retry_after_s"] == 7.0
+    assert "model overloaded" in (records["429"].error or "")
+    assert "500 Internal Server Error" in (records["500_html"].error or "")
+    assert records["stream_error"].error == "error in stream: model overloaded"
+    assert len(records["reset"].chunk_ns) == 1  # tokens before the failure keep their times
+    for r in records.values():
+        assert r.sent_ns is not None and r.end_ns is not None
 
 
 def assert_matches_truth(r: RequestRecord, truth: dict[str, Any], t0: int, chunks: int) -> None:

@@ -27,6 +27,9 @@ MODES = ("static", "continuous", "chunked", "disaggregated")
 BASE = ServerConfig(preset="tiny", api_key_env="LOADLAB_TEST_KEY", threads=1)
 MODE_CONFIG = replace(BASE, max_num_seqs=8, max_queue=64, max_model_len=128, num_kv_blocks=40,
                       max_batched_tokens=64, chunk_size=16)  # fmt: skip
+# A reasoning model that calls a tool whenever a request offers one (issue 19's acceptance).
+REASONING_CONFIG = replace(BASE, mode="continuous", max_num_seqs=8, max_model_len=512,
+                           num_kv_blocks=96, reasoning_tokens=6, tool_call_rate=1.0)  # fmt: skip
 # Capacity 2 (one running, one queued) and the full context, for overload and disconnects.
 SMALL_CONFIG = replace(BASE, mode="continuous", max_num_seqs=1, max_queue=1)
 
@@ -78,7 +81,8 @@ class _Servers:
                 config=SMALL_CONFIG, api_key=API_KEY, env={"LOADLAB_TEST_KEY": API_KEY}
             )
         if name not in self._running:
-            self._running[name] = InProcessServer(replace(MODE_CONFIG, mode=name))
+            config = REASONING_CONFIG if name == "reasoning" else replace(MODE_CONFIG, mode=name)
+            self._running[name] = InProcessServer(config)
         return self._running[name].wait_ready(60)
 
     def close(self) -> None:
@@ -109,6 +113,12 @@ def continuous_server(servers: _Servers) -> Any:
 @pytest.fixture(scope="session")
 def disaggregated_server(servers: _Servers) -> Any:
     return servers.get("disaggregated")
+
+
+@pytest.fixture(scope="session")
+def reasoning_server(servers: _Servers) -> Any:
+    """``--reasoning-tokens 6 --tool-call-rate 1``: a reasoning model and an agent."""
+    return servers.get("reasoning")
 
 
 @pytest.fixture(scope="session")

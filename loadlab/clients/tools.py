@@ -1,0 +1,152 @@
+"""Tool calls across dialects: one neutral form, each API's own on the wire.
+
+A session's history and a request's tools are kept in OpenAI chat's shape (the form most
+servers speak): a tool is ``{"type": "function", "function": {"name", "description",
+"parameters"}}``; an assistant turn that called tools is ``{"role": "assistant", "content":
+text or None, "tool_calls": [{"id", "type": "function", "function": {"name", "arguments"}}]}``
+and a tool's result ``{"role": "tool", "tool_call_id", "content"}``. The chat dialect sends them
+as they are; the Messages and Responses dialects convert them here.
+
+Example::
+
+    >>> call = {"id": "c1", "name": "search", "arguments": '{"q": "x"}'}
+    >>> assistant_turn("", [call])["tool_calls"][0]["function"]["name"]
+    'search'
+    >>> responses_input([tool_result("c1", "found")])
+    [{'type': 'function_call_output', 'call_id': 'c1', 'output': 'found'}]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "anthropic_messages",
+    "anthropic_tools",
+    "assistant_turn",
+    "responses_input",
+    "responses_tools",
+    "tool_result",
+]
+
+
+def assistant_turn(text: str, calls: Sequence[Mapping[str, str]]) -> dict[str, Any]:
+    """The history entry of an answer: its text, and its tool calls when it made any."""
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {
+        "role": "assistant",
+        "content": text or None,
+        "tool_calls": [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in calls
+        ],
+    }
+
+
+def tool_result(call_id: str, content: str) -> dict[str, Any]:
+    """The history entry of one tool call's result."""
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    fn = tool.get("function")
+    return fn if isinstance(fn, Mapping) else tool
+
+
+def responses_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tools in the Responses form: the function's fields at the top level."""
+    return [{"type": "function", **_function(t)} for t in tools]
+
+
+def anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tools in the Messages form: ``name``, ``description``, ``input_schema``."""
+    out = []
+    for t in tools:
+        fn = _function(t)
+        tool = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
+        if fn.get("description"):
+            tool["description"] = fn["description"]
+        out.append(tool)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    """A call's streamed arguments as JSON (a model may stream text that is not JSON)."""
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {"arguments": text}
+
+
+def responses_input(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A session as Responses input items: messages, ``function_call`` items for an
+    answer's tool calls and ``function_call_output`` items for their results."""
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m["tool_call_id"],
+                    "output": m["content"],
+                }
+            )
+            continue
+        if m.get("content"):
+            items.append({"role": role, "content": m["content"]})
+        for c in m.get("tool_calls") or ():
+            fn = c["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": c["id"],
+                    "name": fn["name"],
+                    "arguments": fn["arguments"],
+                }
+            )
+    return items
+
+
+def anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A session as Messages: an answer's tool calls become ``tool_use`` blocks, and their
+    results ``tool_result`` blocks in one user message (consecutive results together)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": m["tool_call_id"],
+                "content": m["content"],
+            }
+            last = out[-1] if out else None
+            if last and last["role"] == "user" and isinstance(last["content"], list):
+                last["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif m.get("tool_calls"):
+            blocks: list[dict[str, Any]] = []
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            for c in m["tool_calls"]:
+                fn = c["function"]
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": c["id"],
+                        "name": fn["name"],
+                        "input": _arguments(fn["arguments"]),
+                    }
+                )
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": role, "content": m.get("content") or ""})
+    return out
