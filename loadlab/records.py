@@ -68,6 +68,10 @@ FAILED_OUTCOMES = frozenset(
 TokenSource = Literal["usage", "chunks", "tokenizer", "none"]
 
 
+# Record fields added after schema v1 that a file leaves out while they are None.
+_OMITTED_WHEN_NONE = ("cached_prompt_tokens", "shared_prefix_tokens")
+
+
 def http_outcome(status: int) -> str:
     """Outcome class of a non-2xx HTTP status: ``http_outcome(429) == "http_429"``."""
     return f"http_{status}"
@@ -102,6 +106,9 @@ class RequestSpec:
     think_time_s: float = 0.0
     request_class: str = "default"  # per-class SLOs and reports ("chat", "long_prompt", ...)
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # Leading prompt tokens shared with an earlier request of the same workload (a prefix
+    # cache could serve them): what the expected hit rate is computed from. None: not known.
+    shared_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -144,6 +151,11 @@ class RequestRecord:
     error: str | None = None  # short, human-readable; never contains secrets
     prompt_tokens_requested: int | None = None
     prompt_tokens: int | None = None  # from the server's usage when reported
+    # Of prompt_tokens, those the server served from its prefix cache (OpenAI
+    # usage.prompt_tokens_details.cached_tokens; Anthropic cache_read_input_tokens). None:
+    # the server did not say.
+    cached_prompt_tokens: int | None = None
+    shared_prefix_tokens: int | None = None  # from the spec: see RequestSpec
     max_tokens: int | None = None
     output_tokens: int | None = None
     output_tokens_source: TokenSource = "none"
@@ -167,6 +179,7 @@ class RequestRecord:
             request_class=spec.request_class,
             prompt_tokens_requested=spec.prompt_tokens,
             max_tokens=spec.max_tokens,
+            shared_prefix_tokens=spec.shared_prefix_tokens,
             **fields,
         )
 
@@ -179,7 +192,13 @@ class RequestRecord:
         return is_failed(self.outcome)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, except the optional ones added since schema v1 while unset: a file
+        without them reads back unchanged, and runs without prefix caching stay as small."""
+        data = dataclasses.asdict(self)
+        for name in _OMITTED_WHEN_NONE:
+            if data[name] is None:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RequestRecord:
