@@ -6,6 +6,7 @@
     chat        multi-turn sessions with think times             (loadlab.workloads.chat)
     batch       a job of N documents at once or under a cap      (loadlab.workloads.batch)
     trace       Azure / Mooncake / BurstGPT replay               (loadlab.workloads.replay)
+    prefix      shared system prompt or prefix pools, cache-busting (loadlab.workloads.prefix)
 
 Open loop (``cfg.rate_rps`` set): specs come in order of ``intended_at_s`` (a chat session's
 later turns follow its first, with ``intended_at_s = None``). Closed loop: all ``None``.
@@ -32,7 +33,7 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import batch, chat, replay, synthetic
+from loadlab.workloads import batch, chat, prefix, replay, synthetic
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import WorkloadError, closest, resolve_path
@@ -53,6 +54,7 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "chat": (chat.validate, chat.chat_requests),
     "batch": (batch.validate, batch.batch_requests),
     "trace": (replay.validate, replay.trace_requests),
+    "prefix": (prefix.validate, prefix.prefix_requests),
 }
 
 
