@@ -17,6 +17,7 @@ from loadlab.results import read_results
 from loadlab.slo import evaluate, parse_slo
 
 launch = pytest.importorskip("reference_server.launch")
+pytestmark = pytest.mark.slow  # a server and five runs
 
 
 @pytest.fixture(scope="module")
