@@ -33,7 +33,8 @@ expected hit rate (block-aligned with ``block_size``) that the report sets besid
     output_tokens        number or distribution (default: the run's max_tokens)
     order                "random" (default) | "grouped" | "round_robin"
     cache_bust           true: a salt unique to this run after the tag at the front of every prompt
-    salt                 a fixed salt instead (reproducible warm starts)
+    salt                 a fixed salt (reproducible warm starts; with cache_bust: the salt
+                         drawn for this run, once for all its worker processes)
     block_size           the server's KV block size, for the block-aligned expected hit rate
                          (the reference server's and vLLM's default: 16)
     request_class, max_output_tokens, exact_output, chars_per_token  (as for synthetic)
@@ -73,7 +74,7 @@ from loadlab.workloads.lengths import parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_int
 from loadlab.workloads.prompts import prompt_text, text_chars
 
-__all__ = ["KEYS", "ORDERS", "PrefixPlan", "prefix_requests", "validate"]
+__all__ = ["KEYS", "ORDERS", "PrefixPlan", "prefix_requests", "validate", "with_run_salt"]
 
 KEYS = COMMON_KEYS | {
     "prefix_tokens",
@@ -130,8 +131,7 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         raise WorkloadError(
             f"workload.order = {params['order']!r}: choose one of {', '.join(ORDERS)}"
         )
-    if get_bool(params, "cache_bust", False) and "salt" in params:
-        raise WorkloadError("workload: give cache_bust (a new salt every run) or salt, not both")
+    get_bool(params, "cache_bust", False)
     if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
         raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
     if "max_prompt_tokens" in params:
@@ -143,9 +143,20 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
 
 
 def _salt(params: Mapping[str, Any]) -> str:
+    if "salt" in params:  # given, or drawn for this run by with_run_salt
+        return str(params["salt"]).strip()
     if get_bool(params, "cache_bust", False):
         return uuid.uuid4().hex[:12]  # unique to this run: nothing cached can match it
-    return str(params.get("salt", "")).strip()
+    return ""
+
+
+def with_run_salt(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
+    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
+    wl = cfg.workload
+    if wl.get("kind") != "prefix" or not wl.get("cache_bust") or "salt" in wl:
+        return cfg
+    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
 
 
 def _prefix_texts(n: int, tokens: int, salt: str, seed: int, cpt: float) -> list[str]:

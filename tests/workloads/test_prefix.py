@@ -11,7 +11,7 @@ from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import build_requests
 from loadlab.workloads.params import WorkloadError
-from loadlab.workloads.prefix import PrefixPlan
+from loadlab.workloads.prefix import PrefixPlan, with_run_salt
 
 
 def specs(requests: int = 8, **wl: Any) -> list[RequestSpec]:
@@ -74,7 +74,6 @@ def test_requests_per_prefix_defaults_to_the_runs_requests() -> None:
     ("wl", "message"),
     [
         ({"order": "sorted"}, "choose one of random, grouped, round_robin"),
-        ({"cache_bust": True, "salt": "x"}, "not both"),
         ({"salt": " "}, "non-empty string"),
         ({"prefix_tokens": 0}, ">= 1"),
         ({"max_prompt_tokens": 10}, "bound suffix_tokens"),
@@ -84,3 +83,13 @@ def test_requests_per_prefix_defaults_to_the_runs_requests() -> None:
 def test_bad_keys_say_how_to_fix_them(wl: dict[str, Any], message: str) -> None:
     with pytest.raises(WorkloadError, match=message):
         specs(2, **wl)
+
+
+def test_a_worker_run_draws_its_cache_busting_salt_once() -> None:
+    cfg = RunConfig(concurrency=2, requests=4, workload={"kind": "prefix", "cache_bust": True})
+    drawn = with_run_salt(cfg)
+    salt = drawn.workload["salt"]
+    assert len(salt) == 12 and with_run_salt(drawn) is drawn  # drawn once, then kept
+    a, b = list(build_requests(drawn)), list(build_requests(drawn))  # two worker processes
+    assert a == b and a[0].prompt.startswith(f"P0000 {salt} ")
+    assert with_run_salt(RunConfig(concurrency=1, requests=1)).workload == {"kind": "synthetic"}
