@@ -68,6 +68,7 @@ FAILED_OUTCOMES = frozenset(
 TokenSource = Literal["usage", "chunks", "tokenizer", "none"]
 
 
+# Record fields added after schema v1 that a file leaves out while they are None.
 def http_outcome(status: int) -> str:
     """Outcome class of a non-2xx HTTP status: ``http_outcome(429) == "http_429"``."""
     return f"http_{status}"
@@ -121,6 +122,10 @@ class RequestSpec:
             return list(self.tool_results)
         return [{"role": "user", "content": self.prompt}]
 
+    # Leading prompt tokens shared with an earlier request of the same workload (a prefix
+    # cache could serve them): what the expected hit rate is computed from. None: not known.
+    shared_prefix_tokens: int | None = None
+
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens} ({self.request_id})")
@@ -164,6 +169,11 @@ class RequestRecord:
     error: str | None = None  # short, human-readable; never contains secrets
     prompt_tokens_requested: int | None = None
     prompt_tokens: int | None = None  # from the server's usage when reported
+    # Of prompt_tokens, those the server served from its prefix cache (OpenAI
+    # usage.prompt_tokens_details.cached_tokens; Anthropic cache_read_input_tokens). None:
+    # the server did not say.
+    cached_prompt_tokens: int | None = None
+    shared_prefix_tokens: int | None = None  # from the spec: see RequestSpec
     max_tokens: int | None = None
     output_tokens: int | None = None
     output_tokens_source: TokenSource = "none"
@@ -198,6 +208,7 @@ class RequestRecord:
             request_class=spec.request_class,
             prompt_tokens_requested=spec.prompt_tokens,
             max_tokens=spec.max_tokens,
+            shared_prefix_tokens=spec.shared_prefix_tokens,
             **fields,
         )
 
@@ -237,5 +248,7 @@ _LEFT_OUT_AT_DEFAULT = (
     "reasoning_tokens",
     "tool_call_chunks",
     "tool_calls",
+    "cached_prompt_tokens",
+    "shared_prefix_tokens",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}

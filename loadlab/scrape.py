@@ -148,6 +148,9 @@ class PrometheusScraper:
         if self._task is not None:
             raise RuntimeError("scraper already started")
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        # The first sample before the run's first request: counters' increases over the
+        # samples (a prefix-cache hit rate) then cover every request of the run.
+        await self.scrape_once()
         self._task = asyncio.create_task(self._loop(), name="loadlab-scrape")
 
     async def stop(self) -> list[dict[str, Any]]:
@@ -168,13 +171,13 @@ class PrometheusScraper:
     async def _loop(self) -> None:
         next_t = time.perf_counter()
         while True:
-            await self.scrape_once()
             next_t += self.interval_s
             # A slow scrape does not pile up: skip the ticks it overran.
             now = time.perf_counter()
             if next_t < now:
                 next_t = now + self.interval_s - ((now - next_t) % self.interval_s)
             await asyncio.sleep(next_t - now)
+            await self.scrape_once()
 
     async def scrape_once(self) -> bool:
         """One scrape; True when a sample was kept. Errors are counted, never raised."""

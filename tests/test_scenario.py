@@ -28,16 +28,20 @@ def error_of(path) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix"])
+@pytest.mark.parametrize(
+    "name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix", "prefix_pool"]
+)
 def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_scenario(f"scenarios/{name}.toml")
     assert isinstance(cfg, RunConfig)
-    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent", "mix")
+    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent", "mix", "prefix")
     specs = list(build_requests(cfg))
     assert specs
     if name == "chat":
         assert len(specs) == 100 and {s.turn for s in specs} == {0, 1, 2, 3, 4}
+    if name == "prefix_pool":  # 4 prefixes x 16 requests; salted, so only the salt differs
+        assert len(specs) == 64 and len({s.prompt[:6] for s in specs}) == 4
     if name == "azure_conv":
         assert Path(cfg.workload["path"]).is_absolute() and len(specs) == 191
     if name == "agent":  # 20 sessions of a task and 3 tool rounds, on a reasoning model

@@ -91,23 +91,45 @@ def _attention_flops(model: ModelSpec, query_tokens: int, context_tokens: int) -
     return 4.0 * model.n_layers * model.attn_dim * pairs
 
 
-def prefill_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1) -> float:
-    """FLOPs to prefill ``batch`` prompts of ``prompt_tokens``: 2*N*P matmuls + causal attention."""
+def prefill_flops(
+    model: ModelSpec, prompt_tokens: int, batch: int = 1, cached_tokens: int = 0
+) -> float:
+    """FLOPs to prefill ``batch`` prompts of ``prompt_tokens``: 2*N*P matmuls + causal attention.
+
+    With ``cached_tokens`` of each prompt served from a prefix cache only the rest, P - C, goes
+    through the model, attending to the C cached tokens as well as to itself."""
     _check_tokens(prompt_tokens, batch)
-    per_seq = 2.0 * model.matmul_params * prompt_tokens + _attention_flops(model, prompt_tokens, 0)
+    _check_cached(prompt_tokens, cached_tokens)
+    new = prompt_tokens - cached_tokens
+    per_seq = 2.0 * model.matmul_params * new + _attention_flops(model, new, cached_tokens)
     return batch * per_seq
 
 
-def prefill_bytes(model: ModelSpec, prompt_tokens: int, batch: int = 1) -> float:
-    """Bytes moved by a prefill: the weights once, plus the KV cache written for every token."""
+def prefill_bytes(
+    model: ModelSpec, prompt_tokens: int, batch: int = 1, cached_tokens: int = 0
+) -> float:
+    """Bytes moved by a prefill: the weights once, plus the KV cache written for every token
+    computed and read for every cached one."""
     _check_tokens(prompt_tokens, batch)
+    _check_cached(prompt_tokens, cached_tokens)
     return model.weight_bytes_read_per_step + batch * prompt_tokens * model.kv_bytes_per_token
 
 
-def prefill(model: ModelSpec, hw: Hardware, prompt_tokens: int, batch: int = 1) -> Estimate:
-    """Prefill of ``batch`` prompts of ``prompt_tokens`` each (the TTFT floor of one request)."""
-    flops = prefill_flops(model, prompt_tokens, batch)
-    return _estimate(hw, flops, prefill_bytes(model, prompt_tokens, batch))
+def prefill(
+    model: ModelSpec, hw: Hardware, prompt_tokens: int, batch: int = 1, cached_tokens: int = 0
+) -> Estimate:
+    """Prefill of ``batch`` prompts of ``prompt_tokens`` each (the TTFT floor of one request),
+    the first ``cached_tokens`` of each served from a prefix cache (priced as a KV read)."""
+    flops = prefill_flops(model, prompt_tokens, batch, cached_tokens)
+    return _estimate(hw, flops, prefill_bytes(model, prompt_tokens, batch, cached_tokens))
+
+
+def _check_cached(prompt_tokens: int, cached_tokens: int) -> None:
+    # A server always computes the last prompt token: its logits give the first output token.
+    if not 0 <= cached_tokens < prompt_tokens:
+        raise ConfigError(
+            f"cached tokens must be in [0, prompt tokens), got {cached_tokens} of {prompt_tokens}"
+        )
 
 
 def decode_flops(model: ModelSpec, batch: int, context_tokens: int) -> float:

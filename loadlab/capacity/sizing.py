@@ -15,6 +15,12 @@ beside the weights. Serving capacity is bounded by whichever binds first: memory
 concurrency, or bandwidth for throughput. Long conversations at a low rate are memory-bound;
 short requests at a high rate are throughput-bound.
 
+Prefix caching (``MemoryCheck.prefix_hit_rate`` h, ``--prefix-hit-rate``): the first
+``C = h x prompt`` tokens of each prompt come from the cache, so a prefill costs only its
+uncached ``prompt - C`` tokens (attending to the C cached ones), and the memory cross-check
+counts the shared prefix blocks once per GPU (``shared_prefixes`` of them, C tokens each)
+instead of once per request: each request holds ``prompt - C + completion`` tokens of its own.
+
 Example::
 
     >>> plan = size_from_figures(decode_tokens_per_s=2000, completion_tokens=250,
@@ -71,8 +77,22 @@ class MemoryCheck:
     prompt_tokens: int
     batch: int = DEFAULT_BATCH
     reserve_fraction: float = DEFAULT_MEMORY_RESERVE_FRACTION
+    prefix_hit_rate: float = 0.0  # fraction of prompt tokens served from a prefix cache
+    shared_prefixes: int = 1  # distinct cached prefixes each GPU holds (counted once each)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens per request served from the cache (the last one is always computed)."""
+        return min(round(self.prefix_hit_rate * self.prompt_tokens), self.prompt_tokens - 1)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.prefix_hit_rate < 1:
+            raise ConfigError(
+                f"--prefix-hit-rate is a fraction in [0, 1) (0.5 = half the prompt tokens "
+                f"cached), got {self.prefix_hit_rate}"
+            )
+        if self.shared_prefixes < 1:
+            raise ConfigError(f"--shared-prefixes must be >= 1, got {self.shared_prefixes}")
         if self.prompt_tokens < 1:
             raise ConfigError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
         if self.batch < 1:
@@ -176,7 +196,9 @@ def size_from_figures(
     )
     if memory is not None:
         step_s = memory.batch / decode_tokens_per_s  # per-stream time per token
-        prefill_s = roofline.prefill(memory.model, memory.hardware, memory.prompt_tokens).time_s
+        prefill_s = roofline.prefill(
+            memory.model, memory.hardware, memory.prompt_tokens, cached_tokens=memory.cached_tokens
+        ).time_s
         _memory_check(plan, memory, completion_tokens, peak_rps, headroom, prefill_s, step_s)
     _decide(plan)
     return plan
@@ -214,9 +236,13 @@ def size_first_principles(
     )  # fmt: skip
     plan.add("peak completions per second needed", peak_rps)
     decode = plan.add("GPUs for decode", peak_rps / cps, "", f"{_fmt(peak_rps)} / {_fmt(cps)}")
-    pre = roofline.prefill(m, hw, check.prompt_tokens)
+    cached = check.cached_tokens
+    pre = roofline.prefill(m, hw, check.prompt_tokens, cached_tokens=cached)
+    what = f"{check.prompt_tokens:,}-token prompts"
+    if cached:
+        what += f", {cached:,} cached: {check.prompt_tokens - cached:,} computed"
     prefill_gpus = plan.add(
-        f"GPUs for prefill ({check.prompt_tokens:,}-token prompts)",
+        f"GPUs for prefill ({what})",
         peak_rps * pre.time_s * k,
         "",
         f"{_fmt(peak_rps)} x {pre.time_s * 1e3:.3g} ms x {k}",
@@ -250,15 +276,22 @@ def _memory_check(
     hw = roofline.replica(check.hardware, k)
     plan.add("KV cache bytes per token", m.kv_bytes_per_token, "bytes",
              f"2 x {m.n_layers} x {m.n_kv_heads} x {m.head_dim} x {m.dtype_bytes}")  # fmt: skip
-    per_req = roofline.kv_bytes_per_request(m, tokens)
-    plan.add("KV cache per request", per_req / 1e9, "GB", f"{_fmt(tokens)} tokens")
-    max_conc = roofline.max_concurrency(m, hw, tokens, check.reserve_fraction)
-    free_gb = (hw.memory_bytes * (1 - check.reserve_fraction) - m.weight_bytes) / 1e9
+    cached = check.cached_tokens
+    own = tokens - cached  # a request's own blocks; its cached prefix is shared
+    per_req = roofline.kv_bytes_per_request(m, own)
+    how = f"{_fmt(tokens)} tokens" + (f" - {cached:,} shared" if cached else "")
+    plan.add("KV cache per request", per_req / 1e9, "GB", how)
+    free = hw.memory_bytes * (1 - check.reserve_fraction) - m.weight_bytes
+    shared = check.shared_prefixes * roofline.kv_bytes_per_request(m, cached) if cached else 0.0
+    if cached:
+        plan.add("shared prefix KV, counted once", shared / 1e9, "GB",
+                 f"{check.shared_prefixes} x {cached:,} tokens")  # fmt: skip
+    max_conc = max(0, math.floor((free - shared) / per_req + 1e-9))
     plan.add(
         f"max requests in flight per {'GPU' if k == 1 else f'{k}-GPU copy'}",
         max_conc,
         "",
-        f"{free_gb:,.1f} GB free / {per_req / 1e9:.3g} GB",
+        f"{(free - shared) / 1e9:,.1f} GB free / {per_req / 1e9:.3g} GB",
     )
     mean_s = prefill_s + completion_tokens * step_s
     plan.add("mean request time", mean_s, "s",

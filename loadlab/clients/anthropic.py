@@ -106,6 +106,19 @@ class AnthropicStreamState(TokenFrameState):
     OUTPUT_KEY = "output_tokens"
     INCOMPLETE = "stream ended before message_stop"
 
+    def _prompt_usage(self, usage: dict[str, Any]) -> tuple[int | None, int | None]:
+        """Anthropic's ``input_tokens`` leaves out the prompt cache: the prompt is
+        ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``, of which
+        the cache reads were served from the cache (the writes are kept in ``record.server``)."""
+        parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
+                                        "cache_creation_input_tokens")]  # fmt: skip
+        if not isinstance(parts[0], int):
+            return None, None
+        read, created = (p if isinstance(p, int) else None for p in parts[1:])
+        if created:
+            self.record.server["cache_creation_input_tokens"] = created
+        return sum(p for p in parts if isinstance(p, int)), read
+
     def _event(self, data: str, event: str, t_rel: int) -> bool:
         """One SSE event; True when it decided a failure."""
         obj = self._json_event(data)

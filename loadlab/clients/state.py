@@ -317,12 +317,21 @@ class StreamState:
             return
         self._answer(obj, raw, t_ns)
 
+    def _prompt_usage(self, usage: dict[str, Any]) -> tuple[int | None, int | None]:
+        """Prompt tokens and, of them, those served from the server's prefix cache (OpenAI:
+        ``prompt_tokens`` includes ``prompt_tokens_details.cached_tokens``)."""
+        prompt = usage.get(self.PROMPT_KEY)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return (prompt if isinstance(prompt, int) else None,
+                cached if isinstance(cached, int) else None)  # fmt: skip
+
     def _count_tokens(self) -> None:
         rec = self.record
         rec.output_tokens_chunks = len(rec.chunk_ns) if self.stream else 0
         usage = self.usage if isinstance(self.usage, dict) else {}
-        if isinstance(usage.get(self.PROMPT_KEY), int):
-            rec.prompt_tokens = usage[self.PROMPT_KEY]
+        if usage:
+            rec.prompt_tokens, rec.cached_prompt_tokens = self._prompt_usage(usage)
         completion = usage.get(self.OUTPUT_KEY)
         if isinstance(completion, int):
             rec.output_tokens, rec.output_tokens_source = completion, "usage"

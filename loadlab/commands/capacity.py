@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="weights and KV cache dtype")
     f.add_argument("--compute-efficiency", type=float, help="achieved / peak FLOP/s (0.6)")
     f.add_argument("--bandwidth-efficiency", type=float, help="achieved / peak bytes/s (0.8)")
+    f.add_argument("--prefix-hit-rate", type=float, default=0.0, metavar="H",
+                   help="fraction of prompt tokens served from a prefix cache (0.5)")  # fmt: skip
+    f.add_argument("--shared-prefixes", type=int, default=1, metavar="P",
+                   help="distinct cached prefixes per GPU, counted once each (default 1)")  # fmt: skip
     f.add_argument("--reserve", type=float, default=DEFAULT_MEMORY_RESERVE_FRACTION,
                    help="memory fraction kept from the KV cache (0.1)")  # fmt: skip
     c = p.add_argument_group("this machine and measurements")
@@ -194,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         check = None
         if args.model and args.prompt_tokens:
             hw = _hardware(args)
-            check = MemoryCheck(_model(args, hw), hw, args.prompt_tokens, args.batch, args.reserve)
+            check = MemoryCheck(_model(args, hw), hw, args.prompt_tokens, args.batch, args.reserve,
+                                args.prefix_hit_rate, args.shared_prefixes)  # fmt: skip
         elif args.model or args.prompt_tokens:
             print("note: the memory cross-check needs --model, --hardware and --prompt-tokens",
                   file=sys.stderr)  # fmt: skip
@@ -209,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         if args.peak_rps is not None:
             if args.prompt_tokens is None or args.completion_tokens is None:
                 raise ConfigError("sizing needs --prompt-tokens and --completion-tokens too")
-            check = MemoryCheck(m, hw, args.prompt_tokens, args.batch, args.reserve)
+            check = MemoryCheck(m, hw, args.prompt_tokens, args.batch, args.reserve,
+                                args.prefix_hit_rate, args.shared_prefixes)  # fmt: skip
             plan = size_first_principles(
                 check, int(args.completion_tokens), args.peak_rps, args.headroom
             )

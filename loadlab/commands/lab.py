@@ -4,6 +4,7 @@
     loadlab lab --quick                          # tiny preset, seconds (what the tests run)
     loadlab lab --preset 1b --out reports/lab-gpu   # one GPU
     loadlab lab --modes continuous,chunked --duration 60
+    loadlab lab --prefix-cache [--quick]         # only the prefix-cache experiment (issue 18)
 
 Writes ``<out>/lab.md``, ``lab.html``, ``lab.json`` and one results file per mode, experiment
 and round (``loadlab report <out>/chunked-interference-r1.json`` reads any of them).
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--seed", type=int, help="workload seed")
     a("--out", default="reports/lab", metavar="DIR", help="output folder (default reports/lab)")
     a("--quick", action="store_true", help="tiny preset, a few seconds per experiment (tests)")
+    a("--prefix-cache", action="store_true",
+      help="only the prefix-cache experiment: TTFT by prefix length on/off, throughput by hit rate")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         settings_for,
     )
 
+    if args.prefix_cache:
+        return _prefix_cache(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
@@ -76,3 +81,13 @@ def run(args: argparse.Namespace) -> int:
     print(md)
     print(f"report: {out / 'lab.md'}, {out / 'lab.html'}; data: {out / 'lab.json'}")
     return 0 if outcome.results else 1
+
+
+def _prefix_cache(args: argparse.Namespace) -> int:
+    from loadlab.lab.prefix import prefix_lab, prefix_settings
+
+    out = Path(args.out)
+    data = prefix_lab(prefix_settings(args.preset, args.quick), out)
+    print((out / "prefix.md").read_text(encoding="utf-8"))
+    print(f"report: {out / 'prefix.md'}; data: {out / 'prefix.json'}")
+    return 0 if data["ttft"] else 1

@@ -93,6 +93,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--interleave", action="store_true", default=None, help="several endpoints at once")
     a("--saturation-lag-ms", type=float, help="generator-saturation threshold (loop lag p99)")
     a("--no-progress", action="store_true", default=None, help="no live progress line")
+    g = p.add_argument_group("shared prefixes (workload kind 'prefix'; docs/workloads.md)")
+    g.add_argument("--prefix-tokens", type=int, metavar="N", help="tokens of each shared prefix")
+    g.add_argument(
+        "--prefixes", type=int, metavar="P", help="distinct prefixes (1: a system prompt)"
+    )
+    g.add_argument("--requests-per-prefix", type=int, metavar="M", help="requests per prefix")
+    g.add_argument("--suffix-tokens", type=int, metavar="S", help="unique tokens after the prefix")
+    g.add_argument("--prefix-order", choices=["random", "grouped", "round_robin"])
+    g.add_argument("--cache-bust", action="store_true", default=None,
+                   help="a salt unique to this run in front of every prompt: start cold")  # fmt: skip
+    g.add_argument("--cache-block-size", type=int, metavar="B",
+                   help="the server's KV block size, for the block-aligned expected hit rate")  # fmt: skip
 
 
 # flag attribute -> RunConfig field (for the flags that map one to one)
@@ -180,6 +192,18 @@ def _per_endpoint(args: argparse.Namespace, names: set[str]) -> dict[str, dict[s
     return out
 
 
+# flag attribute -> key of a "prefix" workload
+_PREFIX_FLAGS = {
+    "prefix_tokens": "prefix_tokens",
+    "prefixes": "prefixes",
+    "requests_per_prefix": "requests_per_prefix",
+    "suffix_tokens": "suffix_tokens",
+    "prefix_order": "order",
+    "cache_bust": "cache_bust",
+    "cache_block_size": "block_size",
+}
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The scenario file (if any), then every flag that was given; demo defaults without both."""
     given = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
@@ -206,6 +230,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if not isinstance(extra, dict):
             raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
         fields["extra_body"] = extra
+    prefix = {key: getattr(args, attr) for attr, key in _PREFIX_FLAGS.items()
+              if getattr(args, attr, None) is not None}  # fmt: skip
+    if prefix:  # over the scenario's prefix workload, else a prefix workload of its own
+        base_wl = dict(fields.get("workload") or {})
+        fields["workload"] = {**(base_wl if base_wl.get("kind") == "prefix" else {}),
+                              "kind": "prefix", **prefix}  # fmt: skip
     if args.no_stream:
         fields["stream"] = False
     if args.no_progress:

@@ -22,8 +22,10 @@ import jinja2
 from markupsafe import Markup, escape
 
 from loadlab._version import __version__
+from loadlab.prefix_cache import prefix_cache_summary
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
+from loadlab.report.prefix_cache import prefix_cache_rows
 from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
 from loadlab.scrape import server_series
 from loadlab.summary import summarize
@@ -140,6 +142,7 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
             "timeline": plots.timeline(results),
         },
         "server_sources": [(k, v[2]) for k, v in series.items()],
+        "prefix_cache": prefix_cache_rows(pc) if (pc := prefix_cache_summary(results)) else [],
         "config": _flatten(results.config),
         "environment": _flatten(results.environment),
         "generator": _flatten(gen) if gen else [],

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from loadlab.prefix_cache import prefix_cache_summary
+from loadlab.report.prefix_cache import prefix_cache_rows
 from loadlab.report.text import fmt_num, render_summary
 
 if TYPE_CHECKING:
@@ -72,6 +74,10 @@ def render_verdict_markdown(verdict: Verdict, results: Results | None = None) ->
         f"Exit code {verdict.exit_code}. An objective is *inconclusive* when its {pct} interval "
         f"straddles the threshold; under this gate's policy it counts as **{policy}**."
     )
+    pc = prefix_cache_summary(results) if results is not None else None
+    if pc is not None:
+        rows = [[md_escape(label), md_escape(value)] for label, value in prefix_cache_rows(pc)]
+        out.append("#### Prefix cache\n\n" + md_table(["", "value"], rows, align="ll"))
     if results is not None:
         summary = render_summary(results).replace("```", "'''")
         out.append(f"<details><summary>Run summary</summary>\n\n```text\n{summary}```\n</details>")

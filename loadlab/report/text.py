@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from loadlab import metrics
 from loadlab.generator import parser_fell_behind, worst_process
 from loadlab.metrics import Distribution
+from loadlab.prefix_cache import prefix_cache_summary
 from loadlab.records import RequestRecord
+from loadlab.report.prefix_cache import render_prefix_cache_text
 from loadlab.summary import ANSWER_METRICS, RunSummary, summarize
 
 if TYPE_CHECKING:
@@ -219,6 +221,9 @@ def render_summary(results: Results) -> str:
     first_error = next((r.error for r in results.records if not r.ok and r.error), None)
     if first_error:
         parts[-1] += f"\n            first error: {first_error[:160]}"
+    pc = prefix_cache_summary(results)
+    if pc is not None:
+        parts.append(render_prefix_cache_text(pc))
     trace = (results.extra.get("workload") or {}).get("trace")
     if isinstance(trace, dict):
         parts.append(_trace_line(trace))

@@ -40,6 +40,7 @@ from loadlab.results import Results, merge_results
 from loadlab.runner.progress import Progress
 from loadlab.runner.runner import Runner, group_units, run_async
 from loadlab.workloads import workload_extra
+from loadlab.workloads.prefix import with_run_salt
 
 __all__ = ["partition", "run_endpoint", "run_load", "share"]
 
@@ -155,6 +156,7 @@ def run_load(
     kind: str = "run",
 ) -> Results:
     """Run ``cfg`` against ``endpoint`` in this process or over ``cfg.workers`` processes."""
+    cfg = with_run_salt(cfg)  # before the workers fork: one cache-busting salt for all
     if cfg.workers == 1:
         return run_async(
             run_endpoint(

@@ -8,6 +8,7 @@
     trace       Azure / Mooncake / BurstGPT replay               (loadlab.workloads.replay)
     agent       tool-calling sessions (tool results after a think time)  (loadlab.workloads.agent)
     mix         several of these in one run, one request class each      (loadlab.workloads.mix)
+    prefix      shared system prompt or prefix pools, cache-busting (loadlab.workloads.prefix)
 
 Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
 (chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
@@ -39,7 +40,7 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import agent, batch, chat, mix, replay, synthetic
+from loadlab.workloads import agent, batch, chat, mix, prefix, replay, synthetic
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import WorkloadError, closest, resolve_path
@@ -61,6 +62,7 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "batch": (batch.validate, batch.batch_requests),
     "trace": (replay.validate, replay.trace_requests),
     "agent": (agent.validate, agent.agent_requests),
+    "prefix": (prefix.validate, prefix.prefix_requests),
 }
 KINDS["mix"] = (
     functools.partial(mix.validate, kinds=KINDS),

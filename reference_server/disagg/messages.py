@@ -104,11 +104,15 @@ class Crashed:
 
 @dataclass(frozen=True)
 class State:
-    """The worker's KV blocks in use and preemptions so far (sent when they change)."""
+    """The worker's KV blocks in use and preemptions so far, and (prefill side) its prefix
+    cache: blocks holding a cached prefix, prompt tokens queried and hit (sent when they change)."""
 
     rank: int
     blocks_used: int
     preemptions: int
+    blocks_cached: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,9 @@ class Step:
     prefill_tokens: int
     decode_tokens: int
     tokens: list[StepToken]
+    # Prefill side: (seq_id, prompt tokens served from the prefix cache) of each sequence
+    # whose prefill this step finished with a hit; usage's cached_tokens. Empty on misses.
+    cached: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,12 +141,16 @@ class Ready:
 
 @dataclass(frozen=True)
 class Transfer:
-    """A decode worker received a request's KV: ``nbytes`` in ``seconds`` (receive + copy)."""
+    """A decode worker received a request's KV: ``nbytes`` in ``seconds`` (receive + copy),
+    ``num_tokens`` tokens' worth, of which the first ``cached_tokens`` came from the prefill
+    worker's prefix cache (not computed for this request)."""
 
     rank: int
     seq_id: str
     nbytes: int
     seconds: float
+    num_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,11 +175,13 @@ class Pull:
 
 @dataclass(frozen=True)
 class Coming:
-    """Prefill -> decode: the send of ``num_tokens`` tokens' KV is posted with ``tag``."""
+    """Prefill -> decode: the send of ``num_tokens`` tokens' KV is posted with ``tag``; the
+    first ``cached_tokens`` of them were served from the prefill worker's prefix cache."""
 
     seq_id: str
     tag: int
     num_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ API never asks which mode runs. Requests go to a prefill worker (least loaded), 
 token comes back, the KV is pulled by a decode worker over ``torch.distributed`` (see
 ``worker.py`` for the protocol and rank layout, ``messages.py`` for the messages), and the
 decode worker's tokens come back here. Each transfer's bytes and seconds go to ``/metrics`` and to the request's final
-event (``TokenEvent.kv_transfer``), which the API puts in the response body.
+event (``TokenEvent.kv_transfer``), which the API puts in the response body, split into the
+part the prefill worker served from its prefix cache and the part it computed for the request
+(``cached_*`` / ``computed_*``, bytes and blocks). The prefill pool's prefix-cache counters are
+summed into the gauges, so ``/metrics`` reads as in the other modes.
 
 Compute split: each pool is pinned to its own CPUs (``--prefill-cpus``/``--decode-cpus``;
 default: the first half of this process's CPUs for prefill, the rest for decode, e.g. core 0
@@ -59,7 +62,14 @@ from reference_server.sequence import Sequence
 if TYPE_CHECKING:  # the worker module imports torch; the router imports it when it starts workers
     from reference_server.disagg.worker import WorkerConfig
 
-__all__ = ["DisaggregatedEngine", "TransferStats", "build_app", "parse_cpus", "split_cpus"]
+__all__ = [
+    "DisaggregatedEngine",
+    "TransferStats",
+    "build_app",
+    "parse_cpus",
+    "split_cpus",
+    "transfer_split",
+]
 
 log = logging.getLogger("reference_server.disagg.router")
 
@@ -86,22 +96,42 @@ def split_cpus(available: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, 
     return available[:half], available[half:]
 
 
+def transfer_split(nbytes: int, num_tokens: int, cached_tokens: int, block_size: int) -> dict[str, int]:  # fmt: skip
+    """What a transfer of ``num_tokens`` tokens' KV (``nbytes``) moved from the prefill cache
+    and what it moved that was computed for the request, in bytes and blocks. Every token's KV
+    has the same size, so the bytes split as the tokens; cached tokens are whole blocks.
+
+    >>> transfer_split(1000, 10, 4, 4)
+    {'cached_bytes': 400, 'computed_bytes': 600, 'cached_blocks': 1, 'computed_blocks': 2}
+    """
+    cached_bytes = nbytes * cached_tokens // num_tokens if num_tokens else 0
+    cached_blocks = cached_tokens // block_size
+    return {"cached_bytes": cached_bytes, "computed_bytes": nbytes - cached_bytes,
+            "cached_blocks": cached_blocks,
+            "computed_blocks": -(-num_tokens // block_size) - cached_blocks}  # fmt: skip
+
+
 class TransferStats:
-    """KV transfer counters and a per-transfer seconds histogram (thread-safe)."""
+    """KV transfer counters (bytes and blocks, cached and computed apart) and a per-transfer
+    seconds histogram (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.bytes_total = 0
         self.seconds_total = 0.0
         self.count = 0
+        self.split = dict.fromkeys(("cached_bytes", "computed_bytes", "cached_blocks",
+                                    "computed_blocks"), 0)  # fmt: skip
         self._buckets = [0] * (len(TRANSFER_BUCKETS_S) + 1)
 
-    def record(self, nbytes: int, seconds: float) -> None:
+    def record(self, nbytes: int, seconds: float, split: dict[str, int] | None = None) -> None:
         with self._lock:
             self.bytes_total += nbytes
             self.seconds_total += seconds
             self.count += 1
             self._buckets[bisect.bisect_left(TRANSFER_BUCKETS_S, seconds)] += 1
+            for key, n in (split or {}).items():
+                self.split[key] += n
 
     def render(self) -> list[str]:
         with self._lock:
@@ -112,6 +142,11 @@ class TransferStats:
                 f"{PREFIX}kv_transfer_seconds_total {self.seconds_total!r}",
                 f"# TYPE {PREFIX}kv_transfers_total counter",
                 f"{PREFIX}kv_transfers_total {self.count}",
+            ]
+            for key, n in self.split.items():  # kv_transfer_cached_bytes_total, ...
+                lines += [f"# TYPE {PREFIX}kv_transfer_{key}_total counter",
+                          f"{PREFIX}kv_transfer_{key}_total {n}"]  # fmt: skip
+            lines += [
                 f"# TYPE {PREFIX}kv_transfer_seconds histogram",
             ]
             cumulative = 0
@@ -135,6 +170,7 @@ class _Req:
     phase: str = "prefill"  # prefill -> offered -> decode
     tokens: list[int] = field(default_factory=list)
     kv_transfer: dict[str, Any] = field(default_factory=lambda: {"bytes": 0, "seconds": 0.0})
+    cached_tokens: int = 0  # prompt tokens the prefill worker served from its prefix cache
 
 
 class DisaggregatedEngine:
@@ -165,6 +201,9 @@ class DisaggregatedEngine:
         self.blocks_used: dict[int, int] = {c.rank: 0 for c in configs}
         self.blocks_total: dict[int, int] = {}
         self.preemptions: dict[int, int] = {c.rank: 0 for c in configs}
+        # Per prefill rank: (blocks cached, prefix-cache queries, hits), from State messages.
+        self.prefix_cache: dict[int, tuple[int, int, int]] = {}
+        self.block_size = configs[0].block_size if configs else 16
         self.worker_info: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._requests: dict[str, _Req] = {}
@@ -267,10 +306,14 @@ class DisaggregatedEngine:
     def gauges(self) -> EngineGauges:
         """Both pools summed (``extra_metrics`` has the blocks per pool); running = decoding."""
         running = self.count_phase("decode")
+        pools = list(self.prefix_cache.values())  # (blocks cached, queries, hits) per prefill rank
+        cached, queries, hits = (sum(p[i] for p in pools) for i in range(3))
         return EngineGauges(queue_depth=self.queue_depth, running_requests=running,
                             batch_slots=running, kv_blocks_used=sum(self.blocks_used.values()),
                             kv_blocks_total=sum(self.blocks_total.values()),
-                            preemptions_total=sum(self.preemptions.values()))  # fmt: skip
+                            preemptions_total=sum(self.preemptions.values()),
+                            kv_blocks_cached=cached, prefix_cache_queries_total=queries,
+                            prefix_cache_hits_total=hits)  # fmt: skip
 
     def count_phase(self, phase: str) -> int:
         with self._lock:
@@ -299,20 +342,26 @@ class DisaggregatedEngine:
                 self._check_workers()
                 continue
             if isinstance(msg, Step):  # the most frequent first
+                if msg.cached:
+                    self._on_cached(msg.cached)
                 self._on_step(msg.seconds, msg.prefill_tokens, msg.decode_tokens, msg.tokens)
             elif isinstance(msg, State):
                 self.blocks_used[msg.rank], self.preemptions[msg.rank] = (
                     msg.blocks_used,
                     msg.preemptions,
                 )
+                if msg.rank < self.num_prefill:
+                    self.prefix_cache[msg.rank] = (msg.blocks_cached, msg.prefix_queries,
+                                                   msg.prefix_hits)  # fmt: skip
             elif isinstance(msg, Ready):
                 self._on_ready(msg.seq_id)
             elif isinstance(msg, Transfer):
-                self.transfers.record(msg.nbytes, msg.seconds)
+                split = transfer_split(msg.nbytes, msg.num_tokens, msg.cached_tokens, self.block_size)  # fmt: skip
+                self.transfers.record(msg.nbytes, msg.seconds, split)
                 with self._lock:
                     if (req := self._requests.get(msg.seq_id)) is not None:
                         req.phase = "decode"
-                        req.kv_transfer = {"bytes": msg.nbytes, "seconds": msg.seconds}
+                        req.kv_transfer = {"bytes": msg.nbytes, "seconds": msg.seconds, **split}
             elif isinstance(msg, Lost):  # its KV transfer failed: an error event, not a hang
                 self._fail_request(msg.seq_id, "KV transfer from the prefill worker failed")
             elif isinstance(msg, Crashed):
@@ -349,6 +398,12 @@ class DisaggregatedEngine:
         for req in failed:
             self._send_error(req, message)
 
+    def _on_cached(self, cached: tuple[tuple[str, int], ...]) -> None:
+        with self._lock:
+            for seq_id, n in cached:
+                if (req := self._requests.get(seq_id)) is not None:
+                    req.cached_tokens = n
+
     def _on_step(self, seconds: float, prefill: int, decode: int, out: list[StepToken]) -> None:
         phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode)
@@ -364,9 +419,9 @@ class DisaggregatedEngine:
                     del self._requests[seq_id]
             text = req.text.push(token, reason is not None)
             kv = req.kv_transfer if reason is not None else None
-            outbox.setdefault(req.loop, []).append(
-                (req, TokenEvent(text, len(req.tokens), reason, kv_transfer=kv))
-            )
+            event = TokenEvent(text, len(req.tokens), reason, kv_transfer=kv,
+                               cached_tokens=req.cached_tokens)  # fmt: skip
+            outbox.setdefault(req.loop, []).append((req, event))
             if reason is not None:
                 self.stats.record_finished(reason)
         for loop, items in outbox.items():
@@ -438,7 +493,8 @@ def build_app(config: ServerConfig) -> tuple[Any, DisaggregatedEngine, dict[str,
             max_model_len=max_len, max_batched_tokens=config.max_batched_tokens, cpus=cpus,
             threads=threads, device=f"cuda:{rank % ndev}" if ndev else None, backend=backend,
             max_held=config.max_held or config.max_num_seqs, api_pid=os.getpid(),
-            nice=nice if role == "prefill" else 0))  # fmt: skip
+            nice=nice if role == "prefill" else 0,
+            prefix_caching=config.prefix_caching == "on"))  # fmt: skip
     engine = DisaggregatedEngine(configs, max_num_seqs=config.max_num_seqs)
     workers = engine.launch()
     max_len = min(max_len, *(int(w["num_kv_blocks"]) * config.block_size for w in workers.values()))
@@ -448,6 +504,7 @@ def build_app(config: ServerConfig) -> tuple[Any, DisaggregatedEngine, dict[str,
     info.update(mode="disaggregated", device=first.get("device"), max_num_seqs=config.max_num_seqs,
                 max_model_len=max_len, num_kv_blocks=sum(engine.blocks_total.values()),
                 prefill_workers=n_pre, decode_workers=n_dec, kv_transfer_backend=backend,
+                prefix_caching=config.prefix_caching == "on",
                 dist_init=init.split("://")[0],
                 compute_split={"prefill_cpus": list(pre_cpus), "decode_cpus": list(dec_cpus),
                                "api_cpus": "unpinned", "prefill_nice": nice},

@@ -8,13 +8,20 @@ in the group; it talks to workers through multiprocessing queues). Only the KV b
 
 The pull protocol (backpressure: the decode side asks only when its block manager can admit)::
 
-    prefill: prompt -> one forward pass -> first token -> Ready (KV held, bounded)
+    prefill: prompt -> cached prefix blocks + one forward pass over the rest -> first token
+             -> Ready (KV held, bounded)
     router:  Offer the request to the least-loaded decode worker
     decode:  when blocks are free: allocate, send Pull to the prefill worker
-    prefill: export KV, free its blocks, isend(KV), tell the decode worker Coming (or Gone
+    prefill: export KV (cached and computed), free its blocks (full ones stay cached),
+             isend(KV), tell the decode worker Coming with how much was cached (or Gone
              when the request was aborted meanwhile); a thread serves pulls at once, even
              while a forward pass runs
     decode:  irecv(KV) into its own blocks, then continuous batching takes it from there
+
+Prefix caching (``--prefix-caching on``) lives on the prefill side, where prompts are computed:
+its block manager shares the cached blocks of a prompt's leading tokens and only the rest is
+prefilled. The decode side has no cache of its own: it receives the whole prompt's KV, and the
+transfer says how many of those tokens came from the prefill worker's cache.
 
 Every Pull is answered with Coming or Gone, so an abort anywhere never leaves a receive
 waiting and every block is freed on both sides. The messages are in ``messages.py``. Usage
@@ -91,6 +98,7 @@ class WorkerConfig:
     max_held: int  # prefill: requests whose KV waits for a pull before prefill pauses
     api_pid: int = 0  # the API process: the worker exits when it is gone (0: the parent)
     nice: int = 0  # added to the worker's nice value (CPU: let token delivery preempt prefill)
+    prefix_caching: bool = False  # the prefill side's block manager caches prefixes
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -112,11 +120,10 @@ class PrefillScheduler(Scheduler):
         budget, bm = self.max_num_batched_tokens, self.block_manager
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_tokens
-            if (batch and n > budget) or not bm.can_allocate(seq, n):
+            hit, n = self._cached_prefix(seq)  # n: the uncached rest of the prompt
+            if (batch and n > budget) or not bm.can_allocate(seq, seq.num_tokens, hit):
                 break
-            bm.allocate(seq, n)
-            self._admit(seq)
+            self._start(seq, seq.num_tokens, hit)
             batch.items.append(ScheduledSeq(seq, n))
             budget -= n
         return batch
@@ -220,14 +227,16 @@ class _Worker:
             outbox,
             peers,
         )
-        self.bm = BlockManager(runner.num_kv_blocks, runner.block_size)
+        # Only the prefill side caches: the decode side receives every prompt's KV whole.
+        caching = cfg.prefix_caching and cfg.role == "prefill"
+        self.bm = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching)
         cls = PrefillScheduler if cfg.role == "prefill" else ContinuousScheduler
         self.sched: Scheduler = cls(self.bm, max_num_seqs=cfg.max_num_seqs,
                                     max_model_len=cfg.max_model_len,
                                     max_num_batched_tokens=cfg.max_batched_tokens)  # fmt: skip
         self.stopping = False
         self.lock = threading.Lock()  # the prefill side serves pulls from another thread
-        self._reported = (-1, -1)
+        self._reported: tuple[int, ...] = ()
         # On a GPU with gloo (one device shared by every rank) the KV is staged through host memory.
         self.stage_cpu = cfg.backend == "gloo" and runner.device.type != "cpu"
 
@@ -243,7 +252,9 @@ class _Worker:
                 pass
             if not self.stopping:
                 self.work()
-            state = (self.bm.num_used_blocks, self.sched.num_preemptions)
+            sched = self.sched
+            state = (self.bm.num_used_blocks, sched.num_preemptions, self.bm.num_cached_blocks,
+                     sched.prefix_cache_queries, sched.prefix_cache_hits)  # fmt: skip
             if state != self._reported:
                 self._reported = state
                 self.outbox.put(State(self.cfg.rank, *state))
@@ -268,8 +279,14 @@ class _Worker:
         out: list[StepToken] = [
             (s.seq_id, s.output_token_ids[-1], s.finish_reason) for s in updated
         ]
+        # A prefill step finishes each prompt: say which were partly served from the cache.
+        cached = tuple(
+            (s.seq_id, s.num_cached_tokens)
+            for s in updated
+            if s.num_cached_tokens and len(s.output_token_ids) == 1
+        )
         self.outbox.put(Step(self.cfg.rank, self.cfg.role, seconds, batch.num_prefill_tokens,
-                             batch.num_decode_tokens, out))  # fmt: skip
+                             batch.num_decode_tokens, out, cached))  # fmt: skip
         return updated
 
     def busy(self) -> bool:
@@ -341,7 +358,7 @@ class _Prefill(_Worker):
             kv = kv.cpu()
         work = dist.isend(kv, dst, tag=tag)
         self.sends.put((work, kv))
-        peer.put(Coming(seq_id, tag, int(kv.shape[2])))
+        peer.put(Coming(seq_id, tag, int(kv.shape[2]), seq.num_cached_tokens))
 
     def busy(self) -> bool:
         return bool(self.sched.waiting or self.sched.running)
@@ -362,6 +379,7 @@ class _Decode(_Worker):
         self.pulling: dict[str, Sequence] = {}  # blocks reserved, KV not yet received
         self.aborted: set[str] = set()  # aborted while pulling: free on arrival
         self.srcs: dict[str, int] = {}  # prefill rank each pulled request comes from
+        self.cached_of: dict[str, int] = {}  # tokens of a coming KV from the prefill cache
         self.next_tag = 1
         self.recvs: queue.Queue[tuple[Any, str, torch.Tensor | None, float]] = queue.Queue()
         self.arrived: queue.Queue[tuple[str, torch.Tensor | None, float, float]] = queue.Queue()
@@ -381,6 +399,7 @@ class _Decode(_Worker):
         if isinstance(msg, Offer):
             self.offers.append((msg.seq, msg.prefill_rank))
         elif isinstance(msg, Coming):
+            self.cached_of[msg.seq_id] = msg.cached_tokens
             self._receive(msg.seq_id, msg.tag, msg.num_tokens)
         elif isinstance(msg, Gone):
             seq = self.pulling.pop(msg.seq_id, None)
@@ -421,6 +440,7 @@ class _Decode(_Worker):
         while True:
             seq_id, buf, t0, t1 = item
             seq = self.pulling.pop(seq_id)
+            cached = self.cached_of.pop(seq_id, 0)
             if seq_id in self.aborted or buf is None:
                 self.aborted.discard(seq_id)
                 self.bm.free(seq)
@@ -434,7 +454,8 @@ class _Decode(_Worker):
                 seq.status = SeqStatus.RUNNING
                 self.sched.running.append(seq)
                 nbytes = buf.numel() * buf.element_size()
-                self.outbox.put(Transfer(self.cfg.rank, seq_id, nbytes, seconds))
+                n = int(buf.shape[2])
+                self.outbox.put(Transfer(self.cfg.rank, seq_id, nbytes, seconds, n, cached))
             try:
                 item = self.arrived.get_nowait()
             except queue.Empty:

@@ -7,6 +7,7 @@ import pytest
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import get_hardware
 from loadlab.capacity.models import get_model
+from loadlab.errors import ConfigError
 
 # Llama-3-8B (config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads, head dim 128,
 # FFN 14336, vocab 128256), per layer:
@@ -104,3 +105,17 @@ def test_bad_inputs_say_the_fix() -> None:
         get_hardware("h100").derated(compute=1.5)
     with pytest.raises(ValueError, match="unknown hardware"):
         get_hardware("tpu")
+
+
+def test_a_cached_prefix_is_not_prefilled_again() -> None:
+    # 2048-token prompt, first 1024 cached: matmuls for 1024 tokens, 2*7,504,924,672*1024 =
+    # 15,370,085,728,256; attention pairs 1024*1024 + 1024*1025/2 = 1,573,376, times
+    # 4*32*4096 = 824,902,156,288; total 16,194,987,884,544 (vs 31,840,219,955,200 uncached)
+    m, hw = get_model("llama-3-8b"), get_hardware("h100")
+    assert roofline.prefill_flops(m, 2048, cached_tokens=1024) == 16_194_987_884_544
+    assert (
+        roofline.prefill(m, hw, 2048, cached_tokens=1024).time_s
+        < roofline.prefill(m, hw, 2048).time_s / 1.9
+    )
+    with pytest.raises(ConfigError, match="cached tokens must be in"):
+        roofline.prefill_flops(m, 2048, cached_tokens=2048)

@@ -95,3 +95,24 @@ def test_cli_first_principles_and_errors(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["capacity", "--model", "llama-3-8b"]) == 2
     assert "--hardware is needed" in capsys.readouterr().err
     assert main(["capacity", "--model", "llama-3-8b", "--hardware", "tpu9"]) == 2
+
+
+def test_a_prefix_hit_rate_shares_blocks_once_and_prices_the_uncached_prefill() -> None:
+    # Llama-3-8B on H100, 2,000-token prompts, 250-token answers. Half cached: 1,000 tokens
+    # shared, counted once (131,072,000 B); each request holds 1,250 tokens (163,840,000 B):
+    # (55,939,477,504 - 131,072,000) / 163,840,000 = 340.6 -> 340 in flight per GPU, against
+    # 55,939,477,504 / (2,250 x 131,072) = 189.7 -> 189 without caching.
+    m, hw = get_model("llama-3-8b"), get_hardware("h100")
+    steps = {}
+    for rate in (0.0, 0.5):
+        check = MemoryCheck(m, hw, prompt_tokens=2000, prefix_hit_rate=rate)
+        plan = size_from_figures(2000, 250, 40, 0.3, memory=check)
+        steps[rate] = {s.label: s.value for s in plan.steps}
+    assert steps[0.0]["max requests in flight per GPU"] == 189
+    assert steps[0.5]["max requests in flight per GPU"] == 340
+    assert steps[0.5]["shared prefix KV, counted once"] == pytest.approx(0.131072)
+    first = size_first_principles(MemoryCheck(m, hw, 2000, prefix_hit_rate=0.9), 250, 40)
+    label = "GPUs for prefill (2,000-token prompts, 1,800 cached: 200 computed)"
+    assert label in {s.label for s in first.steps}
+    with pytest.raises(ValueError, match="fraction in"):
+        MemoryCheck(m, hw, 2000, prefix_hit_rate=1.0)

@@ -319,3 +319,20 @@ def test_sse_event_plus_data_fast_path_matches_the_spec() -> None:
     assert SSEDecoder().feed(body) == expected
     dec = SSEDecoder()  # byte by byte goes through the slow path: same events
     assert [e for i in range(len(body)) for e in dec.feed(body[i : i + 1])] == expected
+
+
+def test_prompt_cache_reads_and_writes() -> None:
+    """Anthropic's input_tokens leaves the prompt cache out: the prompt is all three counts,
+    the reads are the cached tokens, the writes are kept apart."""
+    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
+    s.on_headers(200, {"Content-Type": "application/json"}, 10)
+    s.on_bytes(
+        b'{"type":"message","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn",'
+        b'"usage":{"input_tokens":3,"cache_read_input_tokens":64,'
+        b'"cache_creation_input_tokens":16,"output_tokens":5}}',
+        20,
+    )
+    s.finish(30)
+    r = s.record
+    assert (r.prompt_tokens, r.cached_prompt_tokens) == (83, 64)
+    assert r.server["cache_creation_input_tokens"] == 16

@@ -157,3 +157,17 @@ def test_odd_chunk_shapes_are_protocol_errors_not_exceptions() -> None:
     s.on_bytes(b'data: {"choices": [{"delta": {"content": 5}}]}\n\ndata: [DONE]\n\n', 2000)
     s.finish(3000)
     assert (s.record.outcome, s.text) == ("ok", "5")
+
+
+def test_cached_prompt_tokens_from_usage_details() -> None:
+    s = _chat_state()
+    s.on_bytes(b'data: {"choices":[{"delta":{"content":"A"},"finish_reason":"stop"}]}\n\n', 2000)
+    s.on_bytes(b'data: {"choices":[],"usage":{"prompt_tokens":80,"completion_tokens":1,'
+               b'"prompt_tokens_details":{"cached_tokens":64}}}\n\ndata: [DONE]\n\n', 3000)  # fmt: skip
+    s.finish(4000)
+    assert (s.record.prompt_tokens, s.record.cached_prompt_tokens) == (80, 64)
+    plain = _chat_state()  # a server that does not say: unknown, not zero
+    plain.on_bytes(b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1,'
+                   b'"prompt_tokens_details":null}}\n\ndata: [DONE]\n\n', 2000)  # fmt: skip
+    plain.finish(3000)
+    assert (plain.record.prompt_tokens, plain.record.cached_prompt_tokens) == (8, None)

@@ -8,7 +8,6 @@ import uuid
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.helpers.server import label, metrics, post, session, stream, wait_idle
 
@@ -195,8 +194,6 @@ def test_a_repeated_prefix_is_served_from_the_cache(server: Any) -> None:
     """The same 74-token prompt twice: the second time its first 64 tokens (4 full blocks of
     16; the last token is always computed) come from the cache, the greedy text is the same,
     and /metrics counts the queries and hits in tokens."""
-    if server.mode == "disaggregated":
-        pytest.skip("the disaggregated mode does not cache prefixes yet")
     prompt = uuid.uuid4().hex * 2 + "a prompt seen twice"  # unique: no earlier test hit it
     body = {"model": MODEL, "prompt": prompt[:74], "max_tokens": 6}
 
@@ -217,3 +214,9 @@ def test_a_repeated_prefix_is_served_from_the_cache(server: Any) -> None:
     queries = after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"]
     hits = after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"]
     assert (queries, hits) == (2 * 74, 64) and after["kv_blocks_cached"] >= 4
+    if server.mode == "disaggregated":  # the prefill side cached; the transfer says so
+        moved = {k: after[f"kv_transfer_{k}_total"] - before[f"kv_transfer_{k}_total"]
+                 for k in ("cached_blocks", "computed_blocks", "cached_bytes", "computed_bytes")}  # fmt: skip
+        assert (moved["cached_blocks"], moved["computed_blocks"]) == (4, 5 + 1)
+        assert moved["cached_bytes"] * 84 == moved["computed_bytes"] * 64  # 64 of 148 tokens
+        assert events[-2]["kv_transfer"]["cached_blocks"] == 4

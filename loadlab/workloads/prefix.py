@@ -1,0 +1,268 @@
+"""Shared-prefix workload: a shared system prompt, or pools of prefixes each reused by many
+requests, so a server's prefix cache has something to hit, and the run knows how much.
+
+Every prompt is one of ``prefixes`` (P) prefix texts of ``prefix_tokens`` (N) tokens, a newline,
+then a suffix unique to the request (``suffix_tokens``, a number or a distribution). P = 1 is
+a shared system prompt (AIPerf's ``--shared-system-prompt-length``); P > 1 with
+``requests_per_prefix`` (M) is a prefix pool (vLLM bench's ``prefix_repetition``, SGLang's
+``generated-shared-prefix``). ``order`` says how the P·M requests are sent: ``grouped`` (all M
+of prefix 0, then prefix 1, ...), ``round_robin`` (0, 1, ..., P-1, 0, ...) or ``random`` (a
+seeded shuffle, each prefix still exactly M times).
+
+Cold or warm on purpose: the prefix texts depend only on the seed (and ``salt``), so a second
+run with the same seed finds them cached. ``cache_bust = true`` puts a salt unique to the run at
+the front of every prompt, so the run starts cold whatever ran before; ``salt = "..."`` fixes
+one (two runs with the same salt share their prefixes: the second starts warm). The salt
+follows each prefix's 5-character tag (``P0000``), so the prefixes of one run differ from
+their first characters and share no block through their common salt.
+
+Each spec carries ``shared_prefix_tokens``: how many of its leading tokens an earlier prompt of
+this run already had. On the reference server (``chars_per_token = 1``: its byte tokenizer
+makes one ASCII character one token) it is the exact longest common prefix with every earlier
+prompt; with another ``chars_per_token`` it is N when the prefix was sent before, else 0,
+assuming the tokenizer encodes the prefix the same way in every prompt (the newline keeps the
+suffix's first word from merging with it). ``loadlab.prefix_cache`` turns these into the
+expected hit rate (block-aligned with ``block_size``) that the report sets beside the measured.
+
+``[workload]`` keys (kind = "prefix")::
+
+    prefix_tokens        N, tokens per prefix (default 1024)
+    prefixes             P, distinct prefixes (default 1: a shared system prompt)
+    requests_per_prefix  M (default: the run's requests / P, rounded up; none: endless)
+    suffix_tokens        number or distribution (default 64)
+    output_tokens        number or distribution (default: the run's max_tokens)
+    order                "random" (default) | "grouped" | "round_robin"
+    cache_bust           true: a salt unique to this run after the tag at the front of every prompt
+    salt                 a fixed salt (reproducible warm starts; with cache_bust: the salt
+                         drawn for this run, once for all its worker processes)
+    block_size           the server's KV block size, for the block-aligned expected hit rate
+                         (the reference server's and vLLM's default: 16)
+    request_class, max_output_tokens, exact_output, chars_per_token  (as for synthetic)
+
+Example::
+
+    cfg = RunConfig(concurrency=4, requests=8, workload={"kind": "prefix", "prefixes": 2,
+                    "prefix_tokens": 256, "order": "grouped", "block_size": 16})
+    [s.shared_prefix_tokens for s in prefix_requests(cfg)]  # [0, 256+, ...] per group
+"""
+
+from __future__ import annotations
+
+import bisect
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.workloads.base import (
+    COMMON_KEYS,
+    RequestStream,
+    caps,
+    check_common,
+    clamp,
+    common_extra_body,
+    counter,
+    int_stream,
+    open_loop_times,
+    rng_for,
+)
+from loadlab.workloads.lengths import parse_dist
+from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_int
+from loadlab.workloads.prompts import prompt_text, text_chars
+
+__all__ = ["KEYS", "ORDERS", "PrefixPlan", "prefix_requests", "validate", "with_run_salt"]
+
+KEYS = COMMON_KEYS | {
+    "prefix_tokens",
+    "prefixes",
+    "requests_per_prefix",
+    "suffix_tokens",
+    "output_tokens",
+    "order",
+    "cache_bust",
+    "salt",
+    "block_size",
+}
+ORDERS = ("random", "grouped", "round_robin")
+_EXACT_LIMIT = 200_000  # prompts kept for the exact common-prefix search (then: by design)
+
+
+class PrefixPlan:
+    """Which prefix each request uses, in send order (``None`` total: endless)."""
+
+    def __init__(self, prefixes: int, per_prefix: int | None, order: str, seed: int) -> None:
+        self.prefixes, self.per_prefix, self.order = prefixes, per_prefix, order
+        self.rng = rng_for(seed, "prefix")
+
+    @property
+    def total(self) -> int | None:
+        return None if self.per_prefix is None else self.prefixes * self.per_prefix
+
+    def __iter__(self) -> Iterator[int]:
+        p, m = self.prefixes, self.per_prefix
+        if m is None:  # endless: grouped cannot end a group, so it cycles like round_robin
+            if self.order == "random":
+                while True:
+                    yield from (int(x) for x in self.rng.integers(0, p, 1024))
+            for i in counter(None):
+                yield i % p
+        elif self.order == "grouped":
+            yield from (j for j in range(p) for _ in range(m))
+        elif self.order == "round_robin":
+            yield from (i % p for i in range(p * m))
+        else:
+            yield from (int(x) for x in self.rng.permutation(np.repeat(np.arange(p), m)))
+
+
+def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = ()) -> None:
+    check_keys("prefix", params, KEYS)
+    for key in ("suffix_tokens", "output_tokens"):
+        if key in params:
+            parse_dist(params[key], key, bases=bases)
+    get_int(params, "prefix_tokens", 1024)
+    get_int(params, "prefixes", 1)
+    get_int(params, "requests_per_prefix", None)
+    get_int(params, "block_size", None)
+    if params.get("order", "random") not in ORDERS:
+        raise WorkloadError(
+            f"workload.order = {params['order']!r}: choose one of {', '.join(ORDERS)}"
+        )
+    get_bool(params, "cache_bust", False)
+    if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
+        raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
+    if "max_prompt_tokens" in params:
+        raise WorkloadError(
+            "workload.max_prompt_tokens: a prefix workload's prompt is prefix_tokens + "
+            "suffix_tokens; bound suffix_tokens instead"
+        )
+    check_common(params, bases)
+
+
+def _salt(params: Mapping[str, Any]) -> str:
+    if "salt" in params:  # given, or drawn for this run by with_run_salt
+        return str(params["salt"]).strip()
+    if get_bool(params, "cache_bust", False):
+        return uuid.uuid4().hex[:12]  # unique to this run: nothing cached can match it
+    return ""
+
+
+def with_run_salt(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
+    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
+    wl = cfg.workload
+    if wl.get("kind") != "prefix" or not wl.get("cache_bust") or "salt" in wl:
+        return cfg
+    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
+
+
+def _prefix_texts(n: int, tokens: int, salt: str, seed: int, cpt: float) -> list[str]:
+    """The P prefix texts: each starts with its own tag, then the salt, so two differ within
+    their first few characters (not only after a salt they share) and none matches another
+    run's past its tag (with another salt)."""
+    rng = rng_for(seed, "prefix_text")
+    tail = f" {salt}" if salt else ""
+    return [prompt_text(tokens, rng, tag=f"P{j:04d}{tail}", chars_per_token=cpt) for j in range(n)]
+
+
+class _SharedPrefixes:
+    """Leading tokens of each new prompt already seen in an earlier one. Exact (longest
+    common prefix against every earlier prompt, by its neighbours in sorted order) when one
+    character is one token; else by design: N when the prompt's prefix was sent before."""
+
+    def __init__(self, exact: bool, prefix_tokens: int) -> None:
+        self.exact, self.prefix_tokens = exact, prefix_tokens
+        self._sorted: list[str] = []
+        self._seen: set[int] = set()
+
+    def add(self, prompt: str, prefix_id: int) -> int:
+        by_design = self.prefix_tokens if prefix_id in self._seen else 0
+        self._seen.add(prefix_id)
+        if not self.exact or len(self._sorted) >= _EXACT_LIMIT:
+            return by_design
+        i = bisect.bisect_left(self._sorted, prompt)
+        shared = max((_common(prompt, self._sorted[j]) for j in (i - 1, i)
+                      if 0 <= j < len(self._sorted)), default=0)  # fmt: skip
+        self._sorted.insert(i, prompt)
+        return shared
+
+
+def _common(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+    params = cfg.workload
+    validate(cfg, params)
+    n_prefixes = get_int(params, "prefixes", 1)
+    prefix_tokens = get_int(params, "prefix_tokens", 1024)
+    per_prefix = get_int(params, "requests_per_prefix", None)
+    if per_prefix is None and cfg.requests is not None:
+        per_prefix = -(-cfg.requests // n_prefixes)
+    plan = PrefixPlan(n_prefixes, per_prefix, str(params.get("order", "random")), cfg.seed)
+    suffix_dist = parse_dist(params.get("suffix_tokens", 64), "suffix_tokens")
+    output_dist = parse_dist(params.get("output_tokens", cfg.max_tokens), "output_tokens")
+    _, max_output = caps(params)
+    cls = str(params.get("request_class", "prefix"))
+    salt = _salt(params)
+    times = open_loop_times(cfg, plan.total)
+    n = len(times) if times is not None else plan.total
+    texts = _prefix_texts(n_prefixes, prefix_tokens, salt, cfg.seed, chars_per_token)
+    exact = chars_per_token == 1.0
+    sent = {"requests": 0}
+
+    def specs() -> Iterator[RequestSpec]:
+        suffixes = int_stream(suffix_dist, rng_for(cfg.seed, "prompt"))
+        outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
+        text_rng = rng_for(cfg.seed, "text")
+        shared = _SharedPrefixes(exact, prefix_tokens)
+        for i, j in zip(counter(n), plan, strict=False):
+            rid = f"pfx-{i:06d}"
+            s_tok = clamp(next(suffixes), None)
+            out = clamp(next(outputs), max_output)
+            # "\n" + the suffix's text: s_tok tokens in all, the newline one of them
+            chars = text_chars(s_tok, chars_per_token)
+            # the tag starts with the fastest-changing digit: suffixes differ at once
+            tag = "q" + f"{i:06d}"[::-1]
+            body = prompt_text(chars - 1, text_rng, tag=tag) if chars > 1 else ""
+            prompt = texts[j] + "\n" + body
+            sent["requests"] = i + 1
+            yield RequestSpec(
+                request_id=rid,
+                prompt=prompt,
+                max_tokens=out,
+                intended_at_s=times[i] if times is not None else None,
+                prompt_tokens=prefix_tokens + s_tok,
+                request_class=cls,
+                extra_body=common_extra_body(params, out),
+                shared_prefix_tokens=shared.add(prompt, j),
+            )
+
+    def extra() -> dict[str, Any]:
+        return {
+            "kind": "prefix",
+            "prefixes": n_prefixes,
+            "prefix_tokens": prefix_tokens,
+            "requests_per_prefix": per_prefix,
+            "order": plan.order,
+            "salt": salt,
+            "cache_bust": get_bool(params, "cache_bust", False),
+            "block_size": get_int(params, "block_size", None),
+            "shared_prefix_basis": (
+                "exact: longest common prefix in characters, 1 character = 1 token "
+                "(the reference server's byte tokenizer)"
+                if exact
+                else f"by design: {prefix_tokens} tokens once a prefix was sent, assuming the "
+                "tokenizer encodes it alike in every prompt"
+            ),
+            "built": sent["requests"],
+        }
+
+    return RequestStream(specs(), extra)

@@ -1,0 +1,95 @@
+"""The shared-prefix workload: orders, exact lengths, shared-prefix counts, salts, checks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.workloads import build_requests
+from loadlab.workloads.params import WorkloadError
+from loadlab.workloads.prefix import PrefixPlan, with_run_salt
+
+
+def specs(requests: int = 8, **wl: Any) -> list[RequestSpec]:
+    cfg = RunConfig(concurrency=2, requests=requests, workload={"kind": "prefix", **wl})
+    return list(build_requests(cfg))
+
+
+def test_orders_use_each_prefix_m_times() -> None:
+    assert list(PrefixPlan(2, 3, "grouped", 0)) == [0, 0, 0, 1, 1, 1]
+    assert list(PrefixPlan(2, 3, "round_robin", 0)) == [0, 1, 0, 1, 0, 1]
+    shuffled = list(PrefixPlan(3, 4, "random", 0))
+    assert Counter(shuffled) == {0: 4, 1: 4, 2: 4} and shuffled != sorted(shuffled)
+    assert shuffled == list(PrefixPlan(3, 4, "random", 0))  # seeded
+
+
+def test_prompts_are_prefix_then_unique_suffix_of_exact_length() -> None:
+    out = specs(prefixes=2, prefix_tokens=100, suffix_tokens=20, order="grouped")
+    assert [len(s.prompt) for s in out] == [120] * 8 == [s.prompt_tokens for s in out]
+    heads = [s.prompt[:100] for s in out]
+    assert len(set(heads[:4])) == 1 and len(set(heads[4:])) == 1 and heads[0] != heads[4]
+    assert len({s.prompt[100:] for s in out}) == 8
+    assert all(s.prompt[100] == "\n" for s in out)
+
+
+def test_shared_prefix_tokens_count_what_an_earlier_prompt_had() -> None:
+    out = specs(prefixes=2, prefix_tokens=100, suffix_tokens=20, order="grouped")
+    shared = [s.shared_prefix_tokens for s in out]
+    # The first of each group shares at most its tag's first characters ("P000"); the
+    # others the prefix, the newline and the suffix tag's first letter ("q"), never more.
+    assert shared[0] == 0 and shared[4] is not None and shared[4] < 8
+    assert all(s is not None and 102 <= s < 110 for s in shared[1:4] + shared[5:])
+
+
+def test_by_design_when_characters_are_not_tokens() -> None:
+    out = specs(prefixes=2, prefix_tokens=50, suffix_tokens=10, order="round_robin",
+                chars_per_token=4.0)  # fmt: skip
+    assert [s.shared_prefix_tokens for s in out] == [0, 0, 50, 50, 50, 50, 50, 50]
+    assert len(out[0].prompt) == 4 * 60
+
+
+def test_cache_bust_salts_each_build_differently_and_a_fixed_salt_repeats() -> None:
+    a, b = specs(2, cache_bust=True), specs(2, cache_bust=True)
+    assert a[0].prompt[:6] == b[0].prompt[:6] == "P0000 "  # the tag, less than a block
+    assert a[0].prompt[6:18] != b[0].prompt[6:18]
+    assert a[0].prompt[18:] == b[0].prompt[18:]  # only the 12-character salt differs
+    c, d = specs(2, salt="run-7"), specs(2, salt="run-7")
+    assert c[0].prompt == d[0].prompt and c[0].prompt.startswith("P0000 run-7 ")
+    assert specs(2)[0].prompt.startswith("P0000")  # no salt: the seed alone
+
+
+def test_requests_per_prefix_defaults_to_the_runs_requests() -> None:
+    cfg = RunConfig(concurrency=2, requests=7, workload={"kind": "prefix", "prefixes": 3})
+    stream = build_requests(cfg)
+    assert len(list(stream)) == 9  # ceil(7 / 3) = 3 per prefix; the runner stops at 7
+    extra = stream.extra()  # type: ignore[attr-defined]
+    assert extra["requests_per_prefix"] == 3 and extra["kind"] == "prefix"
+
+
+@pytest.mark.parametrize(
+    ("wl", "message"),
+    [
+        ({"order": "sorted"}, "choose one of random, grouped, round_robin"),
+        ({"salt": " "}, "non-empty string"),
+        ({"prefix_tokens": 0}, ">= 1"),
+        ({"max_prompt_tokens": 10}, "bound suffix_tokens"),
+        ({"prefixs": 2}, "did you mean 'prefixes'"),
+    ],
+)
+def test_bad_keys_say_how_to_fix_them(wl: dict[str, Any], message: str) -> None:
+    with pytest.raises(WorkloadError, match=message):
+        specs(2, **wl)
+
+
+def test_a_worker_run_draws_its_cache_busting_salt_once() -> None:
+    cfg = RunConfig(concurrency=2, requests=4, workload={"kind": "prefix", "cache_bust": True})
+    drawn = with_run_salt(cfg)
+    salt = drawn.workload["salt"]
+    assert len(salt) == 12 and with_run_salt(drawn) is drawn  # drawn once, then kept
+    a, b = list(build_requests(drawn)), list(build_requests(drawn))  # two worker processes
+    assert a == b and a[0].prompt.startswith(f"P0000 {salt} ")
+    assert with_run_salt(RunConfig(concurrency=1, requests=1)).workload == {"kind": "synthetic"}
