@@ -128,7 +128,7 @@ class RunConfig:
             "--saturation-lag-ms",
             self.saturation_lag_ms,
             0.0,
-            60_000.0,
+            MAX_DURATION_S * 1000.0,
             "ms",
             "the default is 20",
             open_lo=True,

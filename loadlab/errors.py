@@ -8,7 +8,8 @@ The hierarchy::
     │   ├── WorkloadError             a workload parameter
     │   ├── TraceError                a trace file (file, line, what is wrong)
     │   ├── ScenarioError             a scenario file (file, key, value, fix)
-    │   ├── ResultsError              a results file
+    │   ├── ResultsError              a results file (or a journal) that cannot be read
+    │   ├── OutputError               a file a command cannot write (flag, path, why)
     │   └── SLOError                  an SLO file (file, entry, fix)
     └── CalibrationError (RuntimeError)
                                       the endpoint's prompt tokens could not be measured
@@ -33,6 +34,7 @@ __all__ = [
     "CalibrationError",
     "ConfigError",
     "LoadlabError",
+    "OutputError",
     "ResultsError",
     "SLOError",
     "ScenarioError",
@@ -68,6 +70,10 @@ class ScenarioError(UsageError):
 
 class ResultsError(UsageError):
     """A results file that cannot be read: names the file and what is wrong."""
+
+
+class OutputError(UsageError):
+    """A file a command was asked to write and cannot: names the flag, the path and why."""
 
 
 class SLOError(UsageError):

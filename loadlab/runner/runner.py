@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.config import RunConfig
+from loadlab.journal import JournalWriter
 from loadlab.metrics import percentile
 from loadlab.records import (
     OUTCOME_CANCELLED,
@@ -133,6 +134,7 @@ class Runner:
         concurrency: int | None = None,
         max_in_flight: int | None = None,
         kind: str = "run",
+        journal: JournalWriter | None = None,
     ) -> None:
         if late_tolerance_ms < 0:
             raise ValueError(f"late_tolerance_ms must be >= 0, got {late_tolerance_ms}")
@@ -147,6 +149,7 @@ class Runner:
         self.concurrency = concurrency if concurrency is not None else cfg.concurrency
         self.max_in_flight = max_in_flight if max_in_flight is not None else cfg.max_in_flight
         self.kind = kind
+        self.journal = journal  # finished records also go here, flushed every interval
         self.stats = LiveStats()
         self.records: list[RequestRecord] = []
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
@@ -211,6 +214,7 @@ class Runner:
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         freezer = loop.create_task(_freeze_every(_FREEZE_EVERY_S))
+        journaling = loop.create_task(self.journal.run()) if self.journal is not None else None
         if self.t0_ns is None:
             self.t0_ns = time.perf_counter_ns()
         monitor.start(self.t0_ns)
@@ -232,6 +236,9 @@ class Runner:
             freezer.cancel()
             gc.unfreeze()
             generator = await monitor.stop()
+            if journaling is not None and self.journal is not None:
+                journaling.cancel()
+                await self.journal.close()
         end_ns = time.perf_counter_ns() - self.t0_ns
         lag_p99_ns = percentile(self.dispatch_lag_ns, 99)
         generator["dispatch_lag_ms_p99"] = None if lag_p99_ns is None else lag_p99_ns / 1e6
@@ -392,6 +399,8 @@ class Runner:
         if rec.request_class == "default" and spec.request_class != "default":
             rec.request_class = spec.request_class
         self.records.append(rec)
+        if self.journal is not None:
+            self.journal.add(rec)
         self.stats.done += 1
         if not rec.ok:
             self.stats.failed += 1
@@ -403,6 +412,8 @@ class Runner:
         rec.worker = self.worker
         rec.endpoint = self.endpoint
         self.records.append(rec)
+        if self.journal is not None:
+            self.journal.add(rec)
         self.stats.scheduled += 1
         self.stats.dropped += 1
 
