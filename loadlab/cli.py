@@ -75,14 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] in {"torch", "fastapi", "uvicorn", "locust"}:
-            print(
-                f"loadlab {name}: needs the optional package {exc.name!r}; "
-                f'install it with: pip install "loadlab[all]"',
-                file=sys.stderr,
-            )
-            return 2
-        raise
+        from loadlab.extras import EXTRAS, INSTALL
+
+        top = (exc.name or "").split(".")[0]
+        extra = next((e for e, mods in EXTRAS.items() if top in mods), None)
+        if extra is None:
+            raise
+        print(
+            f"loadlab {name}: needs the {extra!r} extra ({top} is not installed); "
+            f"install it with: {INSTALL[extra]}",
+            file=sys.stderr,
+        )
+        return 2
     parser = argparse.ArgumentParser(prog=f"loadlab {name}", description=help_text)
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])

@@ -11,6 +11,7 @@ The hierarchy::
     │   ├── ResultsError              a results file (or a journal) that cannot be read
     │   ├── OutputError               a file a command cannot write (flag, path, why)
     │   └── SLOError                  an SLO file (file, entry, fix)
+    ├── MissingExtraError             an optional extra a command needs is not installed
     └── CalibrationError (RuntimeError)
                                       the endpoint's prompt tokens could not be measured
 
@@ -34,6 +35,7 @@ __all__ = [
     "CalibrationError",
     "ConfigError",
     "LoadlabError",
+    "MissingExtraError",
     "OutputError",
     "ResultsError",
     "SLOError",
@@ -78,6 +80,11 @@ class OutputError(UsageError):
 
 class SLOError(UsageError):
     """An SLO file that cannot be used: names the file, the entry and the fix."""
+
+
+class MissingExtraError(LoadlabError):
+    """A command needs an optional extra (torch and the server, Locust) that is missing; the
+    message says which and the ``pip install`` line (``loadlab.extras``)."""
 
 
 class CalibrationError(LoadlabError, RuntimeError):

@@ -38,6 +38,7 @@ from loadlab.capacity.sizing import (
     size_from_figures,
 )
 from loadlab.errors import ConfigError
+from loadlab.extras import require
 
 __all__ = ["add_arguments", "run"]
 
@@ -176,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     if args.results:
         return _vs_run(args)
     if args.vs_measured:
+        require("server", "loadlab capacity --vs-measured (measures the reference model)")
         from loadlab.capacity.measured import run_vs_measured
 
         return run_vs_measured(args)

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from loadlab.errors import ConfigError
+from loadlab.extras import require
 
 __all__ = ["add_arguments", "run"]
 
@@ -38,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("server", "loadlab lab (the reference server in four modes)")
     from loadlab.lab import (
         ALL_MODES,
         lab_summary,

@@ -28,6 +28,7 @@ from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
+from loadlab.extras import require
 from loadlab.generator import saturation_warning
 from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
@@ -281,6 +282,8 @@ def _check(cfg: RunConfig) -> None:
     from loadlab.workloads import validate_workload
 
     validate_workload(cfg)
+    if not cfg.endpoints:
+        require("server", "loadlab run without --endpoint (the embedded reference server)")
     if cfg.scrape:
         import importlib.util
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
+from loadlab.extras import require
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         args.concurrency = int(levels[0])
     base = run_command.config_from_args(args)
+    if not base.endpoints:
+        require("server", "loadlab sweep without --endpoint (the embedded reference server)")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out_dir or Path("reports") / f"sweep-{stamp}")
     out_dir.mkdir(parents=True, exist_ok=True)
