@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,9 +160,9 @@ class RunConfig:
 
 def _integer(flag: str, value: object, lo: int, hi: int, fix: str) -> None:
     """``value`` must be an int (not a bool, not a float) in ``[lo, hi]``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints too
         raise ConfigError(f"{flag} must be a whole number, got {value!r} ({fix})")
-    if not lo <= value <= hi:
+    if not lo <= int(value) <= hi:
         raise ConfigError(f"{flag} must be between {lo} and {hi}, got {value} ({fix})")
 
 
@@ -169,7 +170,7 @@ def _number(
     flag: str, value: object, lo: float, hi: float, unit: str, fix: str, *, open_lo: bool = False
 ) -> None:
     """``value`` must be a finite real number in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{flag} must be a number, got {value!r} ({fix})")
     x = float(value)
     if not (math.isfinite(x) and (x > lo if open_lo else x >= lo) and x <= hi):

@@ -73,3 +73,13 @@ def test_the_harness_alone_still_runs_offline_commands(tmp_path: Path) -> None:
         f"from loadlab.cli import main; sys.exit(main(['report', {str(data)!r}]))", tmp_path
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_locust_user_says_which_extra(tmp_path: Path) -> None:
+    code = (
+        "from loadlab.errors import MissingExtraError\n"
+        "try:\n    from loadlab.locust import LLMUser\n"
+        "except MissingExtraError as exc:\n    print(exc); sys.exit(2)"
+    )
+    done = _run(code, tmp_path)
+    assert done.returncode == 2 and 'pip install "loadlab[locust]"' in done.stdout, done.stderr
