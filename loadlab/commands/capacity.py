@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import (
@@ -231,5 +230,8 @@ def run(args: argparse.Namespace) -> int:
             "--model with --hardware (first principles), --vs-measured, or --list"
         )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=2, default=str), encoding="utf-8")
+        from loadlab.report.output import write_output
+
+        text = json.dumps(out, indent=2, default=str)
+        write_output(args.json_out, "--json", lambda p: p.write_text(text, encoding="utf-8"))
     return 0

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from loadlab.errors import ConfigError
 from loadlab.extras import require
+from loadlab.report.output import check_folder
 
 __all__ = ["add_arguments", "run"]
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         seed=args.seed,
     )
-    out = Path(args.out)
+    out = check_folder(args.out, "--out")  # before the minutes of running, not after
     outcome = run_lab(s, modes, out, overlap_batching=args.quick)
     summary = lab_summary(outcome, s)
     (out / "lab.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")

@@ -32,6 +32,7 @@ from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
 from loadlab.extras import require
+from loadlab.report.output import check_folder, write_output
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     unit = rate_unit(base.workload) if mode == "rate" else "streams"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out_dir or Path("reports") / f"sweep-{stamp}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_folder(out_dir, "--out-dir")
 
     def sweep(endpoint: EndpointConfig) -> int:
         def evaluate(load: float) -> Level:
@@ -132,9 +133,11 @@ def run(args: argparse.Namespace) -> int:
             evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
         )
         summary = out_dir / "sweep.json"
-        summary.write_text(json.dumps(result.to_dict(), indent=2), encoding="utf-8")
+        write_output(
+            summary, "--out-dir", lambda p: p.write_text(json.dumps(result.to_dict(), indent=2))
+        )
         page = out_dir / "sweep.html"
-        page.write_text(render_html(result), encoding="utf-8")
+        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result)))
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
         if args.predict:

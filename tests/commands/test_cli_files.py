@@ -108,3 +108,30 @@ def test_an_unwritable_report_file_is_exit_2_naming_the_flag(
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert f"{flag} " in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["compare", "{good}", "{good}", "--markdown", "{dir}"], "--markdown"),
+        (["compare", "{good}", "{good}", "--html", "/proc/nope/c.html"], "--html"),
+        (["sweep", "--endpoint", "http://127.0.0.1:9", "--slo", "{slo}",
+          "--concurrencies", "1", "--duration", "1", "--out-dir", "/proc/nope"], "--out-dir"),
+        (["lab", "--quick", "--out", "/proc/nope"], "--out"),
+        (["selftest", "--out", "{dir}"], "--out"),
+        (["capacity", "--decode-tokens-per-s", "2000", "--completion-tokens", "250",
+          "--peak-rps", "4", "--json", "{dir}"], "--json"),
+    ],
+)  # fmt: skip
+def test_every_command_checks_where_it_writes(
+    tmp_path: Path, good: Path, slo: Path, argv: list[str], flag: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Long commands (sweep, lab, selftest) check before their work; all name the flag."""
+    d = tmp_path / "a-folder"
+    d.mkdir()
+    args = [a.format(good=good, slo=slo, dir=d) for a in argv]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} " in err and "Traceback" not in err, err
+    assert "starting" not in err  # nothing was started before the check
