@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     if args.results:
         return _vs_run(args)
     if args.vs_measured:
-        require("server", "loadlab capacity --vs-measured (measures the reference model)")
+        require("server", "--vs-measured (it measures the reference model)")
         from loadlab.capacity.measured import run_vs_measured
 
         return run_vs_measured(args)

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require("server", "loadlab lab (the reference server in four modes)")
+    require("server", "the lab (the reference server in four modes)")
     from loadlab.lab import (
         ALL_MODES,
         lab_summary,

@@ -283,7 +283,7 @@ def _check(cfg: RunConfig) -> None:
 
     validate_workload(cfg)
     if not cfg.endpoints:
-        require("server", "loadlab run without --endpoint (the embedded reference server)")
+        require("server", "the embedded reference server (no --endpoint)")
     if cfg.scrape:
         import importlib.util
 

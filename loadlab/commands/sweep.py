@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         args.concurrency = int(levels[0])
     base = run_command.config_from_args(args)
     if not base.endpoints:
-        require("server", "loadlab sweep without --endpoint (the embedded reference server)")
+        require("server", "the embedded reference server (no --endpoint)")
     from loadlab.workloads import rate_unit
 
     unit = rate_unit(base.workload) if mode == "rate" else "streams"
