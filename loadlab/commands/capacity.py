@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         hw = _hardware(args) if args.model else None
         out = run_capacity(args, _model(args, hw) if args.model else None, hw)
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str), encoding="utf-8")
+            _write_json(args.json_out, out)
         return 0
     if args.decode_tokens_per_s is not None:
         if args.completion_tokens is None or args.peak_rps is None:
@@ -230,8 +230,13 @@ def run(args: argparse.Namespace) -> int:
             "--model with --hardware (first principles), --vs-measured, or --list"
         )
     if args.json_out:
-        from loadlab.report.output import write_output
-
-        text = json.dumps(out, indent=2, default=str)
-        write_output(args.json_out, "--json", lambda p: p.write_text(text, encoding="utf-8"))
+        _write_json(args.json_out, out)
     return 0
+
+
+def _write_json(path: str, out: dict[str, object]) -> None:
+    """``--json``: an unwritable path is exit 2 naming the flag (``write_output``)."""
+    from loadlab.report.output import write_output
+
+    text = json.dumps(out, indent=2, default=str)
+    write_output(path, "--json", lambda p: p.write_text(text, encoding="utf-8"))
