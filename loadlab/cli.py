@@ -10,7 +10,8 @@ only when their command runs (the server's torch and Locust's gevent never load 
 ``loadlab report``).
 
 Exit codes: what the command returns; 2 for any ``loadlab.errors.LoadlabError`` (bad input,
-printed as one line, mapped here and nowhere else) or a bad flag; 130 on Ctrl-C. Any other
+printed as one line, mapped here and nowhere else) or a bad flag; 128 + the signal's number when a stop signal ends it (130 on Ctrl-C,
+143 on SIGTERM, 129 on SIGHUP: ``loadlab.runner.signals``). Any other
 exception is a bug: its traceback is printed and the exit code is 1.
 """
 
@@ -57,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the process is this command (not cli.main([...]) inside a program)
+        from loadlab.runner import signals
+
+        signals.owns_process()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         parser = build_parser()
@@ -70,14 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] in {"torch", "fastapi", "uvicorn", "locust"}:
-            print(
-                f"loadlab {name}: needs the optional package {exc.name!r}; "
-                f'install it with: pip install "loadlab[all]"',
-                file=sys.stderr,
-            )
-            return 2
-        raise
+        from loadlab.extras import EXTRAS, INSTALL
+
+        top = (exc.name or "").split(".")[0]
+        extra = next((e for e, mods in EXTRAS.items() if top in mods), None)
+        if extra is None:
+            raise
+        print(
+            f"loadlab {name}: needs the {extra!r} extra ({top} is not installed); "
+            f"install it with: {INSTALL[extra]}",
+            file=sys.stderr,
+        )
+        return 2
     parser = argparse.ArgumentParser(prog=f"loadlab {name}", description=help_text)
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])
@@ -86,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoadlabError as exc:  # the one place input errors become exit code 2
         print(f"loadlab {name}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP where a command installed signals
+        from loadlab.runner import signals
+
         print(f"loadlab {name}: interrupted", file=sys.stderr)
-        return 130
+        return signals.exit_code()

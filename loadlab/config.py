@@ -11,11 +11,14 @@ side-by-side run.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from loadlab.errors import ConfigError
+from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
 __all__ = ["EndpointConfig", "RunConfig"]
 
@@ -79,28 +82,73 @@ class RunConfig:
             raise ConfigError(
                 "give exactly one of --rate (open loop, requests/s) or --concurrency (closed loop)"
             )
-        if self.rate_rps is not None and not self.rate_rps > 0:
-            raise ConfigError(
-                f"--rate must be > 0, got {self.rate_rps}; for closed loop use --concurrency"
-            )
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.duration_s is None and self.requests is None:
             raise ConfigError(
                 "give --duration SECONDS or --requests N (or both) so the run can stop"
             )
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ConfigError(f"--duration must be > 0 seconds, got {self.duration_s}")
-        if self.requests is not None and self.requests < 1:
-            raise ConfigError(f"--requests must be >= 1, got {self.requests}")
-        if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
-        if self.prompt_tokens < 1 or self.max_tokens < 1:
-            raise ConfigError("--prompt-tokens and --max-tokens must be >= 1")
         if self.transport not in ("raw", "aiohttp"):
             raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
-        if self.warmup_s < 0 or self.cooldown_s < 0:
-            raise ConfigError("--warmup and --cooldown must be >= 0 seconds")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Every number finite, of its type and within its range (``loadlab.limits``)."""
+        lim = machine_limits()
+        _integer("--workers", self.workers, 1, MAX_WORKERS, "fewer processes")
+        streams = lim.streams(self.workers)
+        machine = (
+            f"this machine: {lim.streams_per_process} open files per process x "
+            f"{self.workers} worker(s), {lim.memory_bytes >> 20} MiB available"
+        )
+        fix = f"{machine}; raise `ulimit -n`, add --workers or ask for less"
+        if self.rate_rps is not None:
+            _number("--rate", self.rate_rps, 0.0, float(streams), "requests/s", fix, open_lo=True)
+        if self.concurrency is not None:
+            _integer("--concurrency", self.concurrency, 1, streams, fix)
+        if self.max_in_flight is not None:
+            _integer("--max-in-flight", self.max_in_flight, 1, streams, fix)
+        _number("--cv", self.cv, 0.0, 100.0, "", "a gamma CV is about 0.1 to 10", open_lo=True)
+        for flag, value in (
+            ("--duration", self.duration_s),
+            ("--timeout", self.timeout_s),
+            ("--read-timeout", self.read_timeout_s),
+        ):
+            if value is not None:
+                _number(flag, value, 0.0, MAX_DURATION_S, "s", "give seconds", open_lo=True)
+        for flag, value in (("--warmup", self.warmup_s), ("--cooldown", self.cooldown_s)):
+            _number(flag, value, 0.0, MAX_DURATION_S, "s", "give seconds")
+        _number(
+            "--scrape-interval",
+            self.scrape_interval_s,
+            0.0,
+            3600.0,
+            "s",
+            "give seconds",
+            open_lo=True,
+        )
+        _number(
+            "--saturation-lag-ms",
+            self.saturation_lag_ms,
+            0.0,
+            MAX_DURATION_S * 1000.0,
+            "ms",
+            "the default is 20",
+            open_lo=True,
+        )
+        most = lim.requests()
+        mem_fix = f"{lim.memory_bytes >> 20} MiB available holds about {most} records"
+        if self.requests is not None:
+            _integer("--requests", self.requests, 1, most, mem_fix + "; run less per file")
+        if self.rate_rps is not None and self.duration_s is not None and self.requests is None:
+            planned = self.rate_rps * self.duration_s
+            if planned > most:
+                raise ConfigError(
+                    f"--rate {self.rate_rps:g} for --duration {self.duration_s:g} s plans "
+                    f"{planned:.3g} requests ({mem_fix}: lower --rate or --duration, or add "
+                    "--requests N)"
+                )
+        _integer("--prompt-tokens", self.prompt_tokens, 1, MAX_TOKENS, "tokens per request")
+        _integer("--max-tokens", self.max_tokens, 1, MAX_TOKENS, "tokens per request")
+        _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -108,3 +156,26 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the results file (API keys are never in a RunConfig, only var names)."""
         return dataclasses.asdict(self)
+
+
+def _integer(flag: str, value: object, lo: int, hi: int, fix: str) -> None:
+    """``value`` must be an int (not a bool, not a float) in ``[lo, hi]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints too
+        raise ConfigError(f"{flag} must be a whole number, got {value!r} ({fix})")
+    if not lo <= int(value) <= hi:
+        raise ConfigError(f"{flag} must be between {lo} and {hi}, got {value} ({fix})")
+
+
+def _number(
+    flag: str, value: object, lo: float, hi: float, unit: str, fix: str, *, open_lo: bool = False
+) -> None:
+    """``value`` must be a finite real number in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{flag} must be a number, got {value!r} ({fix})")
+    x = float(value)
+    if not (math.isfinite(x) and (x > lo if open_lo else x >= lo) and x <= hi):
+        low = f"> {lo:g}" if open_lo else f">= {lo:g}"
+        raise ConfigError(
+            f"{flag} must be a finite number {low} and <= {hi:g}{' ' + unit if unit else ''}, "
+            f"got {value} ({fix})"
+        )

@@ -8,8 +8,10 @@ The hierarchy::
     │   ├── WorkloadError             a workload parameter
     │   ├── TraceError                a trace file (file, line, what is wrong)
     │   ├── ScenarioError             a scenario file (file, key, value, fix)
-    │   ├── ResultsError              a results file
+    │   ├── ResultsError              a results file (or a journal) that cannot be read
+    │   ├── OutputError               a file a command cannot write (flag, path, why)
     │   └── SLOError                  an SLO file (file, entry, fix)
+    ├── MissingExtraError             an optional extra a command needs is not installed
     └── CalibrationError (RuntimeError)
                                       the endpoint's prompt tokens could not be measured
 
@@ -33,6 +35,8 @@ __all__ = [
     "CalibrationError",
     "ConfigError",
     "LoadlabError",
+    "MissingExtraError",
+    "OutputError",
     "ResultsError",
     "SLOError",
     "ScenarioError",
@@ -70,8 +74,17 @@ class ResultsError(UsageError):
     """A results file that cannot be read: names the file and what is wrong."""
 
 
+class OutputError(UsageError):
+    """A file a command was asked to write and cannot: names the flag, the path and why."""
+
+
 class SLOError(UsageError):
     """An SLO file that cannot be used: names the file, the entry and the fix."""
+
+
+class MissingExtraError(LoadlabError):
+    """A command needs an optional extra (torch and the server, Locust) that is missing; the
+    message says which and the ``pip install`` line (``loadlab.extras``)."""
 
 
 class CalibrationError(LoadlabError, RuntimeError):

@@ -393,8 +393,10 @@ def throughput(
     """Output tokens/s, total tokens/s and requests/s over the window, plus a per-second series.
 
     Output tokens count when their chunk arrives inside the window (failed streams included:
-    the tokens were delivered); prompt tokens count for requests sent inside it; a request
-    counts for requests/s when it completed ok inside it.
+    the tokens were delivered); prompt tokens count for requests sent inside it *and answered*
+    (ok, or at least one token delivered: the server read the prompt), never for a request
+    that did not connect or got an error status; a request counts for requests/s when it
+    completed ok inside it. So a dead endpoint's connect errors add nothing to any rate.
     """
     lo, hi = window_ns
     span_s = max((hi - lo) / NS_PER_S, 1e-9)
@@ -408,7 +410,8 @@ def throughput(
             series[t // bin_ns] += w  # type: ignore[assignment]
             if lo <= t <= hi:
                 out_tokens += w
-        if r.sent_ns is not None and lo <= r.sent_ns <= hi:
+        answered = r.ok or bool(r.chunk_ns)
+        if answered and r.sent_ns is not None and lo <= r.sent_ns <= hi:
             prompt_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
         if r.ok and r.chunk_ns and lo <= r.chunk_ns[-1] <= hi:
             completed += 1

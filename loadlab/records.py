@@ -229,12 +229,27 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RequestRecord:
+        """A record read back; raises ``ValueError`` naming the field that is missing or of the
+        wrong type (a record holding only ``request_id`` is not an ``ok`` request)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a record must be an object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(
                 f"unknown record fields {sorted(unknown)}; is the file from a newer loadlab?"
             )
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            rid = data.get("request_id", "?")
+            raise ValueError(f"record {rid!r} has no {', '.join(missing)}")
+        for key, value in data.items():
+            kind = _FIELD_TYPES.get(key)
+            if kind is not None and not _is(value, kind):
+                raise ValueError(
+                    f"record {data.get('request_id')!r}: field {key!r} must be {kind}, "
+                    f"got {value!r:.40}"
+                )
         return cls(**dict(data))
 
 
@@ -252,3 +267,58 @@ _LEFT_OUT_AT_DEFAULT = (
     "shared_prefix_tokens",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
+
+# What a record read back must hold, and the JSON type of each field (``from_dict``).
+_REQUIRED = ("request_id", "outcome")
+_FIELD_TYPES = {
+    "request_id": "str",
+    "outcome": "str",
+    "session_id": "str?",
+    "turn": "int",
+    "request_class": "str",
+    "worker": "int",
+    "endpoint": "str",
+    "intended_ns": "int?",
+    "sent_ns": "int?",
+    "headers_ns": "int?",
+    "chunk_ns": "list[int]",
+    "chunk_tokens": "list[int]",
+    "end_ns": "int?",
+    "http_status": "int?",
+    "error": "str?",
+    "prompt_tokens_requested": "int?",
+    "prompt_tokens": "int?",
+    "max_tokens": "int?",
+    "output_tokens": "int?",
+    "output_tokens_source": "str",
+    "output_tokens_chunks": "int",
+    "output_tokens_disagree": "bool",
+    "finish_reason": "str?",
+    "late": "bool",
+    "server": "object",
+    "cached_prompt_tokens": "int?",
+    "shared_prefix_tokens": "int?",
+    "response_id": "str?",
+    "answer_ns": "int?",
+    "reasoning_chunks": "int",
+    "reasoning_start_ns": "int?",
+    "reasoning_end_ns": "int?",
+    "reasoning_tokens": "int?",
+    "tool_call_chunks": "int",
+    "tool_calls": "int",
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind.endswith("?"):
+        return value is None or _is(value, kind[:-1])
+    if kind == "int":
+        return type(value) is int
+    if kind == "str":
+        return type(value) is str
+    if kind == "bool":
+        return type(value) is bool
+    if kind == "object":
+        return isinstance(value, dict)
+    # list[int]: every element an int (timestamps and token counts)
+    return type(value) is list and all(type(x) is int for x in value)

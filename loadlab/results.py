@@ -139,26 +139,53 @@ class Results:
             raise ResultsError(
                 f"{source}: results schema version {version!r}, this loadlab reads {SCHEMA_VERSION}"
             )
-        run = data.get("run") or {}
+        run = _section(data, "run", dict, source)
+        records_data = _section(data, "records", list, source)
         try:
-            records = [RequestRecord.from_dict(r) for r in data.get("records", [])]
+            records = [RequestRecord.from_dict(r) for r in records_data]
         except (TypeError, ValueError) as exc:
             raise ResultsError(f"{source}: bad record: {exc}") from exc
         window = run.get("window_ns")
-        return cls(
-            records=records,
-            config=dict(data.get("config") or {}),
-            environment=dict(data.get("environment") or {}),
-            started_at=str(run.get("started_at", "")),
-            duration_ns=int(run.get("duration_ns", 0)),
-            window_ns=(int(window[0]), int(window[1])) if window else None,
-            scheduled=run.get("scheduled"),
-            workers=int(run.get("workers", 1)),
-            kind=str(run.get("kind", "run")),
-            generator=dict(data.get("generator") or {}),
-            server_samples=list(data.get("server_samples") or []),
-            extra=dict(data.get("extra") or {}),
+        try:
+            if window is not None and not (
+                isinstance(window, list)
+                and len(window) == 2
+                and all(type(w) is int for w in window)
+            ):
+                raise TypeError("run.window_ns must be [start_ns, end_ns] (integers) or null")
+            for key in ("duration_ns", "workers", "scheduled"):
+                value = run.get(key)
+                if value is not None and type(value) is not int:
+                    raise TypeError(f"run.{key} must be an integer, got {value!r:.40}")
+            return cls(
+                records=records,
+                config=dict(_section(data, "config", dict, source)),
+                environment=dict(_section(data, "environment", dict, source)),
+                started_at=str(run.get("started_at", "")),
+                duration_ns=int(run.get("duration_ns", 0)),
+                window_ns=(window[0], window[1]) if window else None,
+                scheduled=run.get("scheduled"),
+                workers=int(run.get("workers", 1)),
+                kind=str(run.get("kind", "run")),
+                generator=dict(_section(data, "generator", dict, source)),
+                server_samples=list(_section(data, "server_samples", list, source)),
+                extra=dict(_section(data, "extra", dict, source)),
+            )
+        except TypeError as exc:
+            raise ResultsError(f"{source}: {exc}") from exc
+
+
+def _section(data: Mapping[str, Any], key: str, kind: type, source: str) -> Any:
+    """``data[key]`` when it is a ``kind`` (empty when absent or null); else ``ResultsError``."""
+    value = data.get(key)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        expected = "an object" if kind is dict else "a list"
+        raise ResultsError(
+            f"{source}: field {key!r} must be {expected}, got {type(value).__name__}"
         )
+    return value
 
 
 def redact(config: Any) -> Any:
@@ -193,13 +220,20 @@ def environment_info() -> dict[str, Any]:
 
 
 def write_results(results: Results, path: str | os.PathLike[str]) -> Path:
-    """Write atomically (temp file + rename), creating parent folders; returns the path."""
+    """Write atomically (temp file, fsync, rename), creating parent folders; returns the path.
+    On failure (``OSError``: a full disk, a read-only folder) the temp file is removed."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(results.to_dict(), fh, separators=(",", ":"), allow_nan=False)
-    tmp.replace(p)
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump(results.to_dict(), fh, separators=(",", ":"), allow_nan=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave a half-written .tmp behind (a full disk)
+        raise
     return p
 
 
@@ -210,6 +244,10 @@ def read_results(path: str | os.PathLike[str]) -> Results:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ResultsError(f"{p}: cannot read results file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ResultsError(
+            f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); is it a results file?"
+        ) from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -51,7 +51,8 @@ class Level:
     passed: bool
     exit_code: int = 0  # the SLO verdict's: 0 pass, 1 fail, 2 not valid evidence
     phase: str = "coarse"  # "coarse" | "bisect"
-    throughput_rps: float = 0.0
+    throughput_rps: float = 0.0  # requests completed ok per second
+    sent_rps: float = 0.0  # requests sent per second: the request rate the level achieved
     output_tokens_per_s: float = 0.0
     ttft_p95_ms: float | None = None
     e2e_p95_ms: float | None = None
@@ -68,6 +69,9 @@ class Level:
 class SweepResult:
     mode: str  # "rate" | "concurrency"
     levels: list[Level] = field(default_factory=list)  # in the order they ran
+    # what a load level counts: "requests/s" or "sessions/s" (a chat workload's rate starts
+    # sessions, each several requests) by rate, "streams" by concurrency; "" = from the mode
+    load_unit: str = ""
     max_passing_load: float | None = None
     first_failing_load: float | None = None
     knee_load: float | None = None
@@ -78,11 +82,24 @@ class SweepResult:
         by_load = {lv.load: lv for lv in self.levels}
         return [by_load[k] for k in sorted(by_load)]
 
+    @property
+    def unit(self) -> str:
+        return self.load_unit or ("requests/s" if self.mode == "rate" else "streams")
+
+    def _with_rate(self, load: float | None) -> str:
+        """``88 sessions/s (148 requests/s sent)``: a load in its unit, the request rate beside."""
+        lv = next((x for x in reversed(self.levels) if x.load == load), None)
+        text = f"{_num(load)} {self.unit}"
+        if lv is not None and self.unit != "requests/s":
+            text += f" ({lv.sent_rps:.3g} requests/s sent)"
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": "loadlab.sweep",
             "version": 1,
             "mode": self.mode,
+            "load_unit": self.unit,
             "max_passing_load": self.max_passing_load,
             "first_failing_load": self.first_failing_load,
             "knee_load": self.knee_load,
@@ -91,26 +108,36 @@ class SweepResult:
         }
 
     def to_text(self) -> str:
-        unit = "rps" if self.mode == "rate" else "streams"
-        head = (f"{'load':>9} {'verdict':<8}{'req/s':>8}{'tok/s':>9}{'ttft p95':>10}"
+        unit = self.unit
+        head = (f"{'load':>9} {'verdict':<8}{'sent/s':>8}{'req/s':>8}{'tok/s':>9}{'ttft p95':>10}"
                 f"{'e2e p95':>10}{'tpot p95':>10}{'errors':>8}")  # fmt: skip
-        lines = [f"sweep by {self.mode} ({unit}); latencies in ms", head, "-" * len(head)]
+        lines = [
+            f"sweep by {self.mode}: load in {unit}; sent/s = requests sent per second, "
+            "req/s = completed ok per second; latencies in ms",
+            head,
+            "-" * len(head),
+        ]
+        if unit == "sessions/s":
+            lines.insert(1, "(each chat session sends several requests: sent/s exceeds the load)")
         for lv in self.curve():
             verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
             mark = "  <- knee" if lv.load == self.knee_load else ""
             lines.append(
-                f"{_num(lv.load):>9} {verdict:<8}{lv.throughput_rps:>8.2f}"
+                f"{_num(lv.load):>9} {verdict:<8}{lv.sent_rps:>8.2f}{lv.throughput_rps:>8.2f}"
                 f"{lv.output_tokens_per_s:>9.1f}{_ms(lv.ttft_p95_ms):>10}{_ms(lv.e2e_p95_ms):>10}"
                 f"{_ms(lv.tpot_p95_ms):>10}{lv.error_rate:>8.1%}{mark}"
             )
         if self.max_passing_load is None:
-            lines.append(f"no level met the SLOs (lowest tried: {_num(self.curve()[0].load)})")
+            lowest = self.curve()[0].load
+            lines.append(f"no level met the SLOs (lowest tried: {self._with_rate(lowest)})")
         else:
-            nxt = (f", next step {_num(self.first_failing_load)} fails"
+            nxt = (f", next step {self._with_rate(self.first_failing_load)} fails"
                    if self.first_failing_load is not None else "")  # fmt: skip
             lines.append(
-                f"highest load meeting the SLOs: {_num(self.max_passing_load)} {unit}{nxt}"
+                f"highest load meeting the SLOs: {self._with_rate(self.max_passing_load)}{nxt}"
             )
+        if self.knee_load is not None:
+            lines.append(f"knee: {self._with_rate(self.knee_load)}")
         if self.note:
             lines.append(f"note: {self.note}")
         return "\n".join(lines)
@@ -130,13 +157,14 @@ def find_max_load(
     bisect_steps: int = 3,
     integer: bool = False,
     mode: str = "rate",
+    load_unit: str = "",
 ) -> SweepResult:
     """Coarse pass over ``levels`` (rising) until the first fail, then bisect."""
     if not levels or any(b <= a for a, b in itertools.pairwise(levels)):
         raise ConfigError(f"load levels must be given and strictly rising, got {list(levels)}")
     if levels[0] <= 0:
         raise ConfigError(f"load levels must be > 0, got {levels[0]}")
-    result = SweepResult(mode=mode)
+    result = SweepResult(mode=mode, load_unit=load_unit)
     lo: float | None = None
     hi: float | None = None
     for load in levels:
@@ -236,11 +264,14 @@ def judge_level(
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
     s = summarize(results)
     counts = s.counts
+    lo, hi = s.window_ns
+    sent = sum(1 for r in results.records if r.sent_ns is not None and lo <= r.sent_ns <= hi)
     return Level(
         load=float(load),
         passed=verdict.exit_code == 0,
         exit_code=int(verdict.exit_code),
         throughput_rps=s.throughput.requests_per_s,
+        sent_rps=sent / s.throughput.window_s,
         output_tokens_per_s=s.throughput.output_tokens_per_s,
         ttft_p95_ms=s.ttft_ms.at(95),
         e2e_p95_ms=s.e2e_ms.at(95),
@@ -286,7 +317,8 @@ def render_html(result: SweepResult) -> str:
     ax.set(xlabel="output tokens/s", ylabel="ms", title="latency vs throughput (knee: square)")
     ax.legend(loc="upper left")
     ax2.plot([lv.load for lv in curve], x, "o-")
-    ax2.set(xlabel=result.mode, ylabel="output tokens/s", title="throughput vs load")
+    ax2.set(xlabel=f"{result.mode} ({result.unit})", ylabel="output tokens/s",
+            title="throughput vs load")  # fmt: skip
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "loadlab",
                                 "text.parse_math": False}):  # fmt: skip
         buf = io.BytesIO()

@@ -13,20 +13,33 @@ It prints ``loadlab-server ready: http://127.0.0.1:8000 ...`` once it accepts re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-import uvicorn
+# The server extra, checked before it is imported: without it ``loadlab-server`` says what to
+# install (exit 2) instead of a traceback ending in "No module named 'uvicorn'" (issue 17).
+_MISSING = [m for m in ("torch", "fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+if _MISSING:
+    print(
+        f"loadlab-server: needs the 'server' extra, and {', '.join(_MISSING)} is not installed; "
+        'install it with: pip install torch==2.13.0 "loadlab[server]" (CPU torch; on a GPU '
+        "machine install the torch you want first and drop the pin)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
-from reference_server.api import ServerSettings, create_app
-from reference_server.config import ServerConfig
-from reference_server.engine import Engine
-from reference_server.engine_like import EngineLike
-from reference_server.kv_cache import BlockManager
-from reference_server.scheduler import MODES, make_scheduler
-from reference_server.scheduler.static import FINISHED_SLOTS
+import uvicorn  # noqa: E402 - after the check above
+
+from reference_server.api import ServerSettings, create_app  # noqa: E402
+from reference_server.config import ServerConfig  # noqa: E402
+from reference_server.engine import Engine  # noqa: E402
+from reference_server.engine_like import EngineLike  # noqa: E402
+from reference_server.kv_cache import BlockManager  # noqa: E402
+from reference_server.scheduler import MODES, make_scheduler  # noqa: E402
+from reference_server.scheduler.static import FINISHED_SLOTS  # noqa: E402
 
 __all__ = ["build_app", "main", "parse_args"]
 

@@ -62,7 +62,7 @@ def test_knee_is_where_latency_starts_to_climb() -> None:
 def test_text_table_marks_the_knee_and_the_answer() -> None:
     r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=3)
     text = r.to_text()
-    assert "highest load meeting the SLOs: 5 rps, next step 5.5 fails" in text
+    assert "highest load meeting the SLOs: 5 requests/s, next step 5.5 requests/s fails" in text
     assert "<- knee" in text
     assert r.to_dict()["max_passing_load"] == 5.0
 
@@ -85,3 +85,35 @@ def test_html_page_escapes_and_embeds_the_plot() -> None:
     page = render_html(r)
     assert "data:image/svg+xml;base64," in page
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+@pytest.mark.slow
+def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_path) -> None:
+    """Issue 17, item 13: a chat workload's rate counts sessions; at 4 sessions/s of two-turn
+    sessions about 8 requests/s go out, and the text says both."""
+    from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.slo import parse_slo
+    from loadlab.sweep import run_level
+    from loadlab.testing.fixed_server import FixedServerProcess
+    from loadlab.workloads import rate_unit
+
+    workload = {"kind": "chat", "turns": 2, "think_time_s": 0.1, "prompt_tokens": 8,
+                "output_tokens": 4}  # fmt: skip
+    base = RunConfig(rate_rps=1.0, duration_s=4.0, workload=workload, arrival="constant")
+    spec = parse_slo({"objectives": ["ttft_ms.p90 <= 5000"], "min_requests": 1}, source="t")
+    unit = rate_unit(workload)
+    with FixedServerProcess(ttft_ms=10, itl_ms=5, tokens=4) as url:
+        ep = EndpointConfig(url=url, name="fx")
+
+        def evaluate(load: float) -> Level:
+            return run_level(base, ep, spec, load, "rate", tmp_path, inconclusive="pass")
+
+        r = find_max_load(evaluate, [4.0], bisect_steps=0, mode="rate", load_unit=unit)
+    lv = r.levels[0]
+    assert 6.5 <= lv.sent_rps <= 9.0, lv  # two requests per session
+    text = r.to_text()
+    assert "load in sessions/s" in text
+    assert (
+        f"highest load meeting the SLOs: 4 sessions/s ({lv.sent_rps:.3g} requests/s sent)" in text
+    )
+    assert r.to_dict()["load_unit"] == "sessions/s"

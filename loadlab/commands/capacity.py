@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import (
@@ -38,6 +37,7 @@ from loadlab.capacity.sizing import (
     size_from_figures,
 )
 from loadlab.errors import ConfigError
+from loadlab.extras import require
 
 __all__ = ["add_arguments", "run"]
 
@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     if args.results:
         return _vs_run(args)
     if args.vs_measured:
+        require("server", "--vs-measured (it measures the reference model)")
         from loadlab.capacity.measured import run_vs_measured
 
         return run_vs_measured(args)
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         hw = _hardware(args) if args.model else None
         out = run_capacity(args, _model(args, hw) if args.model else None, hw)
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str), encoding="utf-8")
+            _write_json(args.json_out, out)
         return 0
     if args.decode_tokens_per_s is not None:
         if args.completion_tokens is None or args.peak_rps is None:
@@ -235,5 +236,13 @@ def run(args: argparse.Namespace) -> int:
             "--model with --hardware (first principles), --vs-measured, or --list"
         )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=2, default=str), encoding="utf-8")
+        _write_json(args.json_out, out)
     return 0
+
+
+def _write_json(path: str, out: dict[str, object]) -> None:
+    """``--json``: an unwritable path is exit 2 naming the flag (``write_output``)."""
+    from loadlab.report.output import write_output
+
+    text = json.dumps(out, indent=2, default=str)
+    write_output(path, "--json", lambda p: p.write_text(text, encoding="utf-8"))

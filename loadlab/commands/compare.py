@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from loadlab.errors import ConfigError
+from loadlab.report.output import write_output
 
 __all__ = ["add_arguments", "run"]
 
@@ -67,14 +68,17 @@ def run(args: argparse.Namespace) -> int:
     cmp = compare(runs, labels, slo=spec, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed)
     print(render_comparison(cmp, pct), end="")
     if args.markdown:
-        p = Path(args.markdown)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(render_comparison_markdown(cmp, pct), encoding="utf-8")
-        print(f"Markdown: {p}")
+
+        def markdown(p: Path) -> None:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(render_comparison_markdown(cmp, pct), encoding="utf-8")
+
+        print(f"Markdown: {write_output(args.markdown, '--markdown', markdown)}")
     if args.html:
         from loadlab.report.html import write_comparison_html
 
-        print(f"HTML: {write_comparison_html(cmp, runs, args.html, pct)}")
+        html = write_output(args.html, "--html", lambda p: write_comparison_html(cmp, runs, p, pct))
+        print(f"HTML: {html}")
     code = cmp.exit_code(pct)
     if pct is not None:
         print({0: "no regression", 1: "REGRESSION: exit 1", 2: "NOT VALID EVIDENCE: exit 2"}[code])

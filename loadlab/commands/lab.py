@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 
 from loadlab.errors import ConfigError
+from loadlab.extras import require
+from loadlab.report.output import check_folder
 
 __all__ = ["add_arguments", "run"]
 
@@ -42,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("server", "the lab (the reference server in four modes)")
     from loadlab.lab import (
         ALL_MODES,
         lab_summary,
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         seed=args.seed,
     )
-    out = Path(args.out)
+    out = check_folder(args.out, "--out")  # before the minutes of running, not after
     outcome = run_lab(s, modes, out, overlap_batching=args.quick)
     summary = lab_summary(outcome, s)
     (out / "lab.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")

@@ -5,7 +5,11 @@ Example::
     loadlab report reports/run.json --html reports/run.html --csv reports/run.csv \\
         --slo examples/slo.toml
 
-Exit code 0, or 2 when a file cannot be read. (``loadlab slo`` is the CI gate.)
+    loadlab report --from-journal reports/run.journal.jsonl --out reports/run.json
+        # a run killed (or whose disk filled) before it wrote its file: rebuild it
+
+Exit code 0, or 2 when a file cannot be read or written (the message names it). (``loadlab
+slo`` is the CI gate.)
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from loadlab.errors import ConfigError
+from loadlab.report.output import write_output
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -23,7 +30,15 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", metavar="RESULTS", help="results file written by loadlab run")
+    parser.add_argument(
+        "results", metavar="RESULTS", nargs="?", help="results file written by loadlab run"
+    )
+    parser.add_argument(
+        "--from-journal",
+        metavar="JOURNAL",
+        help="rebuild the run from the journal a killed or failed run left (<out>.journal.jsonl)",
+    )
+    parser.add_argument("--out", metavar="FILE", help="with --from-journal: write the results here")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     parser.add_argument("--csv", metavar="FILE", help="write the per-request table as CSV")
     parser.add_argument("--slo", metavar="FILE", help="add the verdict against this SLO file")
@@ -55,20 +70,34 @@ def write_csv(results: Results, path: str | Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlab.journal import read_journal
     from loadlab.report.text import render_summary, render_verdict
-    from loadlab.results import read_results
+    from loadlab.results import read_results, write_results
     from loadlab.slo import evaluate, load_slo
 
-    results = read_results(args.results)
+    if (args.results is None) == (args.from_journal is None):
+        raise ConfigError("give a results file or --from-journal JOURNAL (one of them)")
+    if args.out and not args.from_journal:
+        raise ConfigError("--out writes a results file rebuilt with --from-journal; give that")
+    if args.from_journal:
+        results = read_journal(args.from_journal)
+    else:
+        results = read_results(args.results)
+    source = args.results or args.from_journal
     spec = load_slo(args.slo) if args.slo else None
     print(render_summary(results))
     verdict = evaluate(results, spec, inconclusive=args.inconclusive) if spec else None
     if verdict is not None:
         print(render_verdict(verdict))
+    if args.out:
+        print(f"results: {write_output(args.out, '--out', lambda p: write_results(results, p))}")
     if args.csv:
-        print(f"CSV: {write_csv(results, args.csv)}")
+        print(f"CSV: {write_output(args.csv, '--csv', lambda p: write_csv(results, p))}")
     if args.html:
         from loadlab.report.html import write_html
 
-        print(f"HTML: {write_html(results, args.html, verdict, source=str(args.results))}")
+        html = write_output(
+            args.html, "--html", lambda p: write_html(results, p, verdict, source=str(source))
+        )
+        print(f"HTML: {html}")
     return 0

@@ -28,8 +28,11 @@ from typing import Any
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
+from loadlab.extras import require
 from loadlab.generator import saturation_warning
+from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
+from loadlab.runner import signals
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
 
 __all__ = ["add_arguments", "config_from_args", "run"]
@@ -309,6 +312,8 @@ def _check(cfg: RunConfig) -> None:
     from loadlab.workloads import validate_workload
 
     validate_workload(cfg)
+    if not cfg.endpoints:
+        require("server", "the embedded reference server (no --endpoint)")
     if cfg.scrape:
         import importlib.util
 
@@ -321,12 +326,42 @@ def _check(cfg: RunConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    _check(cfg)  # bad input fails here (exit 2 in cli.main), before any server is started
-    if not cfg.endpoints:
-        with _embedded_server() as url:
-            return _run(cfg.replace(endpoints=(EndpointConfig(url=url, name="reference"),)))
-    return _run(cfg)
+    with signals.install():  # SIGTERM and SIGHUP end a run as Ctrl-C does
+        cfg = config_from_args(args)
+        _check(cfg)  # bad input fails here (exit 2 in cli.main), before any server is started
+        if not cfg.endpoints:
+            with _embedded_server() as url:
+                return _run(cfg.replace(endpoints=(EndpointConfig(url=url, name="reference"),)))
+        return _run(cfg)
+
+
+def _prepare_outputs(cfg: RunConfig, paths: list[Path]) -> list[Path]:
+    """Every results path checked (writable, not a folder, room for a first write) and its
+    journal started, before any request is sent (``loadlab.journal``)."""
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    return [
+        prepare_output(
+            path,
+            {"started_at": started_at, "kind": "run", "endpoint": ep.name, "config": cfg.to_dict()},
+        )
+        for ep, path in zip(cfg.endpoints, paths, strict=True)
+    ]
+
+
+def _write(results: Results, path: Path, journal: Path) -> bool:
+    """Write the results file and drop its journal; on failure say where the records are."""
+    try:
+        write_results(results, path)
+    except OSError as exc:
+        warn(
+            f"loadlab run: could not write {path}: {exc.strerror or exc}. Every record is in the "
+            f"journal {journal}: rebuild the results with "
+            f"loadlab report --from-journal {journal} --out NEW.json"
+        )
+        return False
+    with contextlib.suppress(OSError):
+        journal.unlink()
+    return True
 
 
 def _run(cfg: RunConfig) -> int:
@@ -336,15 +371,16 @@ def _run(cfg: RunConfig) -> int:
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
+    journals = _prepare_outputs(cfg, paths)
     all_results: list[Results] = []
     try:
         if cfg.interleave and len(cfg.endpoints) > 1:
-            all_results = _interleaved(cfg, build)
+            all_results = _interleaved(cfg, build, journals)
         else:
-            for ep in cfg.endpoints:
+            for ep, journal in zip(cfg.endpoints, journals, strict=True):
                 if len(cfg.endpoints) > 1:
                     print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
-                all_results.append(run_load(cfg, ep, build, progress=cfg.progress))
+                all_results.append(run_load(cfg, ep, build, progress=cfg.progress, journal=journal))
                 if all_results[-1].extra.get("interrupted"):
                     break
     except ConfigError as exc:  # a setting only the client or the workers can check
@@ -352,8 +388,11 @@ def _run(cfg: RunConfig) -> int:
             raise
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
-    for results, path in zip(all_results, paths, strict=False):
-        write_results(results, path)
+    for results, path, journal in zip(all_results, paths, journals, strict=False):
+        if not _write(results, path, journal):
+            code = max(code, 2)
+        if "journal_error" in results.extra:
+            warn(f"loadlab run: the journal stopped: {results.extra['journal_error']}")
         print(summary_text(results))
         line = saturation_warning(results.generator)
         if line:
@@ -366,9 +405,12 @@ def _run(cfg: RunConfig) -> int:
             code = max(code, 3)
     if len(all_results) > 1:
         print(_comparison(all_results, names, paths[0]))
+    for journal in journals[len(all_results) :]:  # endpoints never run: nothing to keep
+        with contextlib.suppress(OSError):
+            journal.unlink()
     if any(r.extra.get("interrupted") for r in all_results):
         warn("loadlab run: interrupted; the results so far were written")
-        return 130
+        return signals.exit_code()
     return code
 
 
@@ -393,7 +435,7 @@ def _comparison(all_results: list[Results], names: list[str], first: Path) -> st
     return f"{render_comparison(cmp)}comparison: {md} {js}"
 
 
-def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:
+def _interleaved(cfg: RunConfig, build: BuildRequests, journals: list[Path]) -> list[Results]:
     """All endpoints at once, each with the same seeded requests on the same schedule."""
     import asyncio
 
@@ -402,7 +444,9 @@ def _interleaved(cfg: RunConfig, build: BuildRequests) -> list[Results]:
     async def both() -> list[Results]:
         t0 = time.perf_counter_ns() + 50_000_000
         runs = [
-            run_endpoint(cfg, ep, build(cfg), t0_ns=t0, progress=False, scrape=i == 0)
+            run_endpoint(
+                cfg, ep, build(cfg), t0_ns=t0, progress=False, scrape=i == 0, journal=journals[i]
+            )
             for i, ep in enumerate(cfg.endpoints)
         ]
         return list(await asyncio.gather(*runs))

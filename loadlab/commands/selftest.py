@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from loadlab.errors import ConfigError
+from loadlab.report.output import check_output, write_output
 from loadlab.results import write_results
 from loadlab.selftest import PRESETS, SelftestConfig, render_levels, run_selftest
 
@@ -72,15 +73,16 @@ def config_from_args(args: argparse.Namespace) -> SelftestConfig:
 
 def run(args: argparse.Namespace) -> int:
     sc = config_from_args(args)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(args.out) if args.out else Path("reports") / f"selftest-{stamp}.json"
+    check_output(path, "--out")  # before the minutes of measuring, not after
     print(
         f"loadlab selftest ({args.preset}): server TTFT {sc.ttft_ms:g} ms, ITL {sc.itl_ms:g} ms, "
         f"{sc.tokens} tokens; loadlab workers {sc.workers}",
         file=sys.stderr,
     )
     results = run_selftest(sc, say=lambda s: print(s, file=sys.stderr))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(args.out) if args.out else Path("reports") / f"selftest-{stamp}.json"
-    write_results(results, path)
+    write_output(path, "--out", lambda p: write_results(results, p))
     levels = results.extra["levels"]
     print(render_levels(levels))
     best = results.extra["highest_within_tolerance"]

@@ -40,14 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _write_outputs(args: argparse.Namespace, verdict: object, results: object) -> None:
     from loadlab.report.junit import write_junit
     from loadlab.report.markdown import render_verdict_markdown
+    from loadlab.report.output import write_output
 
     if args.junit:
-        print(f"JUnit XML: {write_junit(verdict, args.junit)}")  # type: ignore[arg-type]
+        junit = write_output(args.junit, "--junit", lambda p: write_junit(verdict, p))  # type: ignore[arg-type]
+        print(f"JUnit XML: {junit}")
     if args.markdown:
-        p = Path(args.markdown)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(render_verdict_markdown(verdict, results), encoding="utf-8")  # type: ignore[arg-type]
-        print(f"Markdown: {p}")
+
+        def markdown(p: Path) -> None:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(render_verdict_markdown(verdict, results), encoding="utf-8")  # type: ignore[arg-type]
+
+        print(f"Markdown: {write_output(args.markdown, '--markdown', markdown)}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
+from loadlab.extras import require
+from loadlab.report.output import check_folder, write_output
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
@@ -43,7 +45,11 @@ __all__ = ["add_arguments", "parse_levels", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     run_command.add_arguments(p)  # every run flag: the levels are runs
     s = p.add_argument_group("sweep")
-    s.add_argument("--rates", metavar="R1,R2,..", help="open-loop levels, requests/s, rising")
+    s.add_argument(
+        "--rates",
+        metavar="R1,R2,..",
+        help="open-loop levels, rising: requests/s, or sessions/s for a chat workload",
+    )
     s.add_argument("--concurrencies", metavar="C1,C2,..", help="closed-loop levels, rising")
     s.add_argument("--bisect-steps", type=int, default=3, help="bisections after the coarse pass")
     s.add_argument("--out-dir", help="folder for level results and sweep.json")
@@ -104,13 +110,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         args.concurrency = int(levels[0])
     base = run_command.config_from_args(args)
+    if not base.endpoints:
+        require("server", "the embedded reference server (no --endpoint)")
+    from loadlab.workloads import rate_unit
+
+    unit = rate_unit(base.workload) if mode == "rate" else "streams"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out_dir or Path("reports") / f"sweep-{stamp}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_folder(out_dir, "--out-dir")
 
     def sweep(endpoint: EndpointConfig) -> int:
         def evaluate(load: float) -> Level:
-            print(f"loadlab sweep: {mode} {load:g} ...", file=sys.stderr, flush=True)
+            print(f"loadlab sweep: {mode} {load:g} {unit} ...", file=sys.stderr, flush=True)
             lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)
             verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
             print(f"  -> {verdict} {lv.path}", file=sys.stderr)
@@ -118,11 +129,15 @@ def run(args: argparse.Namespace) -> int:
                 print(f"     {why}", file=sys.stderr)
             return lv
 
-        result = find_max_load(evaluate, levels, args.bisect_steps, mode == "concurrency", mode)
+        result = find_max_load(
+            evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
+        )
         summary = out_dir / "sweep.json"
-        summary.write_text(json.dumps(result.to_dict(), indent=2), encoding="utf-8")
+        write_output(
+            summary, "--out-dir", lambda p: p.write_text(json.dumps(result.to_dict(), indent=2))
+        )
         page = out_dir / "sweep.html"
-        page.write_text(render_html(result), encoding="utf-8")
+        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result)))
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
         if args.predict:

@@ -46,6 +46,7 @@ from locust.exception import StopUser
 from loadlab import metrics
 from loadlab.clients.base import Message
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.limits import MAX_DURATION_S
 from loadlab.locust import hooks
 from loadlab.locust.options import add_options, endpoint_from_options
 from loadlab.locust.stream import StreamConnection
@@ -56,7 +57,7 @@ __all__ = ["LLMUser", "StreamFailure", "bucket_response_time", "workload_specs"]
 
 log = logging.getLogger("loadlab.locust")
 
-_ENDLESS_S = 1e9  # a closed-loop "duration" for the generators: the Locust run decides the end
+_ENDLESS_S = MAX_DURATION_S  # a closed-loop "duration" for the generators: Locust decides the end
 
 
 def bucket_response_time(response_time_ms: float) -> float:

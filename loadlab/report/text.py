@@ -192,6 +192,13 @@ def render_summary(results: Results) -> str:
     c = s.counts
     lo, hi = s.window_ns
     parts = []
+    not_connected = c.by_outcome.get("connect_error", 0)
+    if c.sent and not_connected * 2 > c.sent:  # the run measured a dead endpoint, say so first
+        parts.append(
+            f"MOSTLY NOT CONNECTED: {not_connected:,} of {c.sent:,} requests sent "
+            f"({not_connected / c.sent * 100:.1f} %) never connected (connect_error); the "
+            "figures below describe the rest. Is the endpoint up, and the URL right?"
+        )
     head = f"run {results.started_at or '-'}  kind {results.kind}  workers {results.workers}"
     head += f"  window {fmt_num((hi - lo) / 1e9, 2)} s ({fmt_num(lo / 1e9, 2)} to {fmt_num(hi / 1e9, 2)} s)"
     parts.append(head)

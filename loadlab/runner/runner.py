@@ -9,7 +9,9 @@ the chunk readers). With ``cfg.max_in_flight`` a request due while the cap is fu
 ``late_tolerance_ms`` after its intended time is marked ``late``.
 
 Closed loop (``cfg.concurrency``): that many workers, each sending the next request (a whole
-chat session) as soon as its previous one completed.
+chat session) as soon as its previous one completed. While the endpoint refuses connections
+they back off (``CONNECT_BACKOFF_BASE_S`` doubling up to ``CONNECT_BACKOFF_MAX_S``; the total
+is ``extra["connect_backoff_s"]``) instead of spinning out failed records.
 
 Chat sessions: a session's specs are contiguous, turn 0 first. Turn k+1 is sent
 ``think_time_s`` after turn k completed, with the history of earlier user prompts and the
@@ -50,9 +52,11 @@ from typing import Any, TypeVar
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import RunConfig
+from loadlab.journal import JournalWriter
 from loadlab.metrics import percentile
 from loadlab.records import (
     OUTCOME_CANCELLED,
+    OUTCOME_CONNECT_ERROR,
     OUTCOME_DROPPED,
     OUTCOME_PROTOCOL_ERROR,
     RequestRecord,
@@ -66,6 +70,11 @@ __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
+# Closed loop against an endpoint that refuses connections: after k connect errors in a row
+# (run-wide; any answered request resets it) each worker waits min(MAX, BASE * 2**(k-1))
+# before its next request, instead of making ~10,000 failed records a second.
+CONNECT_BACKOFF_BASE_S = 0.01
+CONNECT_BACKOFF_MAX_S = 1.0
 T = TypeVar("T")
 
 
@@ -137,6 +146,7 @@ class Runner:
         concurrency: int | None = None,
         max_in_flight: int | None = None,
         kind: str = "run",
+        journal: JournalWriter | None = None,
     ) -> None:
         if late_tolerance_ms < 0:
             raise ValueError(f"late_tolerance_ms must be >= 0, got {late_tolerance_ms}")
@@ -151,10 +161,13 @@ class Runner:
         self.concurrency = concurrency if concurrency is not None else cfg.concurrency
         self.max_in_flight = max_in_flight if max_in_flight is not None else cfg.max_in_flight
         self.kind = kind
+        self.journal = journal  # finished records also go here, flushed every interval
         self.stats = LiveStats()
         self.records: list[RequestRecord] = []
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
         self.interrupted = False
+        self.connect_errors_in_a_row = 0
+        self.backoff_s = 0.0  # time the closed-loop workers spent backing off, summed
         self._specs = specs
         self._prepared = False
         self._units: Iterator[list[RequestSpec]] = iter(())
@@ -215,6 +228,7 @@ class Runner:
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         freezer = loop.create_task(_freeze_every(_FREEZE_EVERY_S))
+        journaling = loop.create_task(self.journal.run()) if self.journal is not None else None
         if self.t0_ns is None:
             self.t0_ns = time.perf_counter_ns()
         monitor.start(self.t0_ns)
@@ -236,6 +250,9 @@ class Runner:
             freezer.cancel()
             gc.unfreeze()
             generator = await monitor.stop()
+            if journaling is not None and self.journal is not None:
+                journaling.cancel()
+                await self.journal.close()
         end_ns = time.perf_counter_ns() - self.t0_ns
         lag_p99_ns = percentile(self.dispatch_lag_ns, 99)
         generator["dispatch_lag_ms_p99"] = None if lag_p99_ns is None else lag_p99_ns / 1e6
@@ -252,7 +269,11 @@ class Runner:
             generator=generator,
             # t0 as an absolute perf_counter_ns: lines records up with another process's
             # clock on this machine (the self-test's server truth); meaningless elsewhere
-            extra={"t0_ns": self.t0_ns, **({"interrupted": True} if self.interrupted else {})},
+            extra={
+                "t0_ns": self.t0_ns,
+                **({"interrupted": True} if self.interrupted else {}),
+                **({"connect_backoff_s": round(self.backoff_s, 3)} if self.backoff_s else {}),
+            },
         )
 
     def _window(self, end_ns: int) -> tuple[int, int]:
@@ -313,6 +334,15 @@ class Runner:
 
     async def _closed_worker(self) -> None:
         while not self._sending_over():
+            if self.connect_errors_in_a_row:
+                wait_s = min(
+                    CONNECT_BACKOFF_MAX_S,
+                    CONNECT_BACKOFF_BASE_S * 2 ** min(self.connect_errors_in_a_row - 1, 30),
+                )
+                self.backoff_s += wait_s
+                await self._wait_or_stop(wait_s)
+                if self._sending_over():
+                    return
             unit = next(self._units, None)  # lazy: the stream may be infinite
             if unit is None:
                 return
@@ -403,9 +433,15 @@ class Runner:
         if rec.request_class == "default" and spec.request_class != "default":
             rec.request_class = spec.request_class
         self.records.append(rec)
+        if self.journal is not None:
+            self.journal.add(rec)
         self.stats.done += 1
         if not rec.ok:
             self.stats.failed += 1
+        if rec.outcome == OUTCOME_CONNECT_ERROR:
+            self.connect_errors_in_a_row += 1
+        elif rec.headers_ns is not None or rec.ok:
+            self.connect_errors_in_a_row = 0
         self.stats.output_tokens += rec.output_tokens or rec.output_tokens_chunks
 
     def _record_dropped(self, spec: RequestSpec, intended_ns: int, why: str) -> None:
@@ -414,6 +450,8 @@ class Runner:
         rec.worker = self.worker
         rec.endpoint = self.endpoint
         self.records.append(rec)
+        if self.journal is not None:
+            self.journal.add(rec)
         self.stats.scheduled += 1
         self.stats.dropped += 1
 

@@ -35,8 +35,10 @@ from typing import Any
 from loadlab.clients.base import Client
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
+from loadlab.journal import JournalWriter
 from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results
+from loadlab.runner import signals
 from loadlab.runner.progress import Progress
 from loadlab.runner.runner import Runner, group_units, run_async
 from loadlab.workloads import workload_extra
@@ -93,10 +95,13 @@ async def run_endpoint(
     scrape: bool = True,
     kind: str = "run",
     source: Iterable[RequestSpec] | None = None,
+    journal: str | os.PathLike[str] | None = None,
 ) -> Results:
-    """One process's run: client, runner, Ctrl-C handler, progress line and scraper."""
+    """One process's run: client, runner, stop-signal handlers, progress line, scraper and
+    journal (records appended to ``journal`` as they finish, ``loadlab.journal``)."""
     factory = client_factory or _default_client
     loop = asyncio.get_running_loop()
+    writer = JournalWriter(journal) if journal is not None else None
     async with factory(endpoint, cfg) as client:
         runner = Runner(
             cfg,
@@ -108,6 +113,7 @@ async def run_endpoint(
             concurrency=concurrency,
             max_in_flight=max_in_flight,
             kind=kind,
+            journal=writer,
         )
         runner.prepare()
         if runner.t0_ns is None:
@@ -120,8 +126,7 @@ async def run_endpoint(
 
             scraper = PrometheusScraper(cfg.scrape, cfg.scrape_interval_s, runner.t0_ns)
             await scraper.start()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGINT, runner.stop)
+        previous = _stop_on_signals(loop, runner)
         try:
             async with Progress(
                 runner.stats,
@@ -131,10 +136,11 @@ async def run_endpoint(
             ):
                 results = await runner.run()
         finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signal.SIGINT)
+            _restore_signals(loop, previous)
             samples = await scraper.stop() if scraper is not None else []
         results.server_samples = list(samples)
+        if writer is not None and writer.error is not None:
+            results.extra["journal_error"] = writer.error
         if scraper is not None and scraper.failures:
             results.extra["scrape"] = {
                 "failures": scraper.failures,
@@ -146,6 +152,33 @@ async def run_endpoint(
         return results
 
 
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, runner: Runner) -> dict[int, Any]:
+    """SIGINT, SIGTERM and SIGHUP stop the runner (noted for the exit code); returns the
+    handlers they had, for ``_restore_signals``."""
+
+    def stop(signum: int) -> None:
+        signals.note(signum)
+        runner.stop()
+
+    signals.begin_run()
+    previous: dict[int, Any] = {}
+    for s in signals.STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            previous[s] = signal.getsignal(s)
+            loop.add_signal_handler(s, stop, int(s))
+    if signals.first_received() is not None:  # a signal came while the run was being set up
+        runner.stop()
+    return previous
+
+
+def _restore_signals(loop: asyncio.AbstractEventLoop, previous: dict[int, Any]) -> None:
+    for s, handler in previous.items():
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(s)
+            if handler is not None:
+                signal.signal(s, handler)
+
+
 def run_load(
     cfg: RunConfig,
     endpoint: EndpointConfig,
@@ -154,8 +187,10 @@ def run_load(
     client_factory: ClientFactory | None = None,
     progress: bool = True,
     kind: str = "run",
+    journal: str | os.PathLike[str] | None = None,
 ) -> Results:
-    """Run ``cfg`` against ``endpoint`` in this process or over ``cfg.workers`` processes."""
+    """Run ``cfg`` against ``endpoint`` in this process or over ``cfg.workers`` processes;
+    every process appends its finished records to ``journal`` when given."""
     cfg = with_run_salt(cfg)  # before the workers fork: one cache-busting salt for all
     if cfg.workers == 1:
         return run_async(
@@ -166,6 +201,7 @@ def run_load(
                 client_factory=client_factory,
                 progress=progress,
                 kind=kind,
+                journal=journal,
             )
         )
     if cfg.concurrency is not None and cfg.concurrency < cfg.workers:
@@ -175,7 +211,7 @@ def run_load(
         )
     if cfg.max_in_flight is not None and cfg.max_in_flight < cfg.workers:
         raise ConfigError(f"--max-in-flight must be >= --workers ({cfg.workers})")
-    return _run_processes(cfg, endpoint, build_requests, client_factory, kind)
+    return _run_processes(cfg, endpoint, build_requests, client_factory, kind, journal)
 
 
 def _run_processes(
@@ -184,6 +220,7 @@ def _run_processes(
     build_requests: BuildRequests,
     client_factory: ClientFactory | None,
     kind: str,
+    journal: str | os.PathLike[str] | None = None,
 ) -> Results:
     # fork: the children inherit the imported modules and these arguments without pickling,
     # and ``python -m loadlab``'s __main__ is not re-run as it would be under spawn.
@@ -193,7 +230,7 @@ def _run_processes(
     procs = []
     for w in range(n):
         parent_end, child_end = ctx.Pipe()
-        args = (cfg, endpoint, build_requests, client_factory, kind, w, child_end)
+        args = (cfg, endpoint, build_requests, client_factory, kind, w, child_end, journal)
         proc = ctx.Process(target=_worker_main, args=args, name=f"loadlab-worker-{w}")
         proc.start()
         child_end.close()
@@ -203,18 +240,22 @@ def _run_processes(
     interrupted = False
 
     def forward(signum: int, frame: Any) -> None:
+        """A stop signal to the parent stops every worker (SIGINT: each stops like on Ctrl-C),
+        then the parent merges what they return."""
         nonlocal interrupted
         interrupted = True
+        signals.note(signum)
         for p in procs:
             if p.pid is not None and p.is_alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, forward)
+    signals.begin_run()
+    previous = {s: signal.signal(s, forward) for s in signals.STOP_SIGNALS}
     try:
         errors = []
-        for conn in pipes:
-            msg = conn.recv()
+        for w, conn in enumerate(pipes):
+            msg = _receive(conn, w)
             if msg[0] != "ready":
                 errors.append(msg[1])
         if errors or interrupted:
@@ -229,7 +270,7 @@ def _run_processes(
             conn.send(t0_ns)
         parts: list[Results] = []
         for w, conn in enumerate(pipes):
-            msg = conn.recv()
+            msg = _receive(conn, w)
             if msg[0] != "done":
                 errors.append(f"worker {w}: {msg[1]}")
             else:
@@ -237,7 +278,8 @@ def _run_processes(
         if errors:
             raise RuntimeError("worker failed:\n" + "\n".join(errors))
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
@@ -252,6 +294,14 @@ def _run_processes(
     return merged
 
 
+def _receive(conn: Connection, index: int) -> tuple[Any, ...]:
+    """A worker's next message; one that died without a word (killed) is an error message."""
+    try:
+        return tuple(conn.recv())
+    except (EOFError, OSError):
+        return ("error", f"worker {index} exited without its results (killed?)")
+
+
 def _worker_main(
     cfg: RunConfig,
     endpoint: EndpointConfig,
@@ -260,9 +310,17 @@ def _worker_main(
     kind: str,
     index: int,
     conn: Connection,
+    journal: str | os.PathLike[str] | None = None,
 ) -> None:
-    # until the runner's own handler is installed, Ctrl-C must not kill the worker silently
+    # until the runner's own handler is installed, Ctrl-C must not kill the worker silently;
+    # SIGTERM and SIGHUP end it (the parent stops its workers with SIGINT), and so does the
+    # parent's death, whatever killed it: a worker never sends on as an orphan
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signals.stop_parent_death()
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
     n = cfg.workers
     try:
         stream = build_requests(cfg)
@@ -272,7 +330,10 @@ def _worker_main(
         conn.close()
         return
     conn.send(("ready",))
-    t0_ns = conn.recv()
+    try:
+        t0_ns = conn.recv()
+    except (EOFError, OSError):  # the parent is gone
+        t0_ns = None
     if t0_ns is None:
         conn.close()
         return
@@ -292,10 +353,13 @@ def _worker_main(
                 scrape=index == 0,
                 kind=kind,
                 source=stream,
+                journal=journal,
             )
         )
-        conn.send(("done", results))
+        with contextlib.suppress(OSError):  # a dead parent: the journal has the records
+            conn.send(("done", results))
     except BaseException as exc:  # report every failure to the parent, then exit
-        conn.send(("error", f"{exc!r}\n{traceback.format_exc(limit=5)}"))
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{exc!r}\n{traceback.format_exc(limit=5)}"))
     finally:
         conn.close()

@@ -239,4 +239,6 @@ def load_slo(path: str | Path) -> SLOSpec:
         raise SLOError(f"{p}: cannot read SLO file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SLOError(f"{p}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SLOError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
     return parse_slo(data, source=str(p))

@@ -51,6 +51,7 @@ __all__ = [
     "RequestStream",
     "WorkloadError",
     "build_requests",
+    "rate_unit",
     "resolve_workload_paths",
     "validate_workload",
     "workload_extra",
@@ -83,6 +84,17 @@ def validate_workload(cfg: RunConfig, bases: Sequence[Path] = ()) -> None:
     """Raise ``WorkloadError`` for the first bad ``[workload]`` key or value (files included)."""
     kind = _kind(cfg.workload)
     KINDS[kind][0](cfg, cfg.workload, bases)
+
+
+def rate_unit(workload: Mapping[str, Any]) -> str:
+    """What ``--rate`` counts for this workload: chat *sessions* start at the rate (each then
+    sends several requests, so more requests/s go out than the rate says); every other kind
+    sends requests at it.
+
+    >>> rate_unit({"kind": "chat"}), rate_unit({"kind": "synthetic"})
+    ('sessions/s', 'requests/s')
+    """
+    return "sessions/s" if _kind(workload) == "chat" else "requests/s"
 
 
 def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[RequestSpec]:
