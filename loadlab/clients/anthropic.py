@@ -109,15 +109,18 @@ class AnthropicStreamState(TokenFrameState):
     def _prompt_usage(self, usage: dict[str, Any]) -> tuple[int | None, int | None]:
         """Anthropic's ``input_tokens`` leaves out the prompt cache: the prompt is
         ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``, of which
-        the cache reads were served from the cache (the writes are kept in ``record.server``)."""
-        parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
-                                        "cache_creation_input_tokens")]  # fmt: skip
-        if not isinstance(parts[0], int):
+        the cache reads were served from the cache. Both cache counts, when given, are also
+        kept as the server said them in ``record.server``."""
+        prompt = usage.get("input_tokens")
+        if not isinstance(prompt, int):
             return None, None
-        read, created = (p if isinstance(p, int) else None for p in parts[1:])
-        if created:
-            self.record.server["cache_creation_input_tokens"] = created
-        return sum(p for p in parts if isinstance(p, int)), read
+        for key in _CACHE_USAGE_KEYS:
+            n = usage.get(key)
+            if isinstance(n, int):
+                self.record.server[key] = n
+                prompt += n
+        read = usage.get("cache_read_input_tokens")
+        return prompt, read if isinstance(read, int) else None
 
     def _event(self, data: str, event: str, t_rel: int) -> bool:
         """One SSE event; True when it decided a failure."""
@@ -164,17 +167,6 @@ class AnthropicStreamState(TokenFrameState):
         except (AttributeError, KeyError, TypeError):
             return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
         return False
-
-    def _count_tokens(self) -> None:
-        super()._count_tokens()
-        usage = self.usage if isinstance(self.usage, dict) else {}
-        rec = self.record
-        for key in _CACHE_USAGE_KEYS:
-            n = usage.get(key)
-            if isinstance(n, int):
-                rec.server[key] = n
-                if rec.prompt_tokens is not None:
-                    rec.prompt_tokens += n
 
     def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
         """A non-streaming Message: text blocks joined; the whole answer is one chunk."""
