@@ -73,10 +73,12 @@ def test_a_float_count_from_a_scenario_is_refused_not_truncated() -> None:
 
 def test_a_huge_rate_is_refused_before_it_allocates() -> None:
     """--rate 1e6 --duration 2 used to build gigabytes of arrivals before its first request."""
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child of a big pytest
+    # process reported the parent's gigabyte; VmHWM belongs to the new address space.
     code = (
-        "import resource, sys; from loadlab import cli; rc = cli.main(['run', "
+        "import re; from loadlab import cli; rc = cli.main(['run', "
         "'--endpoint', 'http://127.0.0.1:9', '--rate', '1e6', '--duration', '2']); "
-        "print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "print(rc, re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60

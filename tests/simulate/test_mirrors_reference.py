@@ -71,7 +71,7 @@ def reference_token_times(server: ServerConfig, specs: list[RequestSpec]) -> dic
 def simulated_token_times(
     server: ServerConfig, specs: list[RequestSpec], fast: bool
 ) -> dict[str, list[float]]:
-    cfg = RunConfig(rate_rps=1.0, requests=len(specs), timeout_s=1e9)
+    cfg = RunConfig(rate_rps=1.0, requests=len(specs), timeout_s=1e6)
     out = Simulator(cfg, server, MODEL, fast=fast).run(specs)
     assert all(r.outcome == "ok" for r in out.requests)
     return {
@@ -136,7 +136,7 @@ def test_same_token_times_as_the_reference_schedulers(server: ServerConfig, seed
 def test_preemption_happens_in_the_small_cache_cases() -> None:
     server = CASES[1]
     specs = workload(0, 60, max_prompt=100, max_out=40, rate=40.0)
-    cfg = RunConfig(rate_rps=1.0, requests=len(specs), timeout_s=1e9)
+    cfg = RunConfig(rate_rps=1.0, requests=len(specs), timeout_s=1e6)
     out = Simulator(cfg, server, MODEL).run(specs)
     assert out.preemptions > 0
 
