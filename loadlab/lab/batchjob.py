@@ -45,6 +45,7 @@ __all__ = [
     "azure_output_lengths",
     "batch_job_summary",
     "expected_max",
+    "job_lengths",
     "schedule_rows",
     "step_cost_gain",
     "step_time_s",
@@ -73,6 +74,14 @@ def stratified_lengths(
     out = np.clip(np.rint(x), 1, cap if cap is not None else np.inf).astype(int)
     np.random.default_rng(seed).shuffle(out)
     return [int(v) for v in out]
+
+
+def job_lengths(s: LabSettings) -> list[int]:
+    """The lab's batch job: ``s.batch_documents`` Azure output lengths at evenly spaced
+    quantiles, times ``s.batch_length_scale``, in the order ``s.seed`` gives."""
+    return stratified_lengths(
+        azure_output_lengths(), s.batch_documents, s.batch_length_scale, seed=s.seed
+    )
 
 
 def expected_max(population: Sequence[int], batch: int) -> float:
@@ -166,7 +175,7 @@ def batch_job_summary(
     """The static-batching claim's companions: the job's lengths, the bound E[max]/mean, the
     ratio a replay of both schedules gives, and the requests/s gain this machine's step-cost
     curve allows against the gain measured."""
-    lengths = s.batch_lengths()
+    lengths = job_lengths(s)
     b = s.max_num_seqs
     curve = {
         int(k): v["step_ms"]["median"] / 1e3

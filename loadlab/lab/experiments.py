@@ -44,6 +44,7 @@ from typing import Any
 
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
+from loadlab.lab.batchjob import job_lengths
 from loadlab.lab.machine import MachineWatch, Placement, pin, placement_report, plan_placement
 from loadlab.lab.settings import ALL_MODES, LabSettings
 from loadlab.records import RequestSpec
@@ -252,7 +253,7 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
 def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str, round_no: int) -> Results:
     cfgs = experiment_configs(s, url, experiment)
     if experiment == "batch":
-        parts = [(cfgs[0], iter(batch_specs(cfgs[0], s.batch_lengths())))]
+        parts = [(cfgs[0], iter(batch_specs(cfgs[0], job_lengths(s))))]
     else:
         offsets = [0.0, s.long_first_s][: len(cfgs)]
         parts = [(c, _specs(c, off)) for c, off in zip(cfgs, offsets, strict=True)]

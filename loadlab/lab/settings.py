@@ -124,16 +124,6 @@ class LabSettings:
         """Long prompts that arrive inside the interference experiment."""
         return int((self.duration_s - self.long_first_s - 1e-9) // self.long_every_s) + 1
 
-    def batch_lengths(self) -> list[int]:
-        """The batch job's answer lengths: the Azure conversation trace's output lengths at
-        evenly spaced quantiles, scaled, in a seeded order (``loadlab.lab.batchjob``)."""
-        from loadlab.lab.batchjob import azure_output_lengths, stratified_lengths
-
-        return stratified_lengths(
-            azure_output_lengths(), self.batch_documents, self.batch_length_scale,
-            seed=self.seed,
-        )  # fmt: skip
-
     def server_args(self, mode: str, placement: Placement | None = None) -> list[str]:
         """Flags for ``loadlab-server`` in ``mode`` (every mode gets the same batch size);
         ``placement``: the disaggregated pools' CPUs (the other modes are pinned from outside)."""

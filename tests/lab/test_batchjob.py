@@ -7,9 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
+from loadlab.lab import settings_for
 from loadlab.lab.batchjob import (
     azure_output_lengths,
     expected_max,
+    job_lengths,
     schedule_rows,
     step_cost_gain,
     step_time_s,
@@ -58,3 +60,13 @@ def test_step_cost_gain_flat_curve_is_the_step_ratio() -> None:
     assert steep is not None and flat is not None and 1.0 < flat < steep
     assert step_time_s({1: 0.05, 4: 0.08}, 8) == pytest.approx(0.12)  # slope continued
     assert step_cost_gain([], 16, {1: 0.05}) is None
+
+
+def test_batch_lengths_follow_the_azure_trace() -> None:
+    s = settings_for("cpu")
+    lengths = job_lengths(s)
+    assert len(lengths) == s.batch_documents == 48
+    assert lengths == job_lengths(settings_for("cpu"))  # seeded
+    assert lengths != job_lengths(settings_for("cpu", seed=1))
+    # the trace's output lengths (mean 211, p50 129) at 1/16: mean ~13, median 8
+    assert 11 < sum(lengths) / len(lengths) < 15 and sorted(lengths)[24] == 8

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from loadlab.lab import experiments, settings_for
+from loadlab.lab.batchjob import job_lengths
 
 
 def test_unavailable_mode_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,7 +34,7 @@ def test_rounds_rotate_and_the_batch_job_runs_in_its_modes() -> None:
 def test_batch_specs_ask_for_each_documents_own_length() -> None:
     s = settings_for("tiny")
     cfg = experiments.experiment_configs(s, "http://127.0.0.1:1", "batch")[0]
-    specs = experiments.batch_specs(cfg, s.batch_lengths())
-    assert [sp.max_tokens for sp in specs] == s.batch_lengths()
+    specs = experiments.batch_specs(cfg, job_lengths(s))
+    assert [sp.max_tokens for sp in specs] == job_lengths(s)
     assert all(sp.extra_body["min_tokens"] == sp.max_tokens for sp in specs)
     assert all(sp.intended_at_s == 0.0 for sp in specs)  # submitted at once

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from loadlab.lab import settings_for
-from loadlab.lab.batchjob import batch_job_summary, expected_max, schedule_rows
+from loadlab.lab.batchjob import batch_job_summary, expected_max, job_lengths, schedule_rows
 from loadlab.lab.claims import judge
 from loadlab.lab.experiments import counter_deltas
 from loadlab.lab.summary import (
@@ -124,7 +124,7 @@ def test_judge_statuses() -> None:
 
 def test_batch_job_summary_bound_replay_and_curve() -> None:
     s = settings_for("tiny")
-    lengths = s.batch_lengths()
+    lengths = job_lengths(s)
     per_round = {
         "static": [{"batch": {"job_s": 2.0}}, {"batch": {"job_s": 3.0}}],
         "continuous": [{"batch": {"job_s": 1.0}}, {"batch": {"job_s": 2.0}}],
