@@ -43,6 +43,7 @@ class RunRow:
     n: int  # requests behind the median
     measured_ms: float
     predicted_ms: float
+    cached: int = 0  # ttft: prompt tokens the server served from its prefix cache
 
     @property
     def ratio(self) -> float:
@@ -69,15 +70,24 @@ def compare_run(results: Results, model: ModelSpec, hw: Hardware) -> list[RunRow
     lat = metrics.latency_records(results.records, results.measurement_window_ns())
     if not lat:
         raise ConfigError("the results file has no ok request in its window to compare")
-    by_prompt: dict[int, list[float]] = defaultdict(list)
+    # By prompt length and cached tokens: a prefix-cache hit prefills only the rest.
+    by_prompt: dict[tuple[int, int], list[float]] = defaultdict(list)
     for r in lat:
         p = r.prompt_tokens or r.prompt_tokens_requested
         ttft = metrics.ttft_ms(r)
         if p and ttft is not None:
-            by_prompt[int(p)].append(ttft)
+            cached = min(r.cached_prompt_tokens or 0, int(p) - 1)
+            by_prompt[(int(p), cached)].append(ttft)
     rows = [
-        RunRow("ttft", p, len(v), statistics.median(v), roofline.prefill(model, hw, p).time_s * 1e3)
-        for p, v in sorted(by_prompt.items())
+        RunRow(
+            "ttft",
+            p,
+            len(v),
+            statistics.median(v),
+            roofline.prefill(model, hw, p, cached_tokens=c).time_s * 1e3,
+            cached=c,
+        )
+        for (p, c), v in sorted(by_prompt.items())
     ]
     tpots = [t for t in map(metrics.tpot_ms, lat) if t is not None]
     if tpots:
@@ -98,12 +108,14 @@ def compare_run(results: Results, model: ModelSpec, hw: Hardware) -> list[RunRow
 def format_run_table(rows: list[RunRow], model: ModelSpec, hw: Hardware) -> str:
     lines = [
         f"capacity section: {model.name} on {hw.name} (roofline estimate vs this run; medians)",
-        f"{'metric':<8}{'at':>16}{'n':>6}{'measured ms':>13}{'predicted ms':>14}{'ratio':>8}",
+        f"{'metric':<8}{'at':>22}{'n':>6}{'measured ms':>13}{'predicted ms':>14}{'ratio':>8}",
     ]
     for r in rows:
         at = f"{r.size} prompt tok" if r.what == "ttft" else f"batch {r.size}"
+        if r.cached:
+            at = f"{r.size} tok, {r.cached} cached"
         lines.append(
-            f"{r.what:<8}{at:>16}{r.n:>6}{r.measured_ms:>13.1f}{r.predicted_ms:>14.1f}{r.ratio:>8.2f}"
+            f"{r.what:<8}{at:>22}{r.n:>6}{r.measured_ms:>13.1f}{r.predicted_ms:>14.1f}{r.ratio:>8.2f}"
         )
     lines.append("TTFT also holds queueing and HTTP time: its ratio bounds the prefill miss.")
     return "\n".join(lines)

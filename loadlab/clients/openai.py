@@ -176,6 +176,9 @@ class OpenAIStreamState(TokenFrameState):
                 self.record.server["kv_transfer_bytes"] = nbytes
             if isinstance(seconds, (int, float)):
                 self.record.server["kv_transfer_s"] = float(seconds)
+            cached = kv.get("cached_bytes")  # the part the prefill side had in its prefix cache
+            if isinstance(cached, int):
+                self.record.server["kv_transfer_cached_bytes"] = cached
 
     def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:
         t_rel = t_ns - self._t0  # the whole answer is one chunk

@@ -122,8 +122,11 @@ def kv_transfer_stats(results: Results) -> dict[str, Any]:
     if mean_ms is None and total_s:  # no per-request field: the counters' mean transfer
         n = server_counter(results, r"kv_transfers_total$") or len(recs)
         mean_ms = total_s / n * 1e3 if n else None
+    # With prefix caching on the prefill side, part of what moved was cached there, not computed.
+    cached_b = server_counter(results, r"kv_transfer_cached_bytes_total$")
     return {
         "bytes_total": total_b if total_b is not None else (sum(per_b) if per_b else None),
+        "cached_bytes_total": cached_b,
         "seconds_total": total_s if total_s is not None else (sum(per_s) if per_s else None),
         "per_request_ms_mean": mean_ms,
         "per_request_ms_p99": metrics.percentile(per_s, 99) * 1e3 if per_s else None,  # type: ignore[operator]

@@ -78,3 +78,27 @@ def test_results_file_capacity_section() -> None:
     # (15,009,849,344 + 4 * 1005 * 131,072) B / 3.35e12 = 4.6378 ms
     assert (tpot.size, tpot.measured_ms) == (4, 10.0)
     assert tpot.predicted_ms == pytest.approx(4.6378, abs=1e-4)
+
+
+def test_a_cached_request_is_compared_with_the_prefill_of_its_uncached_tokens() -> None:
+    from loadlab.capacity.hardware import get_hardware
+    from loadlab.capacity.models import get_model
+    from loadlab.capacity.vs_run import compare_run, format_run_table
+    from loadlab.records import RequestRecord
+    from loadlab.results import Results
+
+    ms = 1_000_000
+    recs = [RequestRecord(f"r{c}", sent_ns=0, chunk_ns=[20 * ms], end_ns=21 * ms, prompt_tokens=1000,
+                          cached_prompt_tokens=c, output_tokens=1, output_tokens_source="usage")
+            for c in (0, 800)]  # fmt: skip
+    hw = get_hardware("h100").derated(compute=1.0, bandwidth=1.0)
+    m = get_model("llama-3-8b")
+    rows = compare_run(Results(records=recs, config={"concurrency": 1}, duration_ns=30 * ms), m, hw)
+    # 200 new tokens after 800 cached: 2 * 7,504,924,672 * 200 + 4 * 32 * 4096 *
+    # (800 * 200 + 200 * 201 / 2) = 3,096,394,137,600 FLOPs / 989.4e12 = 3.130 ms, less than
+    # reading the weights and the KV: (15,009,849,344 + 1000 * 131,072) B / 3.35e12 = 4.5197 ms,
+    # so the cached prefill is memory-bound (the uncached one, 15.436 ms, compute-bound)
+    assert [(r.size, r.cached) for r in rows] == [(1000, 0), (1000, 800)]
+    assert rows[0].predicted_ms == pytest.approx(15.436, abs=1e-3)
+    assert rows[1].predicted_ms == pytest.approx(4.5197, abs=1e-4)
+    assert "1000 tok, 800 cached" in format_run_table(rows, m, hw)

@@ -182,3 +182,6 @@ def test_kv_transfer_per_request_and_from_counters() -> None:
     kv = kv_transfer_stats(results([c, d], deltas))  # counters only: 0.5 s over 2 requests
     assert kv["per_request_ms_mean"] == pytest.approx(250.0)
     assert kv["bytes_per_prompt_token"] == pytest.approx(8.0)  # 1600 / 200
+    assert kv["cached_bytes_total"] is None  # a server without the split
+    kv = kv_transfer_stats(results([c, d], {**deltas, "s_kv_transfer_cached_bytes_total": 1200.0}))
+    assert kv["cached_bytes_total"] == 1200

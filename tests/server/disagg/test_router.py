@@ -92,6 +92,8 @@ def test_transfer_stats_in_metrics_stream_and_client_record(disaggregated_server
     assert record.outcome == "ok" and record.output_tokens == 3
     assert record.server["kv_transfer_bytes"] == 50 * 512
     assert 0 < record.server["kv_transfer_s"] < 30
+    # whole 16-token blocks from the prefill side's prefix cache (0 unless a test sent it before)
+    assert record.server["kv_transfer_cached_bytes"] in (0, 16 * 512, 32 * 512, 48 * 512)
     assert after["kv_transfers_total"] - before["kv_transfers_total"] == 3
     assert after["kv_transfer_bytes_total"] - before["kv_transfer_bytes_total"] == 103 * 512
     assert after["kv_transfer_seconds_count"] == after["kv_transfers_total"]
