@@ -15,6 +15,8 @@ of the records from ``loadlab.metrics``. ``RunSummary.to_dict()`` is the results
                 the same, written only when some request of the run reasoned or called a
                 tool (``has_reasoning_or_tools``; otherwise TTFAT is TTFT and they say nothing),
      "stalls_per_stream_mean", "token_count_disagreements",
+     "prompt_tokens_match": {"compared", "exact", "off_by_one", "missed", "worst"},
+     "short_outputs": int,
      "throughput": {"window_s", "output_tokens", "output_tokens_per_s", "total_tokens_per_s",
                     "requests_per_s", "series_bin_s"},
      "saturated": bool}
@@ -54,6 +56,7 @@ from loadlab.metrics import (
     ttft_ms,
 )
 from loadlab.records import RequestRecord
+from loadlab.token_checks import PromptMatch, prompt_match, short_outputs
 
 __all__ = ["ANSWER_METRICS", "Run", "RunSummary", "has_reasoning_or_tools", "summarize"]
 
@@ -103,6 +106,8 @@ class RunSummary:
     stalls_per_stream_mean: float
     output_tokens_per_request: Distribution
     token_count_disagreements: int
+    prompt_tokens_match: PromptMatch  # first turns: requested against server-counted lengths
+    short_outputs: int  # ok answers that stopped by themselves before max_tokens
     throughput: Throughput
     saturated: bool
     # ANSWER_METRICS but the two latencies (a reasoning model's and an agent's token counts)
@@ -133,6 +138,8 @@ class RunSummary:
             "stalls_per_stream_mean": self.stalls_per_stream_mean,
             "output_tokens_per_request": self.output_tokens_per_request.to_dict(),
             "token_count_disagreements": self.token_count_disagreements,
+            "prompt_tokens_match": self.prompt_tokens_match.to_dict(),
+            "short_outputs": self.short_outputs,
             "throughput": self.throughput.to_dict(),
             "saturated": self.saturated,
         }
@@ -166,6 +173,8 @@ def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary
         stalls_per_stream_mean=(sum(stall_count(r) for r in lat) / len(lat)) if lat else 0.0,
         output_tokens_per_request=distribution([output_token_count(r) for r in lat], qs),
         token_count_disagreements=sum(1 for r in run.records if r.output_tokens_disagree),
+        prompt_tokens_match=prompt_match(run.records),
+        short_outputs=short_outputs(lat),
         throughput=throughput(run.records, window),
         saturated=run.saturated,
     )

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
 (Anthropic's Messages API, ``reference_server.messages``), ``POST /v1/responses`` (OpenAI's
-Responses API, ``reference_server.responses``), each ``stream`` or not; ``GET /v1/models``,
+Responses API, ``reference_server.responses``), each ``stream`` or not; ``POST /tokenize``
+(vLLM's shape: ``prompt`` or ``messages`` in, ``count`` and ``tokens`` out); ``GET /v1/models``,
 ``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``, ``/v1/request_log`` (each
 recent request as it was framed: ``reference_server.answer``). Every route runs one loop over
 the engine's token events; a dialect's ``AnswerStream`` writes them, and ``answer.Answer``
@@ -46,6 +47,7 @@ from reference_server.protocol import (
     ChatStream,
     CompletionRequest,
     Kind,
+    TokenizeRequest,
     chat_prompt,
     error_body,
 )
@@ -262,7 +264,16 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
 
     @app.get("/v1/server_info")
     async def server_info() -> dict[str, Any]:
-        return {**settings.info, "model": settings.model_name, "max_queue": settings.max_queue}
+        info = {**settings.info, "model": settings.model_name, "max_queue": settings.max_queue}
+        return {"tokenizer": "byte", **info}  # loadlab sizes prompts locally when it sees "byte"
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        # vLLM's /tokenize shape: a chat's prompt is built as /v1/chat/completions builds it
+        text = chat_prompt(body.messages) if body.messages is not None else body.prompt or ""
+        ids = settings.encode(text)
+        return {"count": len(ids), "max_model_len": settings.max_model_len, "tokens": ids,
+                "token_strs": None}  # fmt: skip
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -30,6 +30,7 @@ __all__ = [
     "ChatRequest",
     "ChatStream",
     "CompletionRequest",
+    "TokenizeRequest",
     "chat_prompt",
     "error_body",
     "stream_chunk",
@@ -119,6 +120,16 @@ def part_text(part: TextPart) -> str:
     if isinstance(content, list):
         return "".join(c.get("text", "") for c in content if isinstance(c, dict))
     return json.dumps(extra["input"]) if "input" in extra else ""
+
+
+class TokenizeRequest(_Loose):
+    """vLLM's ``/tokenize`` body: ``prompt`` (completions) or ``messages`` (chat)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True  # the byte tokenizer has none to add
+    add_generation_prompt: StrictBool = True  # the chat formatting adds no generation prompt
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:

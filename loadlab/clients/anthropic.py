@@ -47,6 +47,8 @@ from loadlab.clients.tools import anthropic_messages, anthropic_tools
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
 
+EXACT_OUTPUT_FIELDS = frozenset({"ignore_eos", "min_tokens"})
+
 __all__ = [
     "ANTHROPIC_VERSION",
     "AnthropicClient",
@@ -82,7 +84,9 @@ def build_messages_body(
     (``{"temperature": 0}``, ``{"thinking": {...}}``, ``{"system": "..."}``). The session's
     tool calls and results become ``tool_use`` and ``tool_result`` blocks; a
     ``reasoning_effort`` is not sent (the Messages API asks for a thinking budget instead:
-    pass ``{"thinking": {"type": "enabled", "budget_tokens": N}}`` in ``extra_body``)."""
+    pass ``{"thinking": {"type": "enabled", "budget_tokens": N}}`` in ``extra_body``). A
+    workload's ``exact_output`` fields are not sent: the Messages API has no way to ignore EOS,
+    so answers that stop early are counted as short in the summary instead."""
     body: dict[str, Any] = {
         "model": endpoint.model,
         "max_tokens": spec.max_tokens,
@@ -92,7 +96,8 @@ def build_messages_body(
     if spec.tools:
         body["tools"] = anthropic_tools(spec.tools)
     body.update(extra_body or {})
-    body.update(spec.extra_body)
+    # exact_output's ignore_eos/min_tokens are OpenAI-dialect fields the Messages API lacks
+    body.update((k, v) for k, v in spec.extra_body.items() if k not in EXACT_OUTPUT_FIELDS)
     return body
 
 

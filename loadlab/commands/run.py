@@ -34,6 +34,7 @@ from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
 from loadlab.runner import signals
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
+from loadlab.token_checks import prompt_match, prompt_warning
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 
@@ -77,6 +78,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--cooldown", type=float, metavar="S", help="seconds excluded at the end of the window")
     a("--prompt-tokens", type=int, metavar="P", help="prompt length in tokens")
     a("--max-tokens", type=int, metavar="M", help="output tokens asked per request")
+    a(
+        "--tokenizer",
+        metavar="SPEC",
+        help="size prompts exactly as the server counts them: a tokenizer folder, tokenizer.json, "
+        "tiktoken file or cached model id; 'server' (its /tokenize), 'calibrate', 'auto', 'none'",
+    )
+    a(
+        "--exact-output",
+        action="store_true",
+        default=None,
+        help="ask for exactly --max-tokens output tokens (ignore_eos/min_tokens where supported)",
+    )
     a("--extra-body", metavar="JSON", help="extra request fields, e.g. '{\"ignore_eos\": true}'")
     a("--no-stream", action="store_true", default=None, help="non-streaming requests")
     a("--seed", type=int, help="seed of the workload and arrivals")
@@ -253,7 +266,20 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             demo.pop("requests")
         for key, value in demo.items():
             fields.setdefault(key, value)
+    _workload_flags(args, fields)
     return RunConfig(**fields)
+
+
+def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """``--tokenizer`` and ``--exact-output`` are workload keys: they win over the scenario's."""
+    workload = dict(fields.get("workload") or {"kind": "synthetic"})
+    if args.tokenizer is not None:
+        workload.pop("chars_per_token", None)
+        workload["tokenizer"] = args.tokenizer
+    if args.exact_output:
+        workload["exact_output"] = True
+    if args.tokenizer is not None or args.exact_output:
+        fields["workload"] = workload
 
 
 def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
@@ -395,6 +421,9 @@ def _run(cfg: RunConfig) -> int:
             warn(f"loadlab run: the journal stopped: {results.extra['journal_error']}")
         print(summary_text(results))
         line = saturation_warning(results.generator)
+        if line:
+            warn(line)
+        line = prompt_warning(prompt_match(results.records))
         if line:
             warn(line)
         print(f"results: {path}")

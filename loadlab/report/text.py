@@ -249,9 +249,31 @@ def render_summary(results: Results) -> str:
             f"note        {s.token_count_disagreements} requests: server usage and streamed "
             "chunks disagree on the output token count"
         )
+    parts.extend(_length_lines(s))
     if results.saturated:
         parts.append("GENERATOR SATURATED: this run cannot pass an SLO gate.")
     return "\n\n".join(parts) + "\n"
+
+
+def _length_lines(s: RunSummary) -> list[str]:
+    """Prompt lengths as the server counted them, and answers shorter than asked."""
+    lines = []
+    m = s.prompt_tokens_match
+    if m.compared:
+        line = f"prompts     {m.exact:,} of {m.compared:,} exactly the requested length"
+        if m.off_by_one or m.missed:
+            line += (
+                f" ({m.off_by_one:,} off by one, {m.missed:,} off by more; "
+                f"worst {m.worst:+d} tokens)"
+            )
+        lines.append(line)
+    if s.short_outputs:
+        n = s.ttft_ms.count
+        lines.append(
+            f"short       {s.short_outputs:,} of {n:,} answers stopped before max_tokens "
+            "(finish reason stop); they are in the percentiles above: ask --exact-output"
+        )
+    return lines
 
 
 def _ci_text(lo: float | None, hi: float | None, has_ci: bool) -> str:

@@ -42,9 +42,11 @@ from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import agent, batch, chat, mix, prefix, replay, synthetic
 from loadlab.workloads.base import RequestStream
+from loadlab.workloads.exact import exact_prompts
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import WorkloadError, closest, resolve_path
-from loadlab.workloads.prompts import chars_per_token_from_tokenizer
+from loadlab.workloads.tokenizers import NOT_LOCAL, load_tokenizer, resolve_tokenizer
+from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 
 __all__ = [
     "KINDS",
@@ -100,19 +102,20 @@ def rate_unit(workload: Mapping[str, Any]) -> str:
 def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[RequestSpec]:
     """The run's requests, lazily (endless for a closed-loop run stopped by duration).
 
-    ``chars_per_token`` is 1.0 on the reference server (byte tokenizer); see
-    ``loadlab.workloads.prompts.calibrate_chars_per_token`` for other endpoints. A
-    ``chars_per_token`` or ``tokenizer`` (a HuggingFace tokenizer.json) key in the workload
-    wins over the argument."""
+    ``chars_per_token`` is 1.0 on the reference server (byte tokenizer). A ``chars_per_token``
+    key in the workload wins over the argument. A ``tokenizer`` key (``--tokenizer``) makes
+    every prompt exactly its requested length as the server counts it
+    (``loadlab.workloads.exact``)."""
     wl = cfg.workload
+    tokenizer = wl.get("tokenizer")
     if wl.get("chars_per_token") is not None:
         chars_per_token = float(wl["chars_per_token"])  # the scenario's value wins
-    elif wl.get("tokenizer") is not None:
-        path = resolve_path(str(wl["tokenizer"]), "workload.tokenizer")
-        chars_per_token = chars_per_token_from_tokenizer(str(path))
+    elif tokenizer is not None and str(tokenizer) not in NOT_LOCAL:
+        chars_per_token = chars_per_token_of(load_tokenizer(str(tokenizer)))
     if not chars_per_token > 0:
         raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
+    stream = exact_prompts(cfg, stream)
     effort = wl.get("reasoning_effort")
     if effort is None:
         return stream
@@ -126,13 +129,15 @@ def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:
     return specs.extra() if isinstance(specs, RequestStream) else {}
 
 
-_PATH_KEYS = ("path", "arrival_trace", "tokenizer")
+_PATH_KEYS = ("path", "arrival_trace")
 
 
 def resolve_workload_paths(workload: Mapping[str, Any], bases: Sequence[Path]) -> dict[str, Any]:
     """A copy of ``workload`` whose file paths are absolute (found against ``bases``, the
     working directory, then the repository root), so a run does not depend on its cwd."""
     out = dict(workload)
+    if isinstance(out.get("tokenizer"), str):
+        out["tokenizer"] = resolve_tokenizer(out["tokenizer"], bases)
     for key in _PATH_KEYS:
         if isinstance(out.get(key), str):
             out[key] = str(resolve_path(out[key], f"workload.{key}", bases))

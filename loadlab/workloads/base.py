@@ -8,7 +8,6 @@ lines, failed rows, thinning...), which the run command stores as
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -20,7 +19,7 @@ from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads.arrivals import arrival_times
 from loadlab.workloads.lengths import Dist, parse_dist
-from loadlab.workloads.params import WorkloadError, get_bool, get_float, get_int, resolve_path
+from loadlab.workloads.params import WorkloadError, get_bool, get_float, get_int
 from loadlab.workloads.prompts import prompt_text
 
 __all__ = [
@@ -163,12 +162,9 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
     if "tokenizer" in params:
         if "chars_per_token" in params:
             raise WorkloadError("workload: give chars_per_token or tokenizer, not both")
-        resolve_path(str(params["tokenizer"]), "workload.tokenizer", tuple(bases))
-        if importlib.util.find_spec("tokenizers") is None:
-            raise WorkloadError(
-                "workload.tokenizer needs the 'tokenizers' package: pip install tokenizers "
-                "(or set chars_per_token, or calibrate against the endpoint)"
-            )
+        from loadlab.workloads.tokenizers import check_tokenizer
+
+        check_tokenizer(str(params["tokenizer"]), tuple(bases))
 
 
 def independent_request(

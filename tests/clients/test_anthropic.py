@@ -336,3 +336,11 @@ def test_prompt_cache_reads_and_writes() -> None:
     r = s.record
     assert (r.prompt_tokens, r.cached_prompt_tokens) == (83, 64)
     assert r.server["cache_creation_input_tokens"] == 16
+
+
+def test_exact_output_fields_are_openai_dialect_and_not_sent() -> None:
+    ep = EndpointConfig("http://127.0.0.1:1", model="claude-x", api="anthropic")
+    spec = RequestSpec("r", "x", 7, extra_body={"ignore_eos": True, "min_tokens": 7, "top_k": 5})
+    body = build_messages_body(spec, ep, extra_body={"ignore_eos": True})
+    assert "min_tokens" not in body and body["top_k"] == 5
+    assert body["ignore_eos"] is True  # the user's own --extra-body is sent as given

@@ -112,3 +112,20 @@ def test_first_error_and_trace_skips_are_shown() -> None:
         "skipped: 3 longer than max_total_tokens, 1 malformed lines"
     ) in text
     assert "first error" not in render_summary(Results(records=res.records[:4]))
+
+
+def test_prompt_match_and_short_answers_are_shown() -> None:
+    res = hand_made()
+    res.records[0].prompt_tokens_requested = 100  # exact
+    res.records[1].prompt_tokens_requested = 101  # off by one
+    res.records[2].prompt_tokens_requested = 90  # off by 10
+    for r in res.records[:4]:
+        r.max_tokens, r.finish_reason = 3, "length"
+    res.records[3].max_tokens, res.records[3].finish_reason = 8, "stop"
+    text = render_summary(res)
+    assert (
+        "prompts     1 of 3 exactly the requested length (1 off by one, 1 off by more; worst +10 tokens)"
+        in text
+    )
+    assert "short       1 of 4 answers stopped before max_tokens" in text
+    assert "prompts " not in render_summary(hand_made())  # nothing requested: no line

@@ -1,0 +1,252 @@
+"""Prompts of exactly N tokens as the server counts them, chat template included.
+
+A workload first writes each prompt by a characters-per-token estimate (``prompts``); this
+module then cuts or extends it until the server's count is exactly the requested
+``spec.prompt_tokens``. ``count`` is whatever knows that count: a local tokenizer
+(``loadlab.workloads.tokenizers``: encode + chat template, microseconds) or the server itself
+(``loadlab.workloads.server_tokens``: ``/tokenize``, ``count_tokens``).
+
+The search (``fit_prompt``) is over prefixes of a source text: the workload's prompt (its
+request tag first, so prompts stay unique; Mooncake prefix blocks first, so shared prefixes
+stay shared) followed by filler cut from the corpus at an offset fixed by the request id.
+The count of a prefix grows with its length, so a bracketing search (interpolation, halving
+when that stalls) finds the shortest prefix counted as N in a handful of counts. When no
+prefix counts exactly N (a merge jumps over it), the closest one below is used; the record's
+``prompt_tokens`` from the server then shows the miss and the summary counts it.
+
+Later turns of a chat session are sent after the history the server actually returned, which
+is not known when the prompt is built: they are fitted on their own text only, and the
+prompt-length match is judged on first turns and independent requests
+(``loadlab.workloads.prompt_match``).
+
+Example::
+
+    >>> fit = fit_prompt("abcdefghij" * 10, 7, lambda t: len(t) + 2)
+    >>> fit.text, fit.counted
+    ('abcde', 7)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from loadlab.config import RunConfig
+from loadlab.records import RequestSpec
+from loadlab.workloads.base import RequestStream
+from loadlab.workloads.params import WorkloadError
+from loadlab.workloads.prompts import prompt_text
+from loadlab.workloads.server_tokens import calibrate, server_counter, server_says_byte
+from loadlab.workloads.tokenizers import SERVER_METHODS, ByteTokens, load_tokenizer
+
+__all__ = ["Fit", "PromptFitter", "exact_prompts", "fit_prompt", "make_fitter"]
+
+_ONE_MORE = (".", ",", "!", "?", ";", ":")
+MAX_COUNTS = 48  # per prompt: a bracketing search over a few thousand characters needs ~12
+
+
+@dataclass(frozen=True)
+class Fit:
+    text: str
+    counted: int  # the count of ``text`` (the requested count when exact)
+    counts: int  # how many times ``count`` was called
+
+
+def _prefix(source: str, k: int) -> str:
+    # no trailing whitespace: servers and templates may strip it, changing the count
+    return source[:k].rstrip()
+
+
+def fit_prompt(
+    source: str, tokens: int, count: Callable[[str], int], guess_chars: int | None = None
+) -> Fit:
+    """The shortest prefix of ``source`` that ``count`` counts as ``tokens`` (else the
+    closest below it, else the closest above). ``source`` must be long enough: its whole
+    count should reach ``tokens`` (a shorter one gives its whole text)."""
+    seen: dict[int, int] = {}
+
+    def f(k: int) -> int:
+        if k not in seen:
+            seen[k] = count(_prefix(source, k))
+        return seen[k]
+
+    lo, hi = 1, len(source)
+    if f(hi) <= tokens or f(lo) >= tokens:
+        end = hi if f(hi) <= tokens else lo
+        return Fit(_prefix(source, end), f(end), len(seen))
+    k: int | None = guess_chars if guess_chars is not None and lo < guess_chars < hi else None
+    halve = False
+    while hi - lo > 1 and len(seen) < MAX_COUNTS:
+        if k is None and halve:
+            k = (lo + hi) // 2
+        elif k is None:  # interpolate between the bracket's counts
+            flo, fhi = f(lo), f(hi)
+            k = lo + round((tokens - flo) * (hi - lo) / max(1, fhi - flo))
+            k = min(max(k, lo + 1), hi - 1)
+        width = hi - lo
+        fk = f(k)
+        if fk == tokens:
+            break
+        lo, hi = (k, hi) if fk < tokens else (lo, k)
+        halve = (hi - lo) * 2 > width  # interpolation stalled: bisect next
+        k = None
+    # shortest exact prefix among those counted, else the closest below, else above
+    exact = [k for k, c in seen.items() if c == tokens]
+    if exact:
+        return Fit(_prefix(source, min(exact)), tokens, len(seen))
+    below = [k for k, c in seen.items() if c < tokens]
+    if below:
+        k = max(below, key=lambda k: (seen[k], -k))
+        if seen[k] == tokens - 1:  # a merge jumped over N: one more character usually counts 1
+            for tail in _ONE_MORE:
+                text = _prefix(source, k) + tail
+                if count(text) == tokens:
+                    return Fit(text, tokens, len(seen) + _ONE_MORE.index(tail) + 1)
+        return Fit(_prefix(source, k), seen[k], len(seen))
+    k = min(seen, key=lambda k: (seen[k], k))
+    return Fit(_prefix(source, k), seen[k], len(seen))
+
+
+def _filler(request_id: str, chars: int) -> str:
+    """Corpus text for extending a prompt, at an offset fixed by the request id."""
+    rng = np.random.default_rng(zlib.crc32(request_id.encode()))
+    return prompt_text(chars, rng)
+
+
+class PromptFitter:
+    """Rewrites specs so each prompt counts exactly ``spec.prompt_tokens`` under ``count``.
+
+    ``count(text) -> int | None`` counts a first-turn prompt as the server will (template
+    included); ``count_text(text) -> int | None`` counts bare text (a later chat turn).
+    ``chars_per_token`` is the starting guess; it is re-estimated from every fit.
+    """
+
+    def __init__(
+        self,
+        count: Callable[[str], int],
+        count_text: Callable[[str], int] | None = None,
+        *,
+        chars_per_token: float = 4.0,
+    ) -> None:
+        self.count, self.count_text = count, count_text
+        self.chars_per_token = chars_per_token  # of the message text, overhead excluded
+        self._overhead: int | None = None  # the count of a one-character message, less one
+        self.fitted = 0
+        self.exact = 0
+        self.counts = 0
+        self.cut_only = 0
+        self._asking = True
+
+    def stop_asking(self) -> None:
+        """From now on cut prompts by the learned characters per token instead of counting
+        (a server counter: its blocking calls must not run while the load is on)."""
+        self._asking = False
+
+    def fit(self, spec: RequestSpec) -> RequestSpec:
+        n = spec.prompt_tokens
+        count = self.count if spec.turn == 0 else self.count_text
+        if n is None or count is None:
+            return spec
+        if not self._asking:
+            self.cut_only += 1
+            chars = max(1, round((n - (self._overhead or 0)) * self.chars_per_token))
+            text = spec.prompt + " " + _filler(spec.request_id, chars)
+            return dataclasses.replace(spec, prompt=_prefix(text, chars))
+        chars = max(64, round(n * self.chars_per_token * 1.5) + 64)
+        source = spec.prompt
+        for _ in range(8):  # make the source long enough to count more than n
+            if len(source) < chars:
+                source = source + " " + _filler(spec.request_id, chars - len(source))
+            if count(_prefix(source, len(source))) > n:
+                break
+            chars *= 2
+        else:
+            return spec  # the count does not grow with the text: leave it (the record shows)
+        if self._overhead is None:
+            self._overhead = max(0, self.count(".") - 1)
+        body = max(1, n - (self._overhead if spec.turn == 0 else 0))
+        fit = fit_prompt(source, n, count, round(body * self.chars_per_token))
+        self.fitted += 1
+        self.exact += fit.counted == n
+        self.counts += fit.counts
+        self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * len(fit.text) / body
+        return dataclasses.replace(spec, prompt=fit.text)
+
+    def fit_all(self, specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
+        for spec in specs:
+            yield self.fit(spec)
+
+    def extra(self) -> dict[str, int]:
+        """What the fitting did, for ``results.extra["workload"]["prompt_fit"]``."""
+        return {
+            "fitted": self.fitted,
+            "exact": self.exact,
+            "counts": self.counts,
+            "cut_by_chars": self.cut_only,
+        }
+
+
+def _api(cfg: RunConfig) -> str:
+    return cfg.endpoints[0].api if cfg.endpoints else "chat"
+
+
+def make_fitter(cfg: RunConfig, spec: str) -> tuple[PromptFitter, str]:
+    """The fitter for ``tokenizer = spec`` and the method's name (module docstring of
+    ``loadlab.workloads.tokenizers``; ``server``, ``calibrate`` and ``auto`` need an endpoint)."""
+    api, ep = _api(cfg), cfg.endpoints[0] if cfg.endpoints else None
+    if spec not in SERVER_METHODS:
+        tok = load_tokenizer(spec)
+        if tok.count_prompt("x", api) is not None:
+            return PromptFitter(
+                lambda t: tok.count_prompt(t, api) or 0,
+                lambda t: len(tok.encode(t)),
+                chars_per_token=1.0 if isinstance(tok, ByteTokens) else 4.0,
+            ), f"tokenizer {tok.name}"
+        if ep is None:
+            raise WorkloadError(f"tokenizer {spec!r} has no chat template; use --api completions")
+        spec = "auto"  # no template: the server has to count chat prompts
+    if ep is None:
+        raise WorkloadError(f"tokenizer = {spec!r} asks the server, but there is no endpoint")
+    if spec == "auto" and server_says_byte(ep):
+        byte = ByteTokens()
+        fitter = PromptFitter(
+            lambda t: byte.count_prompt(t, api) or 0,
+            lambda t: len(byte.encode(t)),
+            chars_per_token=1.0,
+        )
+        return fitter, "tokenizer byte (reference server)"
+    if spec in ("auto", "server"):
+        counter = server_counter(ep)
+        if counter is not None:
+            return PromptFitter(counter.count, chars_per_token=4.0), f"server {counter.url}"
+        if spec == "server":
+            raise WorkloadError(
+                f"endpoint {ep.name}: no /tokenize, /v1/tokenize or count_tokens route answered; "
+                "give --tokenizer PATH, or --tokenizer calibrate"
+            )
+    cal = calibrate(ep, lambda chars: prompt_text(chars, np.random.default_rng(0), tag="probe"))
+    return PromptFitter(
+        lambda t: round(cal.overhead_tokens + len(t) / cal.chars_per_token),
+        chars_per_token=cal.chars_per_token,
+    ), f"calibrated ({cal.chars_per_token:.2f} chars/token, {cal.overhead_tokens:.0f} overhead)"
+
+
+def exact_prompts(cfg: RunConfig, stream: RequestStream) -> RequestStream:
+    """``stream`` with every prompt fitted to its requested token count under the run's
+    ``tokenizer`` (unchanged without one, or with ``tokenizer = "none"``)."""
+    spec = cfg.workload.get("tokenizer")
+    if spec is None or spec == "none":
+        return stream
+    fitter, method = make_fitter(cfg, str(spec))
+    remote = method.startswith("server")
+    out = RequestStream(
+        fitter.fit_all(stream),
+        lambda: {**stream.extra(), "prompt_fit": {"method": method, **fitter.extra()}},
+    )
+    if remote:
+        fitter.stop_asking()  # past the read-ahead, no blocking call on the hot path
+    return out

@@ -1,0 +1,44 @@
+"""The reference server's /tokenize (vLLM's shape), and loadlab sizing prompts against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.runner.workers import run_load
+from loadlab.token_checks import prompt_match
+from loadlab.workloads import build_requests
+from loadlab.workloads.server_tokens import post_json, server_counter, server_says_byte
+from tests.helpers.server import AUTH
+
+
+def test_tokenize_counts_as_the_completion_routes_do(continuous_server: Any) -> None:
+    url = continuous_server.url + "/tokenize"
+    headers = {"Content-Type": "application/json", **AUTH}
+    out = post_json(url, {"model": "loadlab-ref", "prompt": "héllo"}, headers)
+    assert out["count"] == 6 and out["tokens"] == list("héllo".encode())
+    assert out["max_model_len"] == 128
+    msgs = [{"role": "system", "content": "ab"}, {"role": "user", "content": "cd"}]
+    chat = post_json(url, {"model": "loadlab-ref", "messages": msgs}, headers)
+    assert chat["count"] == 5  # "ab\ncd": the chat formatting joins contents with "\n"
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("method", ["server", "auto", "byte"])
+def test_run_sends_prompts_the_server_counts_as_requested(
+    continuous_server: Any, api: str, method: str
+) -> None:
+    ep = EndpointConfig(continuous_server.url, model="loadlab-ref", api=api,
+                        api_key_env="LOADLAB_TEST_KEY")  # fmt: skip
+    assert server_says_byte(ep)
+    counter = server_counter(ep)
+    assert counter is not None and counter.url.endswith("/tokenize")
+    cfg = RunConfig(concurrency=4, requests=12, max_tokens=4, endpoints=(ep,), progress=False,
+                    workload={"kind": "synthetic", "tokenizer": method,
+                              "prompt_tokens": {"dist": "uniform", "low": 5, "high": 100}})  # fmt: skip
+    results = run_load(cfg, ep, build_requests, progress=False)
+    assert all(r.ok for r in results.records)
+    match = prompt_match(results.records)
+    assert match.compared == 12 and match.exact == 12, match

@@ -1,0 +1,67 @@
+"""Prompts fitted to exactly N tokens as the server counts them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.workloads import build_requests
+from loadlab.workloads.exact import fit_prompt
+
+
+def test_fit_finds_the_prefix_with_the_count():
+    fit = fit_prompt("abcdefghij" * 10, 7, lambda t: len(t) + 2)
+    assert (fit.text, fit.counted) == ("abcde", 7)
+
+
+def test_fit_when_a_merge_jumps_over_n_adds_one_character():
+    # every 4 characters count 2 tokens, so an odd target is reached only with a tail "."
+    fit = fit_prompt("abcd" * 50, 9, lambda t: 2 * (len(t.rstrip(".")) // 4) + t.count("."))
+    assert fit.counted == 9 and fit.text.endswith(".")
+
+
+def test_fit_below_the_template_overhead_gives_the_shortest():
+    fit = fit_prompt("abcdef", 3, lambda t: len(t) + 10)
+    assert fit.text == "a" and fit.counted == 11
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("tokenizers")
+    from loadlab.testing.bpe import make_tokenizer_dir
+
+    return make_tokenizer_dir(tmp_path_factory.mktemp("bpe") / "tiny")
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("kind", ["synthetic", "chat"])
+def test_every_prompt_counts_exactly_as_requested(tok_dir, api, kind):
+    from loadlab.workloads.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(str(tok_dir))
+    workload = {
+        "kind": kind,
+        "tokenizer": str(tok_dir),
+        "prompt_tokens": {"dist": "uniform", "low": 40, "high": 1900},
+    }
+    if kind == "chat":
+        workload.update(sessions=6, turns=2, output_tokens=8)
+    cfg = RunConfig(concurrency=2, requests=40, max_tokens=8, workload=workload,
+                    endpoints=(EndpointConfig("http://127.0.0.1:1", api=api),))  # fmt: skip
+    stream = build_requests(cfg)
+    specs = list(stream)
+    first = [s for s in specs if s.turn == 0]
+    assert first and all(tok.count_prompt(s.prompt, api) == s.prompt_tokens for s in first)
+    later = [s for s in specs if s.turn > 0]  # their own text is exact; history comes at send
+    assert all(len(tok.encode(s.prompt)) == s.prompt_tokens for s in later)
+    assert len({s.prompt[:12] for s in first}) == len(first)  # the request tags stay first
+    fit = stream.extra()["prompt_fit"]  # type: ignore[attr-defined]
+    assert fit["fitted"] == len(specs) and fit["exact"] == len(specs)
+
+
+def test_same_seed_same_prompts(tok_dir):
+    cfg = RunConfig(concurrency=1, requests=5, prompt_tokens=300, max_tokens=4,
+                    workload={"kind": "synthetic", "tokenizer": str(tok_dir)})  # fmt: skip
+    assert [s.prompt for s in build_requests(cfg)] == [s.prompt for s in build_requests(cfg)]
