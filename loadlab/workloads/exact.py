@@ -62,12 +62,16 @@ def _prefix(source: str, k: int) -> str:
 
 
 def fit_prompt(
-    source: str, tokens: int, count: Callable[[str], int], guess_chars: int | None = None
+    source: str,
+    tokens: int,
+    count: Callable[[str], int],
+    guess_chars: int | None = None,
+    whole_count: int | None = None,
 ) -> Fit:
     """The shortest prefix of ``source`` that ``count`` counts as ``tokens`` (else the
     closest below it, else the closest above). ``source`` must be long enough: its whole
-    count should reach ``tokens`` (a shorter one gives its whole text)."""
-    seen: dict[int, int] = {}
+    count (``whole_count`` when the caller has it) should reach ``tokens``."""
+    seen: dict[int, int] = {} if whole_count is None else {len(source): whole_count}
 
     def f(k: int) -> int:
         if k not in seen:
@@ -75,10 +79,13 @@ def fit_prompt(
         return seen[k]
 
     lo, hi = 1, len(source)
-    if f(hi) <= tokens or f(lo) >= tokens:
-        end = hi if f(hi) <= tokens else lo
-        return Fit(_prefix(source, end), f(end), len(seen))
     k: int | None = guess_chars if guess_chars is not None and lo < guess_chars < hi else None
+    if k is not None and f(k) == tokens:  # a good guess (token offsets) is usually exact
+        return Fit(_prefix(source, k), tokens, len(seen))
+    if f(hi) <= tokens:
+        return Fit(_prefix(source, hi), f(hi), len(seen))
+    if f(lo) >= tokens:
+        return Fit(_prefix(source, lo), f(lo), len(seen))
     halve = False
     while hi - lo > 1 and len(seen) < MAX_COUNTS:
         if k is None and halve:
@@ -131,8 +138,10 @@ class PromptFitter:
         count_text: Callable[[str], int] | None = None,
         *,
         chars_per_token: float = 4.0,
+        token_ends: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.count, self.count_text = count, count_text
+        self.token_ends = token_ends  # end offset of each token of a text: exact first guesses
         self.chars_per_token = chars_per_token  # of the message text, overhead excluded
         self._overhead: int | None = None  # the count of a one-character message, less one
         self.fitted = 0
@@ -156,20 +165,28 @@ class PromptFitter:
             chars = max(1, round((n - (self._overhead or 0)) * self.chars_per_token))
             text = spec.prompt + " " + _filler(spec.request_id, chars)
             return dataclasses.replace(spec, prompt=_prefix(text, chars))
-        chars = max(64, round(n * self.chars_per_token * 1.5) + 64)
-        source = spec.prompt
-        for _ in range(8):  # make the source long enough to count more than n
-            if len(source) < chars:
-                source = source + " " + _filler(spec.request_id, chars - len(source))
-            if count(_prefix(source, len(source))) > n:
-                break
-            chars *= 2
-        else:
-            return spec  # the count does not grow with the text: leave it (the record shows)
         if self._overhead is None:
             self._overhead = max(0, self.count(".") - 1)
         body = max(1, n - (self._overhead if spec.turn == 0 else 0))
-        fit = fit_prompt(source, n, count, round(body * self.chars_per_token))
+        chars = max(64, round(body * self.chars_per_token * 1.25) + 64)
+        source, whole, guess = spec.prompt, None, None
+        for _ in range(8):  # make the source long enough to count more than n
+            if len(source) < chars:
+                source = source + " " + _filler(spec.request_id, chars - len(source))
+            if self.token_ends is not None:  # its tokens say where the n-th one ends
+                ends = self.token_ends(source)
+                if len(ends) > body + 8:
+                    guess = ends[body - 1]
+                    break
+            else:
+                whole = count(_prefix(source, len(source)))
+                if whole > n:
+                    guess = round(body * self.chars_per_token)
+                    break
+            chars *= 2
+        else:
+            return spec  # the count does not grow with the text: leave it (the record shows)
+        fit = fit_prompt(source, n, count, guess, whole)
         self.fitted += 1
         self.exact += fit.counted == n
         self.counts += fit.counts
@@ -205,6 +222,7 @@ def make_fitter(cfg: RunConfig, spec: str) -> tuple[PromptFitter, str]:
                 lambda t: tok.count_prompt(t, api) or 0,
                 lambda t: len(tok.encode(t)),
                 chars_per_token=1.0 if isinstance(tok, ByteTokens) else 4.0,
+                token_ends=getattr(tok, "token_ends", None),
             ), f"tokenizer {tok.name}"
         if ep is None:
             raise WorkloadError(f"tokenizer {spec!r} has no chat template; use --api completions")

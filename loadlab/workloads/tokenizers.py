@@ -156,6 +156,10 @@ class HFTokens:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def token_ends(self, text: str) -> list[int]:
+        """The character offset where each token of ``text`` ends."""
+        return [end for _, end in self._tok.encode(text, add_special_tokens=False).offsets]
+
     def encode_with_specials(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=True).ids)
 

@@ -344,3 +344,19 @@ def test_exact_output_fields_are_openai_dialect_and_not_sent() -> None:
     body = build_messages_body(spec, ep, extra_body={"ignore_eos": True})
     assert "min_tokens" not in body and body["top_k"] == 5
     assert body["ignore_eos"] is True  # the user's own --extra-body is sent as given
+
+
+def test_prompt_tokens_include_the_prompt_cache() -> None:
+    # Anthropic (and vLLM's /v1/messages on a prefix-cache hit) count cached input apart
+    s = _state()
+    usage = '{"input_tokens":2,"cache_read_input_tokens":768,"cache_creation_input_tokens":7}'
+    start = '{"type":"message_start","message":{"usage":' + usage + "}}"
+    delta = (
+        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
+    )
+    text = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
+    s.on_bytes(_ev("message_start", start) + _ev("content_block_delta", text), 2000)
+    s.on_bytes(_ev("message_delta", delta) + _ev("message_stop", '{"type":"message_stop"}'), 3000)
+    s.finish(4000)
+    assert s.record.prompt_tokens == 777
+    assert s.record.server["cached_prompt_tokens"] == 768

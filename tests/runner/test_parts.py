@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import io
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,27 @@ def test_demo_defaults_apply_only_without_endpoint() -> None:
     assert (cfg.rate_rps, cfg.concurrency, cfg.duration_s, cfg.requests) == (2.0, None, 5.0, None)
     demo = run_cmd.config_from_args(_args())
     assert demo.concurrency == run_cmd.DEMO_DEFAULTS["concurrency"] and demo.endpoints == ()
+
+
+def test_tokenizer_and_exact_output_flags_are_workload_keys(tmp_path: Path) -> None:
+    cfg = run_cmd.config_from_args(
+        _args(
+            "--endpoint",
+            "http://h:1",
+            "--concurrency",
+            "1",
+            "--requests",
+            "2",
+            "--tokenizer",
+            "server",
+            "--exact-output",
+        )
+    )
+    assert cfg.workload == {"kind": "synthetic", "tokenizer": "server", "exact_output": True}
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'requests = 2\nconcurrency = 1\n[workload]\nkind = "chat"\nchars_per_token = 3.0\n'
+    )
+    cfg = run_cmd.config_from_args(_args("--scenario", str(scenario), "--tokenizer", "byte"))
+    assert cfg.workload["kind"] == "chat" and cfg.workload["tokenizer"] == "byte"
+    assert "chars_per_token" not in cfg.workload  # the flag replaces the scenario's estimate

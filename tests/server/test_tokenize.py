@@ -42,3 +42,31 @@ def test_run_sends_prompts_the_server_counts_as_requested(
     assert all(r.ok for r in results.records)
     match = prompt_match(results.records)
     assert match.compared == 12 and match.exact == 12, match
+
+
+def test_loadlab_run_prints_the_match_and_warns_on_misses(
+    continuous_server: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from loadlab.cli import main
+
+    base = ["run", "--endpoint", continuous_server.url, "--model", "loadlab-ref",
+            "--api-key-env", "LOADLAB_TEST_KEY", "--concurrency", "2", "--requests", "6",
+            "--prompt-tokens", "40", "--max-tokens", "2", "--no-progress"]  # fmt: skip
+    wrong = tmp_path / "wrong.toml"  # 3 characters per token on a byte tokenizer: 3x long
+    wrong.write_text('[workload]\nkind = "synthetic"\nchars_per_token = 3.0\n')
+    assert main([*base, "--scenario", str(wrong), "--out", str(tmp_path / "a.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "prompts     0 of 6 exactly the requested length" in out
+    assert "6 of 6 requests' prompts were counted by the server more than one token away" in err
+    args = [
+        *base,
+        "--scenario",
+        str(wrong),
+        "--tokenizer",
+        "auto",
+        "--out",
+        str(tmp_path / "b.json"),
+    ]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "prompts     6 of 6 exactly the requested length\n" in out and "--tokenizer" not in err
