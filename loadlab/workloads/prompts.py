@@ -3,10 +3,11 @@
 On the reference server (byte tokenizer; the chat template joins message contents with "\\n"
 and adds no role markers) an ASCII prompt of N characters is exactly N prompt tokens, so a
 prompt of ``tokens`` tokens is ``round(tokens * chars_per_token)`` characters with
-``chars_per_token = 1``. For another endpoint, measure ``chars_per_token`` with
-``calibrate_chars_per_token`` (two probe requests, read ``usage.prompt_tokens``) or from a
-local HuggingFace ``tokenizer.json`` (``chars_per_token_from_tokenizer``, needs the optional
-``tokenizers`` package); lengths are then approximate and the achieved ones are in the records.
+``chars_per_token = 1``. For another endpoint this text is a first draft that
+``loadlab.workloads.exact`` cuts to exactly the requested count under the run's ``tokenizer``
+(``--tokenizer``). ``chars_per_token`` alone (or measured by ``calibrate_chars_per_token``,
+``chars_per_token_from_tokenizer``) gives approximate lengths; the achieved ones are in the
+records.
 
 Text is ASCII English words cut from one fixed 1 MiB corpus (built from a fixed seed, so
 every run and machine sees the same corpus). A request's text starts with a tag unique to it
