@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
-from loadlab.errors import ConfigError
+from loadlab.errors import ConfigError, UsageError
 from loadlab.extras import require
 from loadlab.generator import saturation_warning
 from loadlab.journal import prepare_output
@@ -271,15 +271,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
-    """``--tokenizer`` and ``--exact-output`` are workload keys: they win over the scenario's."""
+    """``--tokenizer`` and ``--exact-output`` are workload keys: they win over the scenario's.
+
+    Without either a tokenizer or ``chars_per_token``, prompts are sized exactly all the same:
+    ``auto`` against an endpoint (its tokenizer route, else a calibration, else an estimate
+    with a warning: ``loadlab.workloads.exact.sizing``), ``byte`` on the embedded reference
+    server."""
     workload = dict(fields.get("workload") or {"kind": "synthetic"})
     if args.tokenizer is not None:
         workload.pop("chars_per_token", None)
         workload["tokenizer"] = args.tokenizer
+    elif workload.get("tokenizer") is None and workload.get("chars_per_token") is None:
+        workload["tokenizer"] = "auto" if fields.get("endpoints") else "byte"
     if args.exact_output:
         workload["exact_output"] = True
-    if args.tokenizer is not None or args.exact_output:
-        fields["workload"] = workload
+    fields["workload"] = workload
 
 
 def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
@@ -393,23 +399,29 @@ def _write(results: Results, path: Path, journal: Path) -> bool:
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         raise ConfigError("--interleave runs in one process; drop --workers")
-    from loadlab.workloads import build_requests as build
+    from loadlab.workloads.exact import prepared_sizing
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
     journals = _prepare_outputs(cfg, paths)
     all_results: list[Results] = []
     try:
-        if cfg.interleave and len(cfg.endpoints) > 1:
-            all_results = _interleaved(cfg, build, journals)
-        else:
-            for ep, journal in zip(cfg.endpoints, journals, strict=True):
-                if len(cfg.endpoints) > 1:
-                    print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
-                all_results.append(run_load(cfg, ep, build, progress=cfg.progress, journal=journal))
-                if all_results[-1].extra.get("interrupted"):
-                    break
-    except ConfigError as exc:  # a setting only the client or the workers can check
+        with prepared_sizing(cfg) as notes:  # probes each endpoint's tokenizer once, here
+            for note in notes:
+                warn(note)
+            if cfg.interleave and len(cfg.endpoints) > 1:
+                all_results = _interleaved(cfg, journals)
+            else:
+                for ep, journal in zip(cfg.endpoints, journals, strict=True):
+                    if len(cfg.endpoints) > 1:
+                        print(f"loadlab run: endpoint {ep.name} ...", file=sys.stderr)
+                    results = run_load(
+                        cfg, ep, _build_for(ep), progress=cfg.progress, journal=journal
+                    )
+                    all_results.append(results)
+                    if results.extra.get("interrupted"):
+                        break
+    except UsageError as exc:  # a setting only the client, the workers or the endpoint can check
         if not all_results:
             raise
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
@@ -464,7 +476,19 @@ def _comparison(all_results: list[Results], names: list[str], first: Path) -> st
     return f"{render_comparison(cmp)}comparison: {md} {js}"
 
 
-def _interleaved(cfg: RunConfig, build: BuildRequests, journals: list[Path]) -> list[Results]:
+def _build_for(ep: EndpointConfig) -> BuildRequests:
+    """The run's requests with prompts sized for ``ep``'s tokenizer: a vendor comparison sends
+    each endpoint the same requests (ids, lengths, schedule), each of the requested length as
+    that endpoint counts it."""
+    from loadlab.workloads import build_requests
+
+    def build(cfg: RunConfig) -> Iterator[Any]:
+        return build_requests(cfg.replace(endpoints=(ep,)))
+
+    return build
+
+
+def _interleaved(cfg: RunConfig, journals: list[Path]) -> list[Results]:
     """All endpoints at once, each with the same seeded requests on the same schedule."""
     import asyncio
 
@@ -474,7 +498,13 @@ def _interleaved(cfg: RunConfig, build: BuildRequests, journals: list[Path]) -> 
         t0 = time.perf_counter_ns() + 50_000_000
         runs = [
             run_endpoint(
-                cfg, ep, build(cfg), t0_ns=t0, progress=False, scrape=i == 0, journal=journals[i]
+                cfg,
+                ep,
+                _build_for(ep)(cfg),
+                t0_ns=t0,
+                progress=False,
+                scrape=i == 0,
+                journal=journals[i],
             )
             for i, ep in enumerate(cfg.endpoints)
         ]

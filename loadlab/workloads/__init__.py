@@ -42,11 +42,10 @@ from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import agent, batch, chat, mix, prefix, replay, synthetic
 from loadlab.workloads.base import RequestStream
-from loadlab.workloads.exact import exact_prompts
+from loadlab.workloads.exact import exact_prompts, sizing
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import WorkloadError, closest, resolve_path
-from loadlab.workloads.tokenizers import NOT_LOCAL, load_tokenizer, resolve_tokenizer
-from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
+from loadlab.workloads.tokenizers import resolve_tokenizer
 
 __all__ = [
     "KINDS",
@@ -108,14 +107,15 @@ def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[
     (``loadlab.workloads.exact``)."""
     wl = cfg.workload
     tokenizer = wl.get("tokenizer")
+    how = None if tokenizer in (None, "none") else sizing(cfg, str(tokenizer))
     if wl.get("chars_per_token") is not None:
         chars_per_token = float(wl["chars_per_token"])  # the scenario's value wins
-    elif tokenizer is not None and str(tokenizer) not in NOT_LOCAL:
-        chars_per_token = chars_per_token_of(load_tokenizer(str(tokenizer)))
+    elif how is not None:
+        chars_per_token = how.chars_per_token
     if not chars_per_token > 0:
         raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
-    stream = exact_prompts(cfg, stream)
+    stream = exact_prompts(stream, how)
     effort = wl.get("reasoning_effort")
     if effort is None:
         return stream

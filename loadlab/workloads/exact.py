@@ -17,7 +17,7 @@ prefix counts exactly N (a merge jumps over it), the closest one below is used; 
 Later turns of a chat session are sent after the history the server actually returned, which
 is not known when the prompt is built: they are fitted on their own text only, and the
 prompt-length match is judged on first turns and independent requests
-(``loadlab.workloads.prompt_match``).
+(``loadlab.token_checks.prompt_match``).
 
 Example::
 
@@ -28,25 +28,39 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from loadlab.config import RunConfig
+from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.params import WorkloadError
 from loadlab.workloads.prompts import prompt_text
 from loadlab.workloads.server_tokens import calibrate, server_counter, server_says_byte
-from loadlab.workloads.tokenizers import SERVER_METHODS, ByteTokens, load_tokenizer
+from loadlab.workloads.tokenizers import SERVER_METHODS, AnyTokens, ByteTokens, load_tokenizer
+from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 
-__all__ = ["Fit", "PromptFitter", "exact_prompts", "fit_prompt", "make_fitter"]
+__all__ = [
+    "FALLBACK_CHARS_PER_TOKEN",
+    "Fit",
+    "PromptFitter",
+    "Sizing",
+    "exact_prompts",
+    "fit_prompt",
+    "prepared_sizing",
+    "sizing",
+]
 
 _ONE_MORE = (".", ",", "!", "?", ";", ":")
 MAX_COUNTS = 48  # per prompt: a bracketing search over a few thousand characters needs ~12
+# ``auto`` with nothing to count with: English text under GPT- and Llama-style BPE vocabularies
+FALLBACK_CHARS_PER_TOKEN = 4.0
 
 
 @dataclass(frozen=True)
@@ -211,60 +225,147 @@ def _api(cfg: RunConfig) -> str:
     return cfg.endpoints[0].api if cfg.endpoints else "chat"
 
 
-def make_fitter(cfg: RunConfig, spec: str) -> tuple[PromptFitter, str]:
-    """The fitter for ``tokenizer = spec`` and the method's name (module docstring of
-    ``loadlab.workloads.tokenizers``; ``server``, ``calibrate`` and ``auto`` need an endpoint)."""
-    api, ep = _api(cfg), cfg.endpoints[0] if cfg.endpoints else None
-    if spec not in SERVER_METHODS:
-        tok = load_tokenizer(spec)
-        if tok.count_prompt("x", api) is not None:
-            return PromptFitter(
-                lambda t: tok.count_prompt(t, api) or 0,
-                lambda t: len(tok.encode(t)),
-                chars_per_token=1.0 if isinstance(tok, ByteTokens) else 4.0,
-                token_ends=getattr(tok, "token_ends", None),
-            ), f"tokenizer {tok.name}"
-        if ep is None:
-            raise WorkloadError(f"tokenizer {spec!r} has no chat template; use --api completions")
-        spec = "auto"  # no template: the server has to count chat prompts
-    if ep is None:
-        raise WorkloadError(f"tokenizer = {spec!r} asks the server, but there is no endpoint")
+@dataclass(frozen=True)
+class Sizing:
+    """How one endpoint's prompts are sized: the first draft's characters per token, and what
+    fits each prompt exactly after it (``fitter``; None: the draft is sent as it is)."""
+
+    method: str  # for results.extra["workload"]["prompt_fit"] and messages
+    chars_per_token: float
+    fitter: Callable[[], PromptFitter] | None
+    remote: bool = False  # the fitter asks the server: stop asking once the run starts
+    warning: str | None = None  # one line ``loadlab run`` prints (auto found nothing to count)
+
+
+def _local(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
+    return Sizing(
+        f"{prefix} {tok.name}",
+        chars_per_token_of(tok),
+        lambda: PromptFitter(
+            lambda t: tok.count_prompt(t, api) or 0,
+            lambda t: len(tok.encode(t)),
+            chars_per_token=1.0 if isinstance(tok, ByteTokens) else 4.0,
+            token_ends=getattr(tok, "token_ends", None),
+        ),
+    )
+
+
+def _asking(ep: EndpointConfig, spec: str) -> Sizing:
+    """``server``, ``calibrate`` or ``auto`` against ``ep``; raises ``WorkloadError`` when the
+    method cannot work (``auto`` catches it: ``sizing``)."""
+    api = ep.api
     if spec == "auto" and server_says_byte(ep):
-        byte = ByteTokens()
-        fitter = PromptFitter(
-            lambda t: byte.count_prompt(t, api) or 0,
-            lambda t: len(byte.encode(t)),
-            chars_per_token=1.0,
-        )
-        return fitter, "tokenizer byte (reference server)"
+        return _local(ByteTokens(), api, "reference server:")
     if spec in ("auto", "server"):
         counter = server_counter(ep)
         if counter is not None:
-            return PromptFitter(counter.count, chars_per_token=4.0), f"server {counter.url}"
+            return Sizing(
+                f"server {counter.url}",
+                1.0,
+                lambda: PromptFitter(counter.count, chars_per_token=4.0),
+                remote=True,
+            )
         if spec == "server":
             raise WorkloadError(
                 f"endpoint {ep.name}: no /tokenize, /v1/tokenize or count_tokens route answered; "
                 "give --tokenizer PATH, or --tokenizer calibrate"
             )
     cal = calibrate(ep, lambda chars: prompt_text(chars, np.random.default_rng(0), tag="probe"))
-    return PromptFitter(
-        lambda t: round(cal.overhead_tokens + len(t) / cal.chars_per_token),
-        chars_per_token=cal.chars_per_token,
-    ), f"calibrated ({cal.chars_per_token:.2f} chars/token, {cal.overhead_tokens:.0f} overhead)"
+    return Sizing(
+        f"calibrated ({cal.chars_per_token:.2f} chars/token, {cal.overhead_tokens:.0f} overhead)",
+        cal.chars_per_token,
+        lambda: PromptFitter(
+            lambda t: round(cal.overhead_tokens + len(t) / cal.chars_per_token),
+            chars_per_token=cal.chars_per_token,
+        ),
+    )
 
 
-def exact_prompts(cfg: RunConfig, stream: RequestStream) -> RequestStream:
-    """``stream`` with every prompt fitted to its requested token count under the run's
-    ``tokenizer`` (unchanged without one, or with ``tokenizer = "none"``)."""
+def _estimate(ep: EndpointConfig, why: str) -> Sizing:
+    return Sizing(
+        f"estimate ({FALLBACK_CHARS_PER_TOKEN:g} chars/token)",
+        FALLBACK_CHARS_PER_TOKEN,
+        None,
+        warning=(
+            f"loadlab run: endpoint {ep.name}: prompt lengths are estimates at "
+            f"{FALLBACK_CHARS_PER_TOKEN:g} characters per token ({why}); for exact lengths give "
+            "--tokenizer (the model's tokenizer folder or tokenizer.json)"
+        ),
+    )
+
+
+def sizing(cfg: RunConfig, spec: str) -> Sizing:
+    """The sizing for ``tokenizer = spec`` on the run's (first) endpoint (module docstring of
+    ``loadlab.workloads.tokenizers``; ``server``, ``calibrate`` and ``auto`` need an endpoint).
+    ``auto`` never raises: when nothing can count, prompts are cut at
+    ``FALLBACK_CHARS_PER_TOKEN`` and ``Sizing.warning`` says so."""
+    api, ep = _api(cfg), cfg.endpoints[0] if cfg.endpoints else None
+    if spec not in SERVER_METHODS:
+        tok = load_tokenizer(spec)
+        if tok.count_prompt("x", api) is not None:
+            return _local(tok, api)
+        if ep is None:
+            raise WorkloadError(f"tokenizer {spec!r} has no chat template; use --api completions")
+        spec = "auto"  # no template: the server has to count chat prompts
+    if ep is None:
+        raise WorkloadError(f"tokenizer = {spec!r} asks the server, but there is no endpoint")
+    key = _key(spec, ep)
+    if key in _PREPARED:
+        return _PREPARED[key]
+    if spec != "auto":
+        return _asking(ep, spec)
+    try:
+        return _asking(ep, spec)
+    except (WorkloadError, OSError, ValueError) as exc:  # auto must not stop a run
+        return _estimate(ep, f"no tokenizer route, and calibration failed: {exc}")
+
+
+def _key(spec: str, ep: EndpointConfig) -> tuple[Any, ...]:
+    return (spec, ep.url, ep.api, ep.model, ep.api_key_env, tuple(sorted(ep.headers.items())))
+
+
+# sizings resolved by ``prepared_sizing``: probes and calibration run once per endpoint in the
+# parent, and ``--workers`` children (forked) find them here instead of probing again
+_PREPARED: dict[tuple[Any, ...], Sizing] = {}
+
+
+@contextlib.contextmanager
+def prepared_sizing(cfg: RunConfig) -> Iterator[list[str]]:
+    """Resolve every endpoint's sizing once, before the run; yields the warnings to print.
+    Inside, ``sizing`` (and so ``build_requests``) reuses them; on exit they are forgotten, so
+    a later run against a new server on the same address probes again."""
     spec = cfg.workload.get("tokenizer")
-    if spec is None or spec == "none":
-        return stream
-    fitter, method = make_fitter(cfg, str(spec))
-    remote = method.startswith("server")
+    warnings: list[str] = []
+    keys = []
+    if spec is not None and spec != "none":
+        for ep in cfg.endpoints:
+            one = sizing(cfg.replace(endpoints=(ep,)), str(spec))
+            if str(spec) in SERVER_METHODS:
+                keys.append(_key(str(spec), ep))
+                _PREPARED[keys[-1]] = one
+            if one.warning:
+                warnings.append(one.warning)
+    try:
+        yield warnings
+    finally:
+        for key in keys:
+            _PREPARED.pop(key, None)
+
+
+def exact_prompts(stream: RequestStream, how: Sizing | None) -> RequestStream:
+    """``stream`` with every prompt fitted to its requested token count (unchanged without a
+    sizing, or with one that only estimates)."""
+    if how is None or how.fitter is None:
+        if how is None:
+            return stream
+        return RequestStream(
+            stream, lambda: {**stream.extra(), "prompt_fit": {"method": how.method}}
+        )
+    fitter = how.fitter()
     out = RequestStream(
         fitter.fit_all(stream),
-        lambda: {**stream.extra(), "prompt_fit": {"method": method, **fitter.extra()}},
+        lambda: {**stream.extra(), "prompt_fit": {"method": how.method, **fitter.extra()}},
     )
-    if remote:
+    if how.remote:
         fitter.stop_asking()  # past the read-ahead, no blocking call on the hot path
     return out

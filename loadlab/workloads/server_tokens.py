@@ -59,7 +59,7 @@ def root_url(endpoint: EndpointConfig) -> str:
 
 
 def _headers(endpoint: EndpointConfig) -> dict[str, str]:
-    from loadlab.clients.openai import read_api_key
+    from loadlab.clients.streaming import read_api_key
 
     headers = {"Content-Type": "application/json", **endpoint.headers}
     key = read_api_key(endpoint)

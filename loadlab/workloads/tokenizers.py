@@ -51,6 +51,7 @@ __all__ = [
     "BYTE_NAMES",
     "NOT_LOCAL",
     "SERVER_METHODS",
+    "AnyTokens",
     "ByteTokens",
     "HFTokens",
     "TiktokenTokens",

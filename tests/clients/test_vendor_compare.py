@@ -95,6 +95,9 @@ def test_reference_vs_anthropic_in_one_command(
         assert [r.outcome for r in res.records] == ["ok"] * 8, name
         assert {r.endpoint for r in res.records} == {name}
         assert all(r.output_tokens_source == "usage" for r in res.records)
+    # each endpoint's prompts sized by its own count: bytes on ours, the vendor's by calibration
+    assert ref.extra["workload"]["prompt_fit"]["method"] == "reference server: byte"
+    assert claude.extra["workload"]["prompt_fit"]["method"].startswith("calibrated")
     # the same seeded requests went to both
     assert sorted(r.request_id for r in ref.records) == sorted(r.request_id for r in claude.records)
     # the Anthropic dialect: every token timed, the fixed server's stop reason, its usage

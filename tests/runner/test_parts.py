@@ -224,3 +224,20 @@ def test_tokenizer_and_exact_output_flags_are_workload_keys(tmp_path: Path) -> N
     cfg = run_cmd.config_from_args(_args("--scenario", str(scenario), "--tokenizer", "byte"))
     assert cfg.workload["kind"] == "chat" and cfg.workload["tokenizer"] == "byte"
     assert "chars_per_token" not in cfg.workload  # the flag replaces the scenario's estimate
+
+
+def test_prompts_are_sized_exactly_by_default(tmp_path: Path) -> None:
+    """auto against an endpoint, byte on the embedded reference server; a scenario's own
+    tokenizer or chars_per_token, or --tokenizer none, is left as it is."""
+    load = ("--concurrency", "1", "--requests", "2")
+    cfg = run_cmd.config_from_args(_args("--endpoint", "http://h:1", *load))
+    assert cfg.workload["tokenizer"] == "auto"
+    assert run_cmd.config_from_args(_args(*load)).workload["tokenizer"] == "byte"
+    none = run_cmd.config_from_args(_args("--endpoint", "http://h:1", *load, "--tokenizer", "none"))
+    assert none.workload["tokenizer"] == "none"
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'requests = 2\nconcurrency = 1\n[workload]\nkind = "chat"\nchars_per_token = 3.0\n'
+    )
+    cfg = run_cmd.config_from_args(_args("--scenario", str(scenario), "--endpoint", "http://h:1"))
+    assert "tokenizer" not in cfg.workload and cfg.workload["chars_per_token"] == 3.0

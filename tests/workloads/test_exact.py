@@ -65,3 +65,24 @@ def test_same_seed_same_prompts(tok_dir):
     cfg = RunConfig(concurrency=1, requests=5, prompt_tokens=300, max_tokens=4,
                     workload={"kind": "synthetic", "tokenizer": str(tok_dir)})  # fmt: skip
     assert [s.prompt for s in build_requests(cfg)] == [s.prompt for s in build_requests(cfg)]
+
+
+def test_auto_never_stops_a_run_and_says_so_once() -> None:
+    from loadlab.workloads.exact import FALLBACK_CHARS_PER_TOKEN, prepared_sizing, sizing
+    from tests.conftest import free_port
+
+    dead = EndpointConfig(f"http://127.0.0.1:{free_port()}", name="gone")
+    cfg = RunConfig(concurrency=1, requests=3, prompt_tokens=100, max_tokens=4, endpoints=(dead,),
+                    workload={"kind": "synthetic", "tokenizer": "auto"})  # fmt: skip
+    how = sizing(cfg, "auto")
+    assert how.fitter is None and how.chars_per_token == FALLBACK_CHARS_PER_TOKEN
+    assert how.warning is not None and "endpoint gone" in how.warning
+    with pytest.raises(ValueError, match="calibration"):
+        sizing(cfg, "calibrate")  # asked for by name, a method that cannot work stops the run
+    with prepared_sizing(cfg) as notes:
+        assert notes == [how.warning]
+        stream = build_requests(cfg)
+        specs = list(stream)
+    # cut by the estimate: 100 tokens at 4 characters each
+    assert [len(s.prompt) for s in specs] == [400] * 3
+    assert stream.extra()["prompt_fit"] == {"method": "estimate (4 chars/token)"}  # type: ignore[attr-defined]
