@@ -47,7 +47,7 @@ NAMES = (
     'steps_total{phase="mixed"}',
     'tokens_total{phase="padding"}',
 )
-TRACE = ROOT.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = ROOT / "loadlab" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def trace_lengths(path: Path, cap: int, scale: float = 1.0) -> list[int]:

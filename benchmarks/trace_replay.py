@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from loadlab.results import read_results  # noqa: E402
-from loadlab.workloads.params import resolve_path  # noqa: E402
+from loadlab.workloads.replay import trace_source  # noqa: E402
 from loadlab.workloads.trace import iter_trace, replay_fidelity  # noqa: E402
 
 
@@ -112,7 +112,8 @@ def main() -> int:
         wl["time_scale"] = args.time_scale
     if args.trace_seconds:
         wl["duration_s"] = args.trace_seconds
-    wl["path"] = str(resolve_path(wl["path"], "workload.path", (Path(args.scenario).parent,)))
+    wl["path"] = str(trace_source(wl, (Path(args.scenario).parent,)))  # a name or a file
+    wl.pop("trace", None)
     wl["max_total_tokens"] = args.max_model_len
     data["workload"] = wl
     data["progress"] = False

@@ -11,6 +11,7 @@ from loadlab.config import RunConfig
 from loadlab.scenario import ScenarioError, load_scenario
 from loadlab.slo import load_slo
 from loadlab.workloads import build_requests
+from loadlab.workloads.params import TRACES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -31,7 +32,7 @@ def error_of(path) -> str:
 @pytest.mark.parametrize(
     "name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix", "prefix_pool"]
 )
-def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
+def test_shipped_scenarios_load_and_build(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_scenario(f"scenarios/{name}.toml")
     assert isinstance(cfg, RunConfig)
@@ -43,7 +44,7 @@ def test_shipped_scenarios_load_and_build(name, shared_data, monkeypatch):
     if name == "prefix_pool":  # 4 prefixes x 16 requests; salted, so only the salt differs
         assert len(specs) == 64 and len({s.prompt[:6] for s in specs}) == 4
     if name == "azure_conv":
-        assert Path(cfg.workload["path"]).is_absolute() and len(specs) == 191
+        assert cfg.workload["trace"] == "azure-2023-conv" and len(specs) == 191
     if name == "agent":  # 20 sessions of a task and 3 tool rounds, on a reasoning model
         assert len(specs) == 80 and sum(s.tool_turn for s in specs) == 60
         assert {s.reasoning_effort for s in specs} == {"low"} and specs[0].tools
@@ -57,7 +58,7 @@ def test_the_reasoning_slo_example_loads() -> None:
     assert {o.request_class for o in spec.objectives} == {None, "chat", "agent"}
 
 
-def test_same_scenario_and_seed_give_the_same_requests(shared_data, monkeypatch):
+def test_same_scenario_and_seed_give_the_same_requests(monkeypatch):
     monkeypatch.chdir(ROOT)
     for name in ("chat", "batch", "azure_conv"):
         a = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
@@ -107,8 +108,8 @@ def test_bad_toml_and_missing_file(tmp_path):
     assert "scenario file not found" in error_of(tmp_path / "nope.toml")
 
 
-def test_workload_file_paths_resolve_next_to_the_scenario(tmp_path, shared_data):
-    shutil.copy(shared_data / "traces" / "AzureLLMInferenceTrace_code.csv", tmp_path / "t.csv")
+def test_workload_file_paths_resolve_next_to_the_scenario(tmp_path):
+    shutil.copy(TRACES["azure-2023-code"], tmp_path / "t.csv")
     p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "trace"\npath = "t.csv"\n')
     assert load_scenario(p).workload["path"] == str(tmp_path / "t.csv")
     missing = write(

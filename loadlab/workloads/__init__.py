@@ -44,7 +44,7 @@ from loadlab.workloads import agent, batch, chat, mix, prefix, replay, synthetic
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.exact import exact_prompts, sizing
 from loadlab.workloads.lengths import DATASETS
-from loadlab.workloads.params import WorkloadError, closest, resolve_path
+from loadlab.workloads.params import TRACES, WorkloadError, closest, resolve_path
 from loadlab.workloads.tokenizers import resolve_tokenizer
 
 __all__ = [
@@ -139,7 +139,7 @@ def resolve_workload_paths(workload: Mapping[str, Any], bases: Sequence[Path]) -
     if isinstance(out.get("tokenizer"), str):
         out["tokenizer"] = resolve_tokenizer(out["tokenizer"], bases)
     for key in _PATH_KEYS:
-        if isinstance(out.get(key), str):
+        if isinstance(out.get(key), str) and out[key] not in TRACES:  # a name stays a name
             out[key] = str(resolve_path(out[key], f"workload.{key}", bases))
     for key, value in list(out.items()):
         if isinstance(value, Mapping) and isinstance(value.get("file"), str):

@@ -21,7 +21,8 @@ A spec's ``prompt`` and ``prompt_tokens`` are only the NEW user message.
     max_context_tokens  end a session before a turn whose context (earlier messages and their
                     requested answers, one separator token between messages as on the
                     reference server, plus this message and its answer) would pass this
-    arrival_trace, arrival_time_scale   session start times from a trace file's timestamps
+    arrival_trace, arrival_time_scale   session start times from a trace's timestamps (a file,
+                                        or a shipped name: azure-2023-conv, azure-2023-code)
     request_class, max_prompt_tokens, max_output_tokens, exact_output  (as for synthetic)
 
 Default lengths: each turn draws one ShareGPT row (prompt P, completion D) together. ShareGPT's
@@ -56,7 +57,14 @@ from loadlab.workloads.base import (
     rng_for,
 )
 from loadlab.workloads.lengths import Dist, parse_dist, sample_pairs
-from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_float, get_int
+from loadlab.workloads.params import (
+    WorkloadError,
+    check_keys,
+    get_bool,
+    get_float,
+    get_int,
+    trace_file,
+)
 from loadlab.workloads.prompts import prompt_text
 
 __all__ = ["DEFAULT_THINK", "KEYS", "chat_requests", "validate"]
@@ -118,7 +126,8 @@ def _session_starts(cfg: RunConfig, params: Mapping[str, Any], n: int | None) ->
 
     scale = float(get_float(params, "arrival_time_scale", 1.0))
     end = None if cfg.duration_s is None else cfg.duration_s * scale
-    rows = iter_trace(str(params["arrival_trace"]), duration_s=end)
+    path = trace_file(str(params["arrival_trace"]), "workload.arrival_trace")
+    rows = iter_trace(path, duration_s=end)
     starts = (row.t_s / scale for row in rows)
     return itertools.islice(starts, n) if n is not None else starts
 

@@ -23,6 +23,7 @@ from loadlab.errors import WorkloadError
 __all__ = [
     "PACKAGE_DATA",
     "REPO_ROOT",
+    "TRACES",
     "WorkloadError",
     "check_keys",
     "closest",
@@ -30,11 +31,17 @@ __all__ = [
     "get_float",
     "get_int",
     "resolve_path",
+    "trace_file",
 ]
 
 PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
-# The checkout root (…/loadlab/workloads/params.py -> …): where ../shared/data is found.
+# The checkout root (…/loadlab/workloads/params.py -> …): relative paths are also found there.
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+# Traces shipped in the package (loadlab/data/LICENSES.md), by the name a scenario gives
+TRACES = {
+    "azure-2023-conv": PACKAGE_DATA / "traces" / "AzureLLMInferenceTrace_conv.csv",
+    "azure-2023-code": PACKAGE_DATA / "traces" / "AzureLLMInferenceTrace_code.csv",
+}
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
@@ -127,3 +134,11 @@ def resolve_path(value: str | Path, key: str, bases: Sequence[Path] = ()) -> Pat
         f"{key} = {str(value)!r}: file not found (looked at {tried}); "
         f"give a path relative to the scenario file or the repository root, or an absolute one"
     )
+
+
+def trace_file(value: str | Path, key: str, bases: Sequence[Path] = ()) -> Path:
+    """A trace shipped with loadlab by its name (``TRACES``: ``azure-2023-conv``,
+    ``azure-2023-code``), else a file found as ``resolve_path`` finds it."""
+    if str(value) in TRACES:
+        return TRACES[str(value)]
+    return resolve_path(value, key, bases)

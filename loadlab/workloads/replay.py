@@ -12,8 +12,7 @@ run command stores it as ``results.extra["workload"]``.
 Example::
 
     cfg = RunConfig(rate_rps=1, duration_s=60, workload={"kind": "trace",
-                    "path": "../shared/data/traces/AzureLLMInferenceTrace_conv.csv",
-                    "time_scale": 60, "duration_s": 60})
+                    "trace": "azure-2023-conv", "time_scale": 60, "duration_s": 60})
     specs = list(trace_requests(cfg))      # ~190 requests over ~1 s
 """
 
@@ -35,19 +34,22 @@ from loadlab.workloads.base import (
     rng_for,
 )
 from loadlab.workloads.params import (
+    TRACES,
     WorkloadError,
     check_keys,
+    closest,
     get_bool,
     get_float,
     get_int,
-    resolve_path,
+    trace_file,
 )
 from loadlab.workloads.prompts import prefix_prompt, prompt_text
 from loadlab.workloads.trace import FORMATS, TraceError, TraceRow, TraceStats, iter_trace
 
-__all__ = ["KEYS", "trace_requests", "validate"]
+__all__ = ["KEYS", "trace_requests", "trace_source", "validate"]
 
 KEYS = COMMON_KEYS | {
+    "trace",
     "path",
     "format",
     "time_scale",
@@ -74,12 +76,7 @@ def validate(
 ) -> Path:
     """Check the keys and (``scan``) read ahead in the trace; return the resolved path."""
     check_keys("trace", params, KEYS)
-    if "path" not in params:
-        raise WorkloadError(
-            'workload.path: missing; a trace replay needs path = "FILE" '
-            "(Azure CSV, Mooncake JSONL or BurstGPT CSV)"
-        )
-    path = resolve_path(str(params["path"]), "workload.path", bases)
+    path = trace_source(params, bases)
     fmt = params.get("format")
     if fmt is not None and fmt not in FORMATS:
         raise WorkloadError(f"workload.format = {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -98,6 +95,26 @@ def validate(
     if scan:
         _prescan(cfg, params, path)
     return path
+
+
+def trace_source(params: Mapping[str, Any], bases: Sequence[Path] = ()) -> Path:
+    """The file a replay reads: ``trace = NAME`` (shipped with loadlab) or ``path = FILE``."""
+    names = ", ".join(TRACES)
+    if ("trace" in params) == ("path" in params):
+        raise WorkloadError(
+            f'workload: a trace replay needs trace = "NAME" (shipped: {names}) or path = "FILE" '
+            "(Azure CSV, Mooncake JSONL or BurstGPT CSV), not both"
+        )
+    if "trace" in params:
+        name = str(params["trace"])
+        if name not in TRACES:
+            hint = closest(name, TRACES)
+            fix = f"did you mean {hint!r}?" if hint else f"shipped: {names}"
+            raise WorkloadError(
+                f"workload.trace = {name!r}: no trace of that name; {fix} (a file: path = ...)"
+            )
+        return TRACES[name]
+    return trace_file(str(params["path"]), "workload.path", bases)
 
 
 def _prescan(cfg: RunConfig, params: Mapping[str, Any], path: Path) -> None:

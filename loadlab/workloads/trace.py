@@ -33,7 +33,7 @@ Options (``[workload]`` keys for kind = "trace")::
 Example::
 
     stats = TraceStats()
-    for row in iter_trace("../shared/data/traces/AzureLLMInferenceTrace_conv.csv", stats=stats):
+    for row in iter_trace(TRACES["azure-2023-conv"], stats=stats):  # loadlab.workloads.params
         print(row.t_s, row.prompt_tokens, row.output_tokens)
 """
 

@@ -11,6 +11,7 @@ import pytest
 from loadlab.config import RunConfig
 from loadlab.workloads import build_requests, workload_extra
 from loadlab.workloads.arrivals import arrival_times
+from loadlab.workloads.params import TRACES
 
 THINK = {"dist": "lognormal", "median": 2.0, "sigma": 0.5}
 
@@ -92,8 +93,8 @@ def test_closed_loop_duration_run_is_endless():
     assert len(list(itertools.islice(build_requests(cfg), 500))) == 500
 
 
-def test_session_arrivals_from_a_trace(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_conv.csv"
+def test_session_arrivals_from_a_trace():
+    path = TRACES["azure-2023-conv"]
     cfg = RunConfig(
         rate_rps=1,
         requests=30,

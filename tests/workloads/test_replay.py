@@ -7,6 +7,7 @@ import json
 from loadlab.config import RunConfig
 from loadlab.records import RequestRecord
 from loadlab.workloads import build_requests, workload_extra
+from loadlab.workloads.params import TRACES
 from loadlab.workloads.prompts import BLOCK_TOKENS
 from loadlab.workloads.trace import TraceStats, iter_trace, replay_fidelity, send_lag_ms
 
@@ -20,8 +21,8 @@ def replay_cfg(path, seed=0, **workload):
     )
 
 
-def test_azure_conv_60x_for_60s_keeps_times_and_lengths(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_conv.csv"
+def test_azure_conv_60x_for_60s_keeps_times_and_lengths():
+    path = TRACES["azure-2023-conv"]
     stream = build_requests(replay_cfg(path, time_scale=60, duration_s=60))
     specs = list(stream)
     rows = [r for r in iter_trace(path, duration_s=60)]
@@ -39,23 +40,23 @@ def test_azure_conv_60x_for_60s_keeps_times_and_lengths(shared_data):
     assert extra["trace"]["requests"] == 191 and extra["trace"]["format"] == "azure-2023"
 
 
-def test_window_start_shifts_times_to_zero(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_conv.csv"
+def test_window_start_shifts_times_to_zero():
+    path = TRACES["azure-2023-conv"]
     specs = list(build_requests(replay_cfg(path, start_s=600, duration_s=30, time_scale=2)))
     rows = list(iter_trace(path, start_s=600, duration_s=30))
     assert [s.intended_at_s for s in specs] == [(r.t_s - 600) / 2 for r in rows]
     assert 0 <= specs[0].intended_at_s and specs[-1].intended_at_s < 15
 
 
-def test_limit_and_run_requests_cap(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_code.csv"
+def test_limit_and_run_requests_cap():
+    path = TRACES["azure-2023-code"]
     assert len(list(build_requests(replay_cfg(path, limit=7)))) == 7
     cfg = RunConfig(rate_rps=1, requests=5, workload={"kind": "trace", "path": str(path)})
     assert len(list(build_requests(cfg))) == 5
 
 
-def test_rate_scale_thins_and_duplicates_reproducibly(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_conv.csv"
+def test_rate_scale_thins_and_duplicates_reproducibly():
+    path = TRACES["azure-2023-conv"]
     base = len(list(build_requests(replay_cfg(path, duration_s=300))))
     half = build_requests(replay_cfg(path, duration_s=300, rate_scale=0.5, seed=4))
     half_specs = list(half)
@@ -71,8 +72,8 @@ def test_rate_scale_thins_and_duplicates_reproducibly(shared_data):
     )
 
 
-def test_too_long_rows_are_skipped_and_counted(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_conv.csv"
+def test_too_long_rows_are_skipped_and_counted():
+    path = TRACES["azure-2023-conv"]
     stream = build_requests(replay_cfg(path, duration_s=60, max_total_tokens=4096))
     specs = list(stream)
     assert all(s.prompt_tokens + s.max_tokens <= 4096 for s in specs)
@@ -93,8 +94,8 @@ def test_mooncake_replay_shares_prefixes_for_equal_hash_ids(shared_data):
                 assert spec.prompt[:BLOCK_TOKENS] != other.prompt[:BLOCK_TOKENS]
 
 
-def test_closed_loop_replay_has_no_times(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_code.csv"
+def test_closed_loop_replay_has_no_times():
+    path = TRACES["azure-2023-code"]
     cfg = RunConfig(concurrency=2, requests=10, workload={"kind": "trace", "path": str(path)})
     assert {s.intended_at_s for s in build_requests(cfg)} == {None}
 
@@ -139,3 +140,33 @@ def test_replay_fidelity_rate_series():
     fid = replay_fidelity(records, bin_s=1.0)
     assert fid["scheduled_rate_rps"] == [3.0, 1.0] and fid["sent_rate_rps"] == [2.0, 2.0]
     assert fid["max_rate_diff_rps"] == 1.0 and fid["send_lag_ms"]["max"] == 13.0
+
+
+def test_shipped_traces_by_name_equal_the_published_files(tmp_path):
+    from tests.conftest import SHARED_DATA
+
+    cfg = replay_cfg("x", requests=5)
+    by_name = cfg.replace(workload={"kind": "trace", "trace": "azure-2023-code", "limit": 5})
+    by_path = replay_cfg(TRACES["azure-2023-code"], limit=5)
+    assert list(build_requests(by_name)) == list(build_requests(by_path))
+    for name, path in TRACES.items():
+        shared = SHARED_DATA / "traces" / path.name
+        if shared.is_file():  # byte for byte the published file (CRLF, no final newline)
+            assert path.read_bytes() == shared.read_bytes(), name
+
+
+def test_a_trace_name_or_a_path_not_both_and_typos_are_named():
+    import pytest
+
+    from loadlab.workloads import validate_workload
+    from loadlab.workloads.params import WorkloadError
+
+    def check(**workload):
+        validate_workload(RunConfig(rate_rps=1, requests=3, workload={"kind": "trace", **workload}))
+
+    with pytest.raises(WorkloadError, match="did you mean 'azure-2023-conv'"):
+        check(trace="azure-2023-cnv")
+    with pytest.raises(WorkloadError, match="not both"):
+        check(trace="azure-2023-conv", path=str(TRACES["azure-2023-conv"]))
+    with pytest.raises(WorkloadError, match=r'trace = "NAME" \(shipped: azure-2023-conv'):
+        check()

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from loadlab.workloads.params import TRACES
 from loadlab.workloads.trace import (
     TraceError,
     TraceStats,
@@ -37,8 +38,8 @@ def write(tmp_path, name, text, newline="\n"):
     return p
 
 
-def test_azure_2023_real_file_crlf_no_final_newline_seven_digits(shared_data):
-    path = shared_data / "traces" / "AzureLLMInferenceTrace_conv.csv"
+def test_azure_2023_real_file_crlf_no_final_newline_seven_digits():
+    path = TRACES["azure-2023-conv"]
     raw = path.read_bytes()
     assert b"\r\n" in raw[:100] and not raw.endswith(b"\n")  # the quirks are really there
     stats = TraceStats()
