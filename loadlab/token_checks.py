@@ -81,7 +81,7 @@ def prompt_warning(match: PromptMatch) -> str | None:
     return (
         f"loadlab run: {missed} of {n} requests' prompts were counted by the server more than "
         f"one token away from the requested length (worst {match.worst:+d}); the load is not "
-        "what was asked: give --tokenizer (the model's tokenizer folder, 'server' or 'auto')"
+        "what was asked: give --tokenizer with the model's tokenizer folder or tokenizer.json"
     )
 
 
