@@ -49,6 +49,7 @@ __all__ = [
     "LogHistogram",
     "Throughput",
     "answer_token_count",
+    "chunk_token_counts",
     "count_outcomes",
     "distribution",
     "e2e_from_intended_ms",
@@ -56,6 +57,7 @@ __all__ = [
     "good_requests",
     "goodput_rps",
     "itl_ms",
+    "itl_per_token_ms",
     "latency_records",
     "max_gap_ms",
     "output_token_count",
@@ -113,6 +115,31 @@ def itl_ms(r: RequestRecord) -> list[float]:
     """Every gap between consecutive token-carrying chunks of one stream (ms)."""
     c = r.chunk_ns
     return [(c[i] - c[i - 1]) / NS_PER_MS for i in range(1, len(c))]
+
+
+def chunk_token_counts(r: RequestRecord) -> list[int] | None:
+    """Tokens carried by each token-carrying chunk: the recorded counts (the server's, or the
+    tokenizer's over each chunk's text), else one each when the output token count equals
+    the chunk count; None when a chunk carried several and nothing said which."""
+    n = len(r.chunk_ns)
+    if r.chunk_tokens and len(r.chunk_tokens) == n:
+        return list(r.chunk_tokens)
+    return [1] * n if output_token_count(r) == n else None
+
+
+def itl_per_token_ms(r: RequestRecord) -> list[float]:
+    """The per-token view of ITL (ms): each gap divided evenly over the tokens of the chunk it
+    ends (a chunk of k tokens after a gap g gives k values g / k). Equal to ``itl_ms`` when
+    every chunk carries one token; empty when the split is not known (``chunk_token_counts``)."""
+    counts = chunk_token_counts(r)
+    if counts is None:
+        return []
+    c = r.chunk_ns
+    out: list[float] = []
+    for i in range(1, len(c)):
+        k = max(1, counts[i])
+        out.extend([(c[i] - c[i - 1]) / NS_PER_MS / k] * k)
+    return out
 
 
 def output_token_count(r: RequestRecord) -> int:
@@ -428,11 +455,13 @@ def throughput(
 
 
 # The latency distributions of a run (a summary's rows, an SLO's percentile metrics): the
-# per-request metrics plus ``itl_ms``, which pools every gap of every stream.
+# per-request metrics plus ``itl_ms``, which pools every gap of every stream, and its
+# per-token view ``itl_per_token_ms`` (each gap divided over its chunk's tokens).
 LATENCY_METRICS = (
     "ttft_ms",
     "ttft_from_intended_ms",
     "itl_ms",
+    "itl_per_token_ms",
     "tpot_ms",
     "e2e_ms",
     "e2e_from_intended_ms",

@@ -8,7 +8,7 @@ of the records from ``loadlab.metrics``. ``RunSummary.to_dict()`` is the results
     {"counts": {"scheduled", "sent", "dropped", "ok", "failed", "late", "by_outcome",
                 "error_rate"},
      "window_ns": [start, end],
-     "ttft_ms" | "ttft_from_intended_ms" | "itl_ms" | "tpot_ms" | "e2e_ms" |
+     "ttft_ms" | "ttft_from_intended_ms" | "itl_ms" | "itl_per_token_ms" | "tpot_ms" | "e2e_ms" |
      "e2e_from_intended_ms" | "max_gap_ms" | "output_tokens_per_request":
                 {"count", "p50", "p90", "p95", "p99", "mean", "min", "max"},
      "ttfat_ms" | "reasoning_ms" | "reasoning_tokens" | "answer_tokens" | "tool_call_tokens":
@@ -46,6 +46,7 @@ from loadlab.metrics import (
     e2e_from_intended_ms,
     e2e_ms,
     itl_ms,
+    itl_per_token_ms,
     latency_records,
     max_gap_ms,
     output_token_count,
@@ -89,7 +90,10 @@ class RunSummary:
     """Counts, latency distributions (ms) and throughput of one run's measurement window.
 
     Latency populations are the ok requests sent inside the window (``latency_records``);
-    ``itl_ms`` pools every gap of those streams; ``max_gap_ms`` is each stream's longest gap.
+    ``itl_ms`` pools every gap of those streams (per chunk: what a reader sees);
+    ``itl_per_token_ms`` is its per-token view (each gap divided over the tokens of the chunk
+    it ends; streams whose split is unknown left out); ``max_gap_ms`` is each stream's longest
+    gap.
     """
 
     counts: Counts
@@ -99,6 +103,7 @@ class RunSummary:
     reasoning_ms: Distribution
     ttft_from_intended_ms: Distribution
     itl_ms: Distribution
+    itl_per_token_ms: Distribution  # each gap divided over its chunk's tokens (labelled so)
     tpot_ms: Distribution
     e2e_ms: Distribution
     e2e_from_intended_ms: Distribution
@@ -166,6 +171,7 @@ def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary
         reasoning_or_tools=has_reasoning_or_tools(run.records),
         ttft_from_intended_ms=dist(ttft_from_intended_ms),
         itl_ms=distribution([g for r in lat for g in itl_ms(r)], qs),
+        itl_per_token_ms=distribution([g for r in lat for g in itl_per_token_ms(r)], qs),
         tpot_ms=dist(tpot_ms),
         e2e_ms=dist(e2e_ms),
         e2e_from_intended_ms=dist(e2e_from_intended_ms),

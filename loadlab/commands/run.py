@@ -399,7 +399,7 @@ def _write(results: Results, path: Path, journal: Path) -> bool:
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         raise ConfigError("--interleave runs in one process; drop --workers")
-    from loadlab.workloads.exact import prepared_sizing
+    from loadlab.sizing import prepared_sizing
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)

@@ -43,6 +43,8 @@ LATENCY_ROWS = (
     ("Reasoning duration", "reasoning_ms", False),
     ("TTFT from intended", "ttft_from_intended_ms", True),
     ("ITL", "itl_ms", False),
+    # shown only where some chunk carried several tokens (``latency_rows``)
+    ("ITL per token", "itl_per_token_ms", False),
     # each stream's longest gap, over streams: the stall users see (beside the pooled ITL)
     ("Longest stall per stream", "max_gap_ms", False),
     ("TPOT", "tpot_ms", False),
@@ -95,10 +97,13 @@ def is_open_loop(results: Results) -> bool:
 def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distribution]]:
     """(label, distribution) for each latency metric shown (from-intended only for open loop)."""
     open_loop = is_open_loop(results)
+    same = summary.itl_per_token_ms == summary.itl_ms  # one token per chunk: nothing to add
     return [
         (label, summary.latency(name))
         for label, name, ol in LATENCY_ROWS
-        if (open_loop or not ol) and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
+        if (open_loop or not ol)
+        and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
+        and not (same and name == "itl_per_token_ms")
     ]
 
 

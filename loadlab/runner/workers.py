@@ -41,6 +41,7 @@ from loadlab.results import Results, merge_results
 from loadlab.runner import signals
 from loadlab.runner.progress import Progress
 from loadlab.runner.runner import Runner, group_units, run_async
+from loadlab.sizing import prepared_sizing
 from loadlab.workloads import workload_extra
 from loadlab.workloads.prefix import with_run_salt
 
@@ -190,8 +191,25 @@ def run_load(
     journal: str | os.PathLike[str] | None = None,
 ) -> Results:
     """Run ``cfg`` against ``endpoint`` in this process or over ``cfg.workers`` processes;
-    every process appends its finished records to ``journal`` when given."""
+    every process appends its finished records to ``journal`` when given.
+
+    A workload tokenizer that asks the endpoint (``server``, ``calibrate``, ``auto``) is
+    resolved here first, once (``loadlab.sizing``; a caller that resolved it already, as
+    ``loadlab run`` does to print its warnings, is reused)."""
     cfg = with_run_salt(cfg)  # before the workers fork: one cache-busting salt for all
+    with prepared_sizing(cfg.replace(endpoints=(endpoint,))):
+        return _run_load(cfg, endpoint, build_requests, client_factory, progress, kind, journal)
+
+
+def _run_load(
+    cfg: RunConfig,
+    endpoint: EndpointConfig,
+    build_requests: BuildRequests,
+    client_factory: ClientFactory | None,
+    progress: bool,
+    kind: str,
+    journal: str | os.PathLike[str] | None,
+) -> Results:
     if cfg.workers == 1:
         return run_async(
             run_endpoint(

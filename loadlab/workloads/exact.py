@@ -4,7 +4,8 @@ A workload first writes each prompt by a characters-per-token estimate (``prompt
 module then cuts or extends it until the server's count is exactly the requested
 ``spec.prompt_tokens``. ``count`` is whatever knows that count: a local tokenizer
 (``loadlab.workloads.tokenizers``: encode + chat template, microseconds) or the server itself
-(``loadlab.workloads.server_tokens``: ``/tokenize``, ``count_tokens``).
+(``loadlab.clients.counting``: ``/tokenize``, ``count_tokens``, resolved before the
+requests are built by ``loadlab.sizing``).
 
 The search (``fit_prompt``) is over prefixes of a source text: the workload's prompt (its
 request tag first, so prompts stay unique; Mooncake prefix blocks first, so shared prefixes
@@ -28,7 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -42,25 +42,25 @@ from loadlab.records import RequestSpec
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.params import WorkloadError
 from loadlab.workloads.prompts import prompt_text
-from loadlab.workloads.server_tokens import calibrate, server_counter, server_says_byte
 from loadlab.workloads.tokenizers import SERVER_METHODS, AnyTokens, ByteTokens, load_tokenizer
 from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 
 __all__ = [
-    "FALLBACK_CHARS_PER_TOKEN",
+    "AsksServer",
     "Fit",
     "PromptFitter",
     "Sizing",
     "exact_prompts",
     "fit_prompt",
-    "prepared_sizing",
+    "forget_sizing",
+    "local_sizing",
+    "remember_sizing",
     "sizing",
+    "sizing_key",
 ]
 
 _ONE_MORE = (".", ",", "!", "?", ";", ":")
 MAX_COUNTS = 48  # per prompt: a bracketing search over a few thousand characters needs ~12
-# ``auto`` with nothing to count with: English text under GPT- and Llama-style BPE vocabularies
-FALLBACK_CHARS_PER_TOKEN = 4.0
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,18 @@ class Sizing:
     warning: str | None = None  # one line ``loadlab run`` prints (auto found nothing to count)
 
 
-def _local(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
+class AsksServer(WorkloadError):
+    """Only the endpoint can count these prompts (``server``, ``calibrate``, ``auto``, or a
+    tokenizer without a chat template on a chat API): ``loadlab.sizing.prepared_sizing``
+    asks it before the requests are built."""
+
+    def __init__(self, method: str, message: str) -> None:
+        super().__init__(message)
+        self.method = method
+
+
+def local_sizing(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
+    """Sizing by a tokenizer loadlab holds: counts in microseconds, no request."""
     return Sizing(
         f"{prefix} {tok.name}",
         chars_per_token_of(tok),
@@ -250,106 +261,49 @@ def _local(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
     )
 
 
-def _asking(ep: EndpointConfig, spec: str) -> Sizing:
-    """``server``, ``calibrate`` or ``auto`` against ``ep``; raises ``WorkloadError`` when the
-    method cannot work (``auto`` catches it: ``sizing``)."""
-    api = ep.api
-    if spec == "auto" and server_says_byte(ep):
-        return _local(ByteTokens(), api, "reference server:")
-    if spec in ("auto", "server"):
-        counter = server_counter(ep)
-        if counter is not None:
-            return Sizing(
-                f"server {counter.url}",
-                1.0,
-                lambda: PromptFitter(counter.count, chars_per_token=4.0),
-                remote=True,
-            )
-        if spec == "server":
-            raise WorkloadError(
-                f"endpoint {ep.name}: no /tokenize, /v1/tokenize or count_tokens route answered; "
-                "give --tokenizer PATH, or --tokenizer calibrate"
-            )
-    cal = calibrate(ep, lambda chars: prompt_text(chars, np.random.default_rng(0), tag="probe"))
-    return Sizing(
-        f"calibrated ({cal.chars_per_token:.2f} chars/token, {cal.overhead_tokens:.0f} overhead)",
-        cal.chars_per_token,
-        lambda: PromptFitter(
-            lambda t: round(cal.overhead_tokens + len(t) / cal.chars_per_token),
-            chars_per_token=cal.chars_per_token,
-        ),
-    )
-
-
-def _estimate(ep: EndpointConfig, why: str) -> Sizing:
-    return Sizing(
-        f"estimate ({FALLBACK_CHARS_PER_TOKEN:g} chars/token)",
-        FALLBACK_CHARS_PER_TOKEN,
-        None,
-        warning=(
-            f"loadlab run: endpoint {ep.name}: prompt lengths are estimates at "
-            f"{FALLBACK_CHARS_PER_TOKEN:g} characters per token ({why}); for exact lengths give "
-            "--tokenizer (the model's tokenizer folder or tokenizer.json)"
-        ),
-    )
-
-
 def sizing(cfg: RunConfig, spec: str) -> Sizing:
     """The sizing for ``tokenizer = spec`` on the run's (first) endpoint (module docstring of
-    ``loadlab.workloads.tokenizers``; ``server``, ``calibrate`` and ``auto`` need an endpoint).
-    ``auto`` never raises: when nothing can count, prompts are cut at
-    ``FALLBACK_CHARS_PER_TOKEN`` and ``Sizing.warning`` says so."""
+    ``loadlab.workloads.tokenizers``). A method that asks the endpoint must have been resolved
+    by ``loadlab.sizing.prepared_sizing`` (``AsksServer`` otherwise)."""
     api, ep = _api(cfg), cfg.endpoints[0] if cfg.endpoints else None
+    method = spec
     if spec not in SERVER_METHODS:
         tok = load_tokenizer(spec)
         if tok.count_prompt("x", api) is not None:
-            return _local(tok, api)
+            return local_sizing(tok, api)
         if ep is None:
             raise WorkloadError(f"tokenizer {spec!r} has no chat template; use --api completions")
-        spec = "auto"  # no template: the server has to count chat prompts
+        method = "auto"  # no template: the server has to count chat prompts
     if ep is None:
         raise WorkloadError(f"tokenizer = {spec!r} asks the server, but there is no endpoint")
-    key = _key(spec, ep)
-    if key in _PREPARED:
-        return _PREPARED[key]
-    if spec != "auto":
-        return _asking(ep, spec)
-    try:
-        return _asking(ep, spec)
-    except (WorkloadError, OSError, ValueError) as exc:  # auto must not stop a run
-        return _estimate(ep, f"no tokenizer route, and calibration failed: {exc}")
+    found = _PREPARED.get(sizing_key(spec, ep))
+    if found is None:
+        raise AsksServer(
+            method,
+            f"tokenizer = {spec!r} asks endpoint {ep.name}: resolve it before building the "
+            "requests (with loadlab.sizing.prepared_sizing(cfg): ...)",
+        )
+    return found
 
 
-def _key(spec: str, ep: EndpointConfig) -> tuple[Any, ...]:
+def sizing_key(spec: str, ep: EndpointConfig) -> tuple[Any, ...]:
     return (spec, ep.url, ep.api, ep.model, ep.api_key_env, tuple(sorted(ep.headers.items())))
 
 
-# sizings resolved by ``prepared_sizing``: probes and calibration run once per endpoint in the
-# parent, and ``--workers`` children (forked) find them here instead of probing again
+# sizings that asked an endpoint (``loadlab.sizing.prepared_sizing`` fills it): probes and
+# calibration run once per endpoint, in the parent, and ``--workers`` children (forked) find
+# them here instead of probing again
 _PREPARED: dict[tuple[Any, ...], Sizing] = {}
 
 
-@contextlib.contextmanager
-def prepared_sizing(cfg: RunConfig) -> Iterator[list[str]]:
-    """Resolve every endpoint's sizing once, before the run; yields the warnings to print.
-    Inside, ``sizing`` (and so ``build_requests``) reuses them; on exit they are forgotten, so
-    a later run against a new server on the same address probes again."""
-    spec = cfg.workload.get("tokenizer")
-    warnings: list[str] = []
-    keys = []
-    if spec is not None and spec != "none":
-        for ep in cfg.endpoints:
-            one = sizing(cfg.replace(endpoints=(ep,)), str(spec))
-            if str(spec) in SERVER_METHODS:
-                keys.append(_key(str(spec), ep))
-                _PREPARED[keys[-1]] = one
-            if one.warning:
-                warnings.append(one.warning)
-    try:
-        yield warnings
-    finally:
-        for key in keys:
-            _PREPARED.pop(key, None)
+def remember_sizing(spec: str, ep: EndpointConfig, how: Sizing) -> tuple[Any, ...]:
+    key = sizing_key(spec, ep)
+    _PREPARED[key] = how
+    return key
+
+
+def forget_sizing(key: tuple[Any, ...]) -> None:
+    _PREPARED.pop(key, None)
 
 
 def exact_prompts(stream: RequestStream, how: Sizing | None) -> RequestStream:

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from loadlab.clients.counting import post_json, server_counter, server_says_byte
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.runner.workers import run_load
 from loadlab.token_checks import prompt_match
 from loadlab.workloads import build_requests
-from loadlab.workloads.server_tokens import post_json, server_counter, server_says_byte
 from tests.helpers.server import AUTH
 
 

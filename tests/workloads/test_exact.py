@@ -68,17 +68,22 @@ def test_same_seed_same_prompts(tok_dir):
 
 
 def test_auto_never_stops_a_run_and_says_so_once() -> None:
-    from loadlab.workloads.exact import FALLBACK_CHARS_PER_TOKEN, prepared_sizing, sizing
+    from loadlab.sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, prepared_sizing
+    from loadlab.workloads.exact import AsksServer
     from tests.conftest import free_port
 
     dead = EndpointConfig(f"http://127.0.0.1:{free_port()}", name="gone")
     cfg = RunConfig(concurrency=1, requests=3, prompt_tokens=100, max_tokens=4, endpoints=(dead,),
                     workload={"kind": "synthetic", "tokenizer": "auto"})  # fmt: skip
-    how = sizing(cfg, "auto")
+    with pytest.raises(AsksServer, match="prepared_sizing"):
+        build_requests(cfg)  # only the endpoint can count: it is asked before, not here
+    how = ask_endpoint(dead, "auto")
     assert how.fitter is None and how.chars_per_token == FALLBACK_CHARS_PER_TOKEN
     assert how.warning is not None and "endpoint gone" in how.warning
     with pytest.raises(ValueError, match="calibration"):
-        sizing(cfg, "calibrate")  # asked for by name, a method that cannot work stops the run
+        ask_endpoint(
+            dead, "calibrate"
+        )  # asked for by name, a method that cannot work stops the run
     with prepared_sizing(cfg) as notes:
         assert notes == [how.warning]
         stream = build_requests(cfg)

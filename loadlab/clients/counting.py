@@ -14,8 +14,10 @@ Tried in this order by ``server_counter(endpoint)``, each checked with one probe
 ``usage.prompt_tokens`` give the fixed overhead (chat template) and characters per token;
 prompts are then cut by characters, so their lengths are close, not exact.
 
-These are blocking calls made while the workload is built, before the run's clock starts
-(``RequestStream`` builds the first 2,048 requests ahead); they never run on the hot path.
+These are blocking calls made before the run's clock starts: the probes once per endpoint
+(``loadlab.sizing.prepared_sizing``), the counts while the workload builds its first 2,048
+requests ahead (``RequestStream``); they never run on the hot path. A client module because it
+speaks the endpoint's API (the data layers, workloads among them, never import clients).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadlab.clients.anthropic import build_messages_body, messages_url
+from loadlab.clients.openai import api_url, build_body
+from loadlab.clients.streaming import read_api_key
 from loadlab.config import EndpointConfig
+from loadlab.records import RequestSpec
 from loadlab.workloads.params import WorkloadError
 
 __all__ = [
@@ -59,8 +65,6 @@ def root_url(endpoint: EndpointConfig) -> str:
 
 
 def _headers(endpoint: EndpointConfig) -> dict[str, str]:
-    from loadlab.clients.streaming import read_api_key
-
     headers = {"Content-Type": "application/json", **endpoint.headers}
     key = read_api_key(endpoint)
     if endpoint.api == "anthropic":
@@ -161,10 +165,6 @@ def calibrate(
 ) -> Calibration:
     """Two non-streamed one-token requests; their ``usage.prompt_tokens`` give the slope
     (characters per token) and the intercept (the template's fixed overhead)."""
-    from loadlab.clients.anthropic import build_messages_body, messages_url
-    from loadlab.clients.openai import api_url, build_body
-    from loadlab.records import RequestSpec
-
     counts = []
     for i, chars in enumerate((short_chars, long_chars)):
         spec = RequestSpec(f"calibrate-{i}", text(chars), max_tokens=1)
