@@ -384,14 +384,20 @@ def latency_records(
 
 
 def _chunk_token_weights(r: RequestRecord) -> list[float]:
-    """Tokens carried by each token chunk (usage spread evenly when chunks don't say)."""
-    if r.chunk_tokens and len(r.chunk_tokens) == len(r.chunk_ns):
-        return [float(t) for t in r.chunk_tokens]
+    """Tokens carried by each token chunk, adding up to ``output_token_count``: the chunks'
+    own counts (scaled to the usage's total when a tokenizer's split disagrees with it), else
+    the total spread evenly."""
     n = len(r.chunk_ns)
     if n == 0:
         return []
     total = output_token_count(r)
-    return [total / n] * n
+    counts = chunk_token_counts(r)
+    if counts is None:
+        return [total / n] * n
+    split = sum(counts)
+    if split == total or split == 0:
+        return [float(c) for c in counts]
+    return [c * total / split for c in counts]
 
 
 @dataclass(frozen=True)

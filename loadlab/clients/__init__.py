@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
@@ -18,6 +20,7 @@ from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
+from loadlab.workloads.tokenizers import NOT_LOCAL, load_tokenizer
 
 __all__ = [
     "AnthropicClient",
@@ -37,6 +40,15 @@ __all__ = [
 ]
 
 
+def _token_ends(cfg: RunConfig) -> Callable[[str], Sequence[int]] | None:
+    """The workload's tokenizer when loadlab holds it (a folder, a file, ``byte``): tokens per
+    streamed chunk where the server does not say. ``server``/``auto`` hold none."""
+    spec = cfg.workload.get("tokenizer")
+    if not isinstance(spec, str) or spec in NOT_LOCAL:
+        return None
+    return load_tokenizer(spec).token_ends
+
+
 def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
     """The client for ``endpoint.api`` with the run's stream, usage, body and timeout knobs.
 
@@ -52,6 +64,7 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
         )
     return kind(
         endpoint,
+        token_ends=_token_ends(cfg),
         stream=cfg.stream,
         include_usage=cfg.include_usage,
         extra_body=cfg.extra_body,

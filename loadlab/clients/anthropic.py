@@ -166,6 +166,7 @@ class AnthropicStreamState(TokenFrameState):
                 usage = obj.get("usage")
                 if isinstance(usage, dict):  # output_tokens is cumulative: the last one wins
                     self.usage = {**(self.usage or {}), **usage}
+                    self._note_usage(usage)
             elif kind == "message_stop":
                 self.done = True
             # ping, content_block_start/stop and unknown future types carry nothing we time

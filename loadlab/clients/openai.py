@@ -148,6 +148,7 @@ class OpenAIStreamState(TokenFrameState):
                 return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected chunk shape: " + data)
         if obj.get("usage"):
             self.usage = obj["usage"]
+            self._note_usage(self.usage)
             if "kv_transfer" in obj:
                 self._kv_transfer(obj["kv_transfer"])
         return False

@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from array import array
@@ -111,10 +112,12 @@ class StreamState:
         "_sse",
         "_stamps",
         "_t0",
+        "_usage_at",
         "done",
         "record",
         "secrets",
         "stream",
+        "token_ends",
         "usage",
     )
 
@@ -152,6 +155,12 @@ class StreamState:
         self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
         self._header_id: str | None = None  # a request-id response header (ID_HEADERS)
         self._calls: dict[Any, dict[str, str]] | None = None  # tool calls by index (_tool_*)
+        # token chunk index -> cumulative output tokens, from usage sent inside the stream
+        # (vLLM/SGLang ``continuous_usage_stats``): the server's own tokens per chunk
+        self._usage_at: dict[int, int] | None = None
+        # the target model's tokenizer (character end of each token), for tokens per chunk
+        # when the server does not say; used once per stream, at its end
+        self.token_ends: Callable[[str], Sequence[int]] | None = None
 
     @property
     def text(self) -> str:
@@ -326,6 +335,45 @@ class StreamState:
         return (prompt if isinstance(prompt, int) else None,
                 cached if isinstance(cached, int) else None)  # fmt: skip
 
+    def _note_usage(self, usage: Any) -> None:
+        """Usage inside a stream: the cumulative output tokens up to the latest token chunk."""
+        out = usage.get(self.OUTPUT_KEY) if isinstance(usage, dict) else None
+        if isinstance(out, int) and self._stamps:
+            if self._usage_at is None:
+                self._usage_at = {}
+            self._usage_at[len(self._stamps) - 1] = out
+
+    def _chunk_counts(self, total: int | None) -> tuple[list[int], str] | None:
+        """Each token chunk's token count and who said it (``server``: cumulative usage on
+        every chunk; ``tokenizer``: the streamed text split at the chunks' boundaries), or
+        None when every chunk is one token (the usage equals the chunk count) or nothing
+        can say. Once per stream, after its last byte: nothing on the per-chunk path."""
+        n = len(self.record.chunk_ns)
+        at = self._usage_at
+        if at is not None and len(at) >= n and all(i in at for i in range(n)):
+            cum = [at[i] for i in range(n)]
+            counts = [cum[0], *(b - a for a, b in itertools.pairwise(cum))]
+            if all(c >= 1 for c in counts):
+                return counts, "server"
+        if total == n:
+            return None
+        parts = self._parts
+        if self.token_ends is None or len(parts) != n or not all(type(p) is str for p in parts):
+            return None  # reasoning chunks carry no text here: their split is unknown
+        text = "".join(parts)
+        try:
+            ends = self.token_ends(text)
+        except Exception:
+            return None
+        counts, i, pos = [], 0, 0
+        for part in parts:  # tokens ending inside each chunk (a token split over two: the later)
+            pos += len(part)
+            k = 0
+            while i < len(ends) and ends[i] <= pos:
+                i, k = i + 1, k + 1
+            counts.append(max(1, k))  # a chunk that carried text carried (part of) a token
+        return counts, "tokenizer"
+
     def _count_tokens(self) -> None:
         rec = self.record
         rec.output_tokens_chunks = len(rec.chunk_ns) if self.stream else 0
@@ -333,11 +381,19 @@ class StreamState:
         if usage:
             rec.prompt_tokens, rec.cached_prompt_tokens = self._prompt_usage(usage)
         completion = usage.get(self.OUTPUT_KEY)
+        split = None
+        if self.stream and rec.chunk_ns and not rec.chunk_tokens:
+            split = self._chunk_counts(completion if isinstance(completion, int) else None)
+            if split is not None:
+                rec.chunk_tokens = split[0]
+        streamed = sum(rec.chunk_tokens) if split is not None else rec.output_tokens_chunks
         if isinstance(completion, int):
             rec.output_tokens, rec.output_tokens_source = completion, "usage"
-            rec.output_tokens_disagree = self.stream and rec.output_tokens_chunks != completion
+            rec.output_tokens_disagree = self.stream and streamed != completion
             if not self.stream and rec.chunk_ns:
                 rec.chunk_tokens = [completion]
+        elif split is not None and split[1] == "tokenizer":
+            rec.output_tokens, rec.output_tokens_source = streamed, "tokenizer"
         elif rec.output_tokens_chunks:
             rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
         details = usage.get(self.OUTPUT_DETAILS_KEY)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from loadlab._version import __version__
@@ -87,6 +87,7 @@ class StreamingClient:
         read_timeout_s: float = 30.0,
         max_connections: int = 0,
         transport: str = "raw",
+        token_ends: Callable[[str], Sequence[int]] | None = None,
     ) -> None:
         if endpoint.api not in self.APIS:
             raise ConfigError(
@@ -106,6 +107,7 @@ class StreamingClient:
         self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
         self.max_connections = max_connections
         self.transport_kind = transport
+        self.token_ends = token_ends  # the model's tokenizer: tokens per chunk (StreamState)
         key = read_api_key(endpoint)
         self._secrets = (key,) if key else ()
         self._headers = {
@@ -167,6 +169,7 @@ class StreamingClient:
             raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
         rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
         state = self._state(rec, t0_ns)
+        state.token_ends = self.token_ends
         body = self._body(spec, history)
         attempt_ns = time.perf_counter_ns()
         try:

@@ -98,6 +98,10 @@ class Tokens(Protocol):
         """Prompt tokens a server counts for ``text`` as the one message under ``api``."""
         ...
 
+    def token_ends(self, text: str) -> list[int]:
+        """The character offset where each token of ``text`` ends (tokens per streamed chunk)."""
+        ...
+
 
 class ByteTokens:
     """The reference server's tokenizer: one token per UTF-8 byte; chat = contents joined."""
@@ -107,6 +111,11 @@ class ByteTokens:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def token_ends(self, text: str) -> list[int]:
+        if text.isascii():
+            return list(range(1, len(text) + 1))
+        return [i + 1 for i, ch in enumerate(text) for _ in range(len(ch.encode("utf-8")))]
 
     def count_prompt(self, text: str, api: str) -> int | None:
         return len(text.encode("utf-8"))
@@ -134,6 +143,10 @@ class TiktokenTokens:
 
     def encode(self, text: str) -> list[int]:
         return list(self._enc.encode(text, disallowed_special=()))
+
+    def token_ends(self, text: str) -> list[int]:
+        _, starts = self._enc.decode_with_offsets(self.encode(text))
+        return [*starts[1:], len(text)] if starts else []
 
     def count_prompt(self, text: str, api: str) -> int | None:
         return None if api in CHAT_APIS else len(self.encode(text))

@@ -129,3 +129,15 @@ def test_prompt_match_and_short_answers_are_shown() -> None:
     )
     assert "short       1 of 4 answers stopped before max_tokens" in text
     assert "prompts " not in render_summary(hand_made())  # nothing requested: no line
+
+
+def test_per_token_itl_row_only_where_a_chunk_carried_several_tokens() -> None:
+    assert "ITL per token" not in render_summary(hand_made())  # one token per chunk
+    res = hand_made()
+    for r in res.records[:4]:  # the last chunk of each stream carried 3 tokens: 5 in all
+        r.chunk_tokens, r.output_tokens = [1, 1, 3], 5
+    text = render_summary(res)
+    # per chunk: 8 gaps of 5 ms and 15 (one 25); per token: the second gaps split in three
+    assert _row(text, "ITL (ms)")[0] == "8"
+    per_token = _row(text, "ITL per token (ms)")
+    assert per_token[0] == "16" and per_token[5] == "8.3"  # n, max: 25 ms / 3
