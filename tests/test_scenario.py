@@ -30,13 +30,13 @@ def error_of(path) -> str:
 
 
 @pytest.mark.parametrize(
-    "name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix", "prefix_pool"]
+    "name", ["chat", "batch", "azure_conv", "agent", "reasoning_mix", "prefix_pool", "dataset"]
 )
 def test_shipped_scenarios_load_and_build(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_scenario(f"scenarios/{name}.toml")
     assert isinstance(cfg, RunConfig)
-    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent", "mix", "prefix")
+    assert cfg.workload["kind"] in ("chat", "batch", "trace", "agent", "mix", "prefix", "dataset")
     specs = list(build_requests(cfg))
     assert specs
     if name == "chat":
@@ -60,7 +60,7 @@ def test_the_reasoning_slo_example_loads() -> None:
 
 def test_same_scenario_and_seed_give_the_same_requests(monkeypatch):
     monkeypatch.chdir(ROOT)
-    for name in ("chat", "batch", "azure_conv"):
+    for name in ("chat", "batch", "azure_conv", "dataset"):
         a = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
         b = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
         assert a == b

@@ -191,6 +191,16 @@ def _trace_line(t: dict[str, Any]) -> str:
     )
 
 
+def _dataset_line(d: dict[str, Any]) -> str:
+    """What a dataset workload read, sent, skipped and cut (``loadlab.workloads.dataset``)."""
+    return (
+        f"dataset     {d.get('format', '?')} {d.get('path', '?')}: {d.get('rows_read', 0):,} rows "
+        f"read, {d.get('conversations', 0):,} conversations, {d.get('requests', 0):,} requests; "
+        f"skipped: {d.get('bad_rows', 0):,} rows without text, {d.get('too_short', 0):,} prompts "
+        f"too short; {d.get('cut', 0):,} prompts cut"
+    )
+
+
 def render_summary(results: Results) -> str:
     """The summary table of ``loadlab report`` and the end of ``loadlab run``."""
     s = summarize(results)
@@ -239,6 +249,9 @@ def render_summary(results: Results) -> str:
     trace = (results.extra.get("workload") or {}).get("trace")
     if isinstance(trace, dict):
         parts.append(_trace_line(trace))
+    dataset = (results.extra.get("workload") or {}).get("dataset")
+    if isinstance(dataset, dict):
+        parts.append(_dataset_line(dataset))
     gap, rid = _longest_stall(results)
     if gap is not None:
         parts.append(

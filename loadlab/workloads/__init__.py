@@ -9,6 +9,7 @@
     agent       tool-calling sessions (tool results after a think time)  (loadlab.workloads.agent)
     mix         several of these in one run, one request class each      (loadlab.workloads.mix)
     prefix      shared system prompt or prefix pools, cache-busting (loadlab.workloads.prefix)
+    dataset     real text: ShareGPT, JSONL, local HF datasets    (loadlab.workloads.dataset)
 
 Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
 (chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
@@ -40,7 +41,7 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import agent, batch, chat, mix, prefix, replay, synthetic
+from loadlab.workloads import agent, batch, chat, dataset, mix, prefix, replay, synthetic
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.exact import exact_prompts, sizing
 from loadlab.workloads.lengths import DATASETS
@@ -65,6 +66,7 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "trace": (replay.validate, replay.trace_requests),
     "agent": (agent.validate, agent.agent_requests),
     "prefix": (prefix.validate, prefix.prefix_requests),
+    "dataset": (dataset.validate, dataset.dataset_requests),
 }
 KINDS["mix"] = (
     functools.partial(mix.validate, kinds=KINDS),

@@ -127,7 +127,7 @@ def resolve_path(value: str | Path, key: str, bases: Sequence[Path] = ()) -> Pat
     else:
         candidates = [b / path for b in (*bases, Path.cwd(), REPO_ROOT)]
     for c in candidates:
-        if c.is_file():
+        if c.is_file() or c.is_dir():  # a folder: a dataset saved by HF save_to_disk
             return c.resolve()
     tried = ", ".join(dict.fromkeys(str(c) for c in candidates))
     raise WorkloadError(

@@ -70,3 +70,19 @@ def test_loadlab_run_prints_the_match_and_warns_on_misses(
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "prompts     6 of 6 exactly the requested length\n" in out and "--tokenizer" not in err
+
+
+def test_dataset_prompts_cut_to_the_requested_length_as_the_server_counts(
+    continuous_server: Any,
+) -> None:
+    from loadlab.workloads.params import PACKAGE_DATA
+
+    ep = EndpointConfig(continuous_server.url, model="loadlab-ref", api_key_env="LOADLAB_TEST_KEY")
+    path = str(PACKAGE_DATA / "samples" / "sharegpt.json")
+    cfg = RunConfig(concurrency=2, requests=6, max_tokens=2, endpoints=(ep,), progress=False,
+                    workload={"kind": "dataset", "path": path, "turns": "first",
+                              "tokenizer": "auto", "prompt_tokens": 60, "output_tokens": 2})  # fmt: skip
+    results = run_load(cfg, ep, build_requests, progress=False)
+    assert all(r.ok for r in results.records) and len(results.records) == 6
+    match = prompt_match(results.records)
+    assert match.compared == 6 and match.exact == 6, match
