@@ -13,7 +13,10 @@ import pytest
 from loadlab import cli, errors
 from loadlab.errors import CalibrationError, ConfigError, LoadlabError, UsageError
 
-ENDPOINT = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1"]
+# --tokenizer none: nothing listens there, and the default (auto) would say so on stderr
+# before the run, in a line of its own ("prompt lengths are estimates")
+ENDPOINT = ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1",
+            "--tokenizer", "none"]  # fmt: skip
 
 
 def test_every_error_is_in_the_tree_and_input_errors_stay_value_errors() -> None:
