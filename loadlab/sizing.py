@@ -47,16 +47,25 @@ __all__ = ["FALLBACK_CHARS_PER_TOKEN", "ask_endpoint", "prepared_sizing"]
 FALLBACK_CHARS_PER_TOKEN = 4.0
 
 
+def _probe_text(chars: int) -> str:
+    return prompt_text(chars, np.random.default_rng(0), tag="probe")
+
+
 def _asking(ep: EndpointConfig, method: str) -> Sizing:
     if method == "auto" and server_says_byte(ep):
         return local_sizing(ByteTokens(), ep.api, "reference server:")
     if method in ("auto", "server"):
         counter = server_counter(ep)
         if counter is not None:
+            # two counts give the text's characters per token: the first drafts' length, and
+            # a dataset's answer lengths and filters (loadlab.workloads.dataset)
+            short, long = (_probe_text(n) for n in (256, 2304))
+            grew = counter.count(long) - counter.count(short)
+            cpt = (len(long) - len(short)) / grew if grew > 0 else 4.0
             return Sizing(
                 f"server {counter.url}",
-                1.0,
-                lambda: PromptFitter(counter.count, chars_per_token=4.0),
+                cpt,
+                lambda: PromptFitter(counter.count, chars_per_token=cpt),
                 remote=True,
             )
         if method == "server":
@@ -64,7 +73,7 @@ def _asking(ep: EndpointConfig, method: str) -> Sizing:
                 f"endpoint {ep.name}: no /tokenize, /v1/tokenize or count_tokens route answered; "
                 "give --tokenizer PATH, or --tokenizer calibrate"
             )
-    cal = calibrate(ep, lambda chars: prompt_text(chars, np.random.default_rng(0), tag="probe"))
+    cal = calibrate(ep, _probe_text)
     return Sizing(
         f"calibrated ({cal.chars_per_token:.2f} chars/token, {cal.overhead_tokens:.0f} overhead)",
         cal.chars_per_token,
