@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from loadlab.simulate.fit import extrapolation
     from loadlab.simulate.setup import server_from_args, step_model_from_args
     from loadlab.workloads import build_requests
+    from loadlab.workloads.exact import without_asking
 
     fitted = _fit(args) if args.fit_reference or args.fit_results else None
     if isinstance(fitted, int):
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"loadlab simulate: {server.mode}, {step_model.describe()}", file=sys.stderr)
     try:
-        out = Simulator(cfg, server, step_model).run(build_requests(cfg))
+        out = Simulator(cfg, server, step_model).run(build_requests(without_asking(cfg)))
     except ValueError as exc:
         print(f"loadlab simulate: {exc}", file=sys.stderr)
         return 2

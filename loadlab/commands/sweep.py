@@ -164,6 +164,7 @@ def _predict(args: argparse.Namespace, base: RunConfig, spec: SLOSpec, levels: l
     from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
     from loadlab.sweep import level_config
     from loadlab.workloads import build_requests
+    from loadlab.workloads.exact import without_asking
 
     step = step_model_from_args(args)
     server = server_from_args(args, step)
@@ -172,7 +173,7 @@ def _predict(args: argparse.Namespace, base: RunConfig, spec: SLOSpec, levels: l
                                       bisect_steps=args.bisect_steps, inconclusive=args.inconclusive)  # fmt: skip
     for lv in measured.levels:  # predict every measured load, for the curves
         if lv.load not in runs:
-            cfg = level_config(base, lv.load, mode)
+            cfg = without_asking(level_config(base, lv.load, mode))
             runs[lv.load] = Simulator(cfg, server, step).run(build_requests(cfg)).to_results()
     measured_runs = {lv.load: read_results(lv.path) for lv in measured.levels if lv.path}
     curves = {"measured": curves_of(measured_runs), "predicted": curves_of(runs)}

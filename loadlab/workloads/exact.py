@@ -57,6 +57,7 @@ __all__ = [
     "remember_sizing",
     "sizing",
     "sizing_key",
+    "without_asking",
 ]
 
 _ONE_MORE = (".", ",", "!", "?", ";", ":")
@@ -294,6 +295,14 @@ def sizing_key(spec: str, ep: EndpointConfig) -> tuple[Any, ...]:
 # calibration run once per endpoint, in the parent, and ``--workers`` children (forked) find
 # them here instead of probing again
 _PREPARED: dict[tuple[Any, ...], Sizing] = {}
+
+
+def without_asking(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a tokenizer that would ask the endpoint replaced by ``none``: for requests
+    that no server will count (a simulation reads the requested token counts, not the text)."""
+    if cfg.workload.get("tokenizer") not in SERVER_METHODS:
+        return cfg
+    return cfg.replace(workload={**cfg.workload, "tokenizer": "none"})
 
 
 def remember_sizing(spec: str, ep: EndpointConfig, how: Sizing) -> tuple[Any, ...]:
