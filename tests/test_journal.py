@@ -30,7 +30,10 @@ from loadlab.results import read_results
 from loadlab.testing.fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 
-RUN = [sys.executable, "-m", "loadlab", "run", "--no-progress", "--prompt-tokens", "8"]
+# --tokenizer none: the fixed server's truth lists every request it saw, and the default
+# (auto) would first send it two calibration requests
+RUN = [sys.executable, "-m", "loadlab", "run", "--no-progress", "--prompt-tokens", "8",
+       "--tokenizer", "none"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
