@@ -31,6 +31,7 @@ from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
+from loadlab.headers import is_credential
 from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
 
 __all__ = ["StreamingClient", "read_api_key", "v1_url"]
@@ -107,7 +108,7 @@ class StreamingClient:
         self.max_connections = max_connections
         self.transport_kind = transport
         key = read_api_key(endpoint)
-        self._secrets = (key,) if key else ()
+        self._secrets: tuple[str, ...] = (key,) if key else ()
         self._headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
@@ -117,6 +118,7 @@ class StreamingClient:
         }
         if key:
             self._headers.update(self._auth(key))
+        self._secrets += _credentials(self._headers)
         self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
 
@@ -180,3 +182,12 @@ class StreamingClient:
             if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
                 state.on_sent(attempt_ns)
         return Completion(rec, state.text, state.tool_calls)
+
+
+def _credentials(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """Credential header values (and their part after a scheme such as ``Basic``) to scrub
+    from error excerpts: a server that echoes a header must not put it in a record. Values
+    under 6 characters are left alone, or every ``1`` in a message would become ``***``."""
+    values = [v for k, v in headers.items() if is_credential(k)]
+    parts = [v.partition(" ")[2] for v in values]
+    return tuple(s for s in values + parts if len(s) >= 6)

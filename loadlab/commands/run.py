@@ -30,6 +30,7 @@ from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.extras import require
 from loadlab.generator import saturation_warning
+from loadlab.headers import check_header
 from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
 from loadlab.runner import signals
@@ -63,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--api", choices=list(APIS), help="API flavour (default chat)")
     a("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     a("--header", action="append", metavar="K:V", help="extra HTTP header (repeatable)")
+    a(
+        "--redact-header",
+        action="append",
+        metavar="NAME",
+        help="also store and print this header as *** (repeatable; credential-like names "
+        "such as Authorization, Cookie, *key*, *token*, *secret*, *auth* always are)",
+    )
     a("--endpoint-model", action="append", metavar="NAME=MODEL", help="one endpoint's model")
     a("--endpoint-api", action="append", metavar="NAME=API", help="one endpoint's API flavour")
     a("--endpoint-key-env", action="append", metavar="NAME=VAR", help="one endpoint's key variable")
@@ -151,6 +159,7 @@ def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> li
         key, sep, value = h.partition(":")
         if not sep or not key.strip():
             raise ConfigError(f"--header must look like Name:value, got {h!r}")
+        check_header(key.strip(), value.strip())  # also with no --endpoint (embedded server)
         headers[key.strip()] = value.strip()
     changes: dict[str, Any] = {
         k: v
@@ -239,6 +248,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         base_wl = dict(fields.get("workload") or {})
         fields["workload"] = {**(base_wl if base_wl.get("kind") == "prefix" else {}),
                               "kind": "prefix", **prefix}  # fmt: skip
+    if args.redact_header:
+        fields["redact_headers"] = tuple(args.redact_header)
     if args.no_stream:
         fields["stream"] = False
     if args.no_progress:

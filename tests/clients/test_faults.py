@@ -4,9 +4,11 @@ an API key never leaks into records, results or logs."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +159,35 @@ def test_canary_key_never_leaks(
     assert CANARY not in path.read_text()
     assert all(CANARY not in repr(r) for r in records)
     assert CANARY not in caplog.text
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_url_credentials_go_as_basic_auth_and_never_into_records(
+    transport: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17: the raw transport dropped URL user-info silently (aiohttp sent it); now both
+    send it as Basic auth, the client's URL holds none, and an echo of it is scrubbed."""
+    seen: list[str | None] = []
+    handle = fault_server.handle
+
+    def recording(conn: Any, req: Any) -> None:
+        seen.append(req.headers.get("authorization"))
+        handle(conn, req)
+
+    monkeypatch.setattr(fault_server, "handle", recording)
+    base = fault_server.url.replace("http://", "http://al%40ice:pa55word@")
+
+    async def main() -> list[Any]:
+        recs = []
+        for mode in ("ok", "echo_auth"):
+            ep = EndpointConfig(f"{base}/fault/{mode}", api="completions")
+            async with OpenAIClient(ep, transport=transport, timeout_s=5) as c:
+                assert "pa55word" not in c.url
+                recs.append((await c.send(RequestSpec(mode, "hi", 3), t0_ns=0)).record)
+        return recs
+
+    ok, echoed = asyncio.run(main())
+    token = base64.b64encode(b"al@ice:pa55word").decode()
+    assert seen == [f"Basic {token}"] * 2
+    assert (ok.outcome, echoed.outcome) == ("ok", "http_401")
+    assert token not in repr(echoed) and "bad key: ***" in echoed.error
