@@ -91,6 +91,7 @@ class RunConfig:
     interleave: bool = False  # several endpoints: interleave requests instead of one after another
     progress: bool = True
     saturation_lag_ms: float = 20.0  # event-loop lag past which the generator is saturated
+    max_event_bytes: int = 4 << 20  # longest SSE line, event or whole body; over: protocol_error
     redact_headers: tuple[str, ...] = ()  # header names stored as *** beyond credential-like ones
 
     def __post_init__(self) -> None:
@@ -165,6 +166,7 @@ class RunConfig:
         _integer("--prompt-tokens", self.prompt_tokens, 1, MAX_TOKENS, "tokens per request")
         _integer("--max-tokens", self.max_tokens, 1, MAX_TOKENS, "tokens per request")
         _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
+        _integer("--max-event-bytes", self.max_event_bytes, 1024, 1 << 30, "the default is 4 MiB")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

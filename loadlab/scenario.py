@@ -88,6 +88,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "workers": (lambda v: v >= 1, "must be >= 1"),
     "scrape_interval_s": (lambda v: v > 0, "must be > 0 seconds"),
     "saturation_lag_ms": (lambda v: v > 0, "must be > 0 ms"),
+    "max_event_bytes": (lambda v: 1024 <= v <= 1 << 30, "must be between 1024 and 2**30 bytes"),
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any, Self
 
 from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
+from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
@@ -88,6 +89,7 @@ class StreamingClient:
         read_timeout_s: float = 30.0,
         max_connections: int = 0,
         transport: str = "raw",
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         if endpoint.api not in self.APIS:
             raise ConfigError(
@@ -106,6 +108,7 @@ class StreamingClient:
         self.extra_body = dict(extra_body or {})
         self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
         self.max_connections = max_connections
+        self.max_event_bytes = max_event_bytes  # longest SSE line, event or whole body
         self.transport_kind = transport
         key = read_api_key(endpoint)
         self._secrets: tuple[str, ...] = (key,) if key else ()

@@ -90,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--seed", type=int, help="seed of the workload and arrivals")
     a("--workers", type=int, metavar="N", help="spread the load over N processes")
     a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
+    a(
+        "--max-event-bytes",
+        type=int,
+        metavar="N",
+        help="longest SSE line or event, or non-streamed body (default 4 MiB); "
+        "over it the request is a protocol_error and its connection is closed",
+    )
     a("--read-timeout", type=float, metavar="S", help="longest silence inside a stream")
     a(
         "--transport",
@@ -134,6 +141,7 @@ _FIELDS = {
     "seed": "seed",
     "workers": "workers",
     "timeout": "timeout_s",
+    "max_event_bytes": "max_event_bytes",
     "read_timeout": "read_timeout_s",
     "transport": "transport",
     "out": "out",

@@ -191,3 +191,27 @@ def test_url_credentials_go_as_basic_auth_and_never_into_records(
     assert seen == [f"Basic {token}"] * 2
     assert (ok.outcome, echoed.outcome) == ("ok", "http_401")
     assert token not in repr(echoed) and "bad key: ***" in echoed.error
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_an_endless_sse_line_is_a_protocol_error_and_closes_the_connection(
+    fault_server: FaultServer, transport: str
+) -> None:
+    """Issue 17: a server sending one endless line; the client stops at its limit (here
+    1 MiB, set as a run's --max-event-bytes would) and hangs up, so the server sees the close."""
+    before = len(fault_server._conns)
+
+    async def main() -> tuple[Any, int]:
+        ep = EndpointConfig(f"{fault_server.url}/fault/huge_line", api="chat")
+        client = OpenAIClient(ep, transport=transport, timeout_s=20, max_event_bytes=1 << 20)
+        async with client as c:
+            rec = (await c.send(RequestSpec("h1", "hi", 3), t0_ns=0)).record
+            deadline = time.monotonic() + 5
+            while len(fault_server._conns) > before and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return rec, len(fault_server._conns)
+
+    rec, open_after = asyncio.run(main())
+    assert rec.outcome == "protocol_error", rec.error
+    assert "over 1048576 bytes" in rec.error and len(rec.chunk_ns) == 1
+    assert open_after == before  # closed while the client was still open: not kept for reuse
