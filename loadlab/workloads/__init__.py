@@ -41,7 +41,7 @@ from typing import Any
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import agent, batch, chat, mix, prefix, replay, synthetic
-from loadlab.workloads.base import RequestStream
+from loadlab.workloads.base import PREFETCH_SPECS, RequestStream
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import WorkloadError, closest, resolve_path
 from loadlab.workloads.prompts import chars_per_token_from_tokenizer
@@ -97,8 +97,11 @@ def rate_unit(workload: Mapping[str, Any]) -> str:
     return "sessions/s" if _kind(workload) == "chat" else "requests/s"
 
 
-def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[RequestSpec]:
-    """The run's requests, lazily (endless for a closed-loop run stopped by duration).
+def build_requests(
+    cfg: RunConfig, *, chars_per_token: float = 1.0, read_ahead: int = PREFETCH_SPECS
+) -> Iterator[RequestSpec]:
+    """The run's requests, lazily (endless for a closed-loop run stopped by duration), the
+    first ``read_ahead`` built now (``RequestStream.read_ahead``; 0 builds each when asked).
 
     ``chars_per_token`` is 1.0 on the reference server (byte tokenizer); see
     ``loadlab.workloads.prompts.calibrate_chars_per_token`` for other endpoints. A
@@ -114,10 +117,10 @@ def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[
         raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
     effort = wl.get("reasoning_effort")
-    if effort is None:
-        return stream
-    with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
-    return RequestStream(with_effort, stream.extra)
+    if effort is not None:
+        with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
+        stream = RequestStream(with_effort, stream.extra)
+    return stream.read_ahead(read_ahead) if read_ahead > 0 else stream
 
 
 def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:
