@@ -35,7 +35,7 @@ from loadlab.errors import ConfigError
 from loadlab.headers import is_credential
 from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
 
-__all__ = ["StreamingClient", "read_api_key", "v1_url"]
+__all__ = ["StreamingClient", "read_api_key", "secret_values", "v1_url"]
 
 
 def v1_url(endpoint: EndpointConfig, path: str) -> str:
@@ -121,7 +121,7 @@ class StreamingClient:
         }
         if key:
             self._headers.update(self._auth(key))
-        self._secrets += _credentials(self._headers)
+        self._secrets += secret_values(self._headers)
         self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
 
@@ -187,7 +187,7 @@ class StreamingClient:
         return Completion(rec, state.text, state.tool_calls)
 
 
-def _credentials(headers: Mapping[str, str]) -> tuple[str, ...]:
+def secret_values(headers: Mapping[str, str]) -> tuple[str, ...]:
     """Credential header values (and their part after a scheme such as ``Basic``) to scrub
     from error excerpts: a server that echoes a header must not put it in a record. Values
     under 6 characters are left alone, or every ``1`` in a message would become ``***``."""
