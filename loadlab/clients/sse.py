@@ -98,7 +98,7 @@ class SSEDecoder:
             )
         self.max_bytes = max_bytes
         self._size = 0  # characters of data in the event being built
-        self._buf = b""  # bytes after the last line end (an incomplete line)
+        self._buf: bytes | bytearray = b""  # bytes after the last line end (an incomplete line)
         self._pending_cr = False  # the previous feed ended with CR: skip one leading LF
         self._bom_pending = True  # still at the stream start, where one BOM may be skipped
         self._data: list[str] = []  # data lines of the event being built
@@ -115,8 +115,10 @@ class SSEDecoder:
     def feed_raw(self, data: bytes) -> list[RawEvent]:
         """``feed`` as ``(data, event, id, retry)`` tuples: the client's hot path (a tuple is
         several times cheaper to build than a frozen dataclass)."""
-        buf = data
+        buf: bytes | bytearray = data
         if self._buf or self._pending_cr or self._bom_pending:
+            if self._buf and not self._bom_pending and b"\n" not in data and b"\r" not in data:
+                return self._grow(data)  # the same unfinished line: no re-join, no re-scan
             buf = self._prepare(data)
             whole = not self._buf and not self._bom_pending  # buf starts at a line start
         else:
@@ -190,7 +192,17 @@ class SSEDecoder:
             self._lines(lines, out)
         return out
 
-    def _prepare(self, data: bytes) -> bytes:
+    def _grow(self, data: bytes) -> list[RawEvent]:
+        """A read inside a line that began earlier: appended in place (a bytearray grows in
+        amortised constant time), so a long line costs its length, not its length squared."""
+        if type(self._buf) is not bytearray:
+            self._buf = bytearray(self._buf)
+        self._buf += data
+        if len(self._buf) > self.max_bytes:
+            raise self._over("a line")
+        return []
+
+    def _prepare(self, data: bytes) -> bytes | bytearray:
         """The slow start: a pending CR, a partial line, or a possible BOM."""
         if self._pending_cr and data:
             self._pending_cr = False

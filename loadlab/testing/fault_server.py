@@ -184,9 +184,9 @@ class FaultServer:
             await asyncio.sleep(3600)
         elif mode == "huge_line":
             await tokens(1)
-            piece = chunk_frame(b"x" * (64 << 10))
+            piece = chunk_frame(b"x" * (256 << 10))
             conn.write(chunk_frame(b"data: "))
-            for _ in range(HUGE_LINE_BYTES >> 16):
+            for _ in range(HUGE_LINE_BYTES >> 18):
                 if conn.closed:  # the client hung up: its limit worked
                     return
                 conn.write(piece)
