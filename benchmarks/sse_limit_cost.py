@@ -1,5 +1,5 @@
 """What the SSE line and event limit (issue 17) costs per read: the decoder of this tree against
-the decoder of a git revision without it, interleaved, best of 15 rounds of 4,000 reads.
+the decoder of a git revision without it, interleaved, best of N rounds of 4,000 reads.
 
     python3 benchmarks/sse_limit_cost.py --base 4eede83
 
@@ -67,11 +67,13 @@ def _ns_per_read(module: ModuleType, reads: list[bytes]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="git revision whose decoder has no limit")
-    base = _decoder_at(p.parse_args().base)
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (best is shown)")
+    args = p.parse_args()
+    base = _decoder_at(args.base)
     for name, reads in SHAPES.items():
         old: list[float] = []
         new: list[float] = []
-        for _ in range(15):  # interleaved, so a busy moment hits both
+        for _ in range(args.rounds):  # interleaved, so a busy moment hits both
             old.append(_ns_per_read(base, reads))
             new.append(_ns_per_read(current, reads))
         print(f"{name:24s} base {min(old):6.0f} ns/read  limit {min(new):6.0f} ns/read  "

@@ -54,6 +54,9 @@ MAX_EVENT_BYTES = 4 << 20  # a few MB: a whole long answer in one event still fi
 RawEvent = tuple[str, str, "str | None", "int | None"]  # data, event, id, retry
 
 _BOM = b"\xef\xbb\xbf"
+# A partial line this long grows in place (_grow); a shorter one, e.g. an event split over two
+# reads, is joined as before, which costs less than looking for a line end first.
+_GROW_BYTES = 16 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +120,8 @@ class SSEDecoder:
         several times cheaper to build than a frozen dataclass)."""
         buf: bytes | bytearray = data
         if self._buf or self._pending_cr or self._bom_pending:
-            if self._buf and not self._bom_pending and b"\n" not in data and b"\r" not in data:
-                return self._grow(data)  # the same unfinished line: no re-join, no re-scan
+            if len(self._buf) >= _GROW_BYTES and b"\n" not in data and b"\r" not in data:
+                return self._grow(data)  # the same long unfinished line: no re-join, no re-scan
             buf = self._prepare(data)
             whole = not self._buf and not self._bom_pending  # buf starts at a line start
         else:
