@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadlab.errors import ConfigError
+from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
 __all__ = ["EndpointConfig", "RunConfig"]
@@ -27,7 +28,13 @@ APIS = ("chat", "completions", "anthropic", "responses")
 
 @dataclass(frozen=True)
 class EndpointConfig:
-    """One endpoint. ``api_key_env`` names the environment variable that holds the key."""
+    """One endpoint. ``api_key_env`` names the environment variable that holds the key.
+
+    User-info in ``url`` (``http://user:pass@host``) is moved at once into an
+    ``Authorization: Basic`` header (unless ``headers`` has one), so the URL is safe to print
+    and store and both transports send the credentials; every header is checked for CR, LF
+    and NUL (``loadlab.headers``).
+    """
 
     url: str
     name: str = "default"
@@ -39,8 +46,16 @@ class EndpointConfig:
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ConfigError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
-        if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"endpoint URL must start with http:// or https://, got {self.url!r}")
+        url, basic = split_userinfo(self.url)
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"endpoint URL must start with http:// or https://, got {url!r}")
+        headers = dict(self.headers)
+        if basic is not None and not any(k.lower() == "authorization" for k in headers):
+            headers = {"Authorization": basic, **headers}
+        for name, value in headers.items():
+            check_header(name, value)
+        object.__setattr__(self, "url", url)  # frozen: set once, before anyone reads it
+        object.__setattr__(self, "headers", headers)
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,8 @@ class RunConfig:
     interleave: bool = False  # several endpoints: interleave requests instead of one after another
     progress: bool = True
     saturation_lag_ms: float = 20.0  # event-loop lag past which the generator is saturated
+    max_event_bytes: int = 4 << 20  # longest SSE line, event or whole body; over: protocol_error
+    redact_headers: tuple[str, ...] = ()  # header names stored as *** beyond credential-like ones
 
     def __post_init__(self) -> None:
         if (self.rate_rps is None) == (self.concurrency is None):
@@ -149,13 +166,20 @@ class RunConfig:
         _integer("--prompt-tokens", self.prompt_tokens, 1, MAX_TOKENS, "tokens per request")
         _integer("--max-tokens", self.max_tokens, 1, MAX_TOKENS, "tokens per request")
         _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
+        _integer("--max-event-bytes", self.max_event_bytes, 1024, 1 << 30, "the default is 4 MiB")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for the results file (API keys are never in a RunConfig, only var names)."""
-        return dataclasses.asdict(self)
+        """Plain data for the results file: API keys are never in a RunConfig (only variable
+        names), credential headers read ``***`` and URLs carry no user-info."""
+        out = dataclasses.asdict(self)
+        for ep in out["endpoints"]:
+            ep["headers"] = redact_headers(ep["headers"], self.redact_headers)
+        if self.scrape:
+            out["scrape"] = public_url(self.scrape)
+        return out
 
 
 def _integer(flag: str, value: object, lo: int, hi: int, fix: str) -> None:

@@ -40,6 +40,7 @@ from loadlab import metrics
 from loadlab._version import __version__
 from loadlab.errors import ResultsError
 from loadlab.generator import merge_parts
+from loadlab.headers import REDACTED, public_url, redact_headers
 from loadlab.records import RequestRecord
 from loadlab.summary import has_reasoning_or_tools, summarize
 
@@ -66,7 +67,6 @@ SCHEMA_VERSION = 1
 # a key was set). API keys are read from the environment by *name*; the name is not secret.
 _SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)$", re.IGNORECASE)
 _SECRET_ALLOWED = re.compile(r"(_env|_var|max_tokens|tokens)$", re.IGNORECASE)
-REDACTED = "***"
 
 
 @dataclass
@@ -189,20 +189,28 @@ def _section(data: Mapping[str, Any], key: str, kind: type, source: str) -> Any:
 
 
 def redact(config: Any) -> Any:
-    """Copy of ``config`` with every secret-looking value replaced by ``***``.
+    """Copy of ``config`` with every secret-looking value replaced by ``***``: keys named like
+    a secret, credential-like ``headers`` (``loadlab.headers``), and URL user-info anywhere.
 
     >>> redact({"api_key": "sk-1", "api_key_env": "OPENAI_API_KEY", "max_tokens": 5})
     {'api_key': '***', 'api_key_env': 'OPENAI_API_KEY', 'max_tokens': 5}
     """
     if isinstance(config, Mapping):
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in config.items():
             k = str(key)
             secret = _SECRET_KEY.search(k) and not _SECRET_ALLOWED.search(k)
-            out[k] = REDACTED if secret and value not in (None, "") else redact(value)
+            if secret and value not in (None, ""):
+                out[k] = REDACTED
+            elif k == "headers" and isinstance(value, Mapping):
+                out[k] = redact_headers(value)
+            else:
+                out[k] = redact(value)
         return out
     if isinstance(config, list | tuple):
         return [redact(v) for v in config]
+    if isinstance(config, str) and "@" in config:  # a URL's user-info, wherever it stands
+        return public_url(config)
     return config
 
 

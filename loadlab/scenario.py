@@ -31,6 +31,7 @@ import pydantic
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ScenarioError
+from loadlab.headers import public_url
 from loadlab.workloads import resolve_workload_paths, validate_workload
 from loadlab.workloads.arrivals import PROCESSES
 from loadlab.workloads.params import WorkloadError, closest
@@ -58,6 +59,8 @@ def _scenario_model() -> type[pydantic.BaseModel]:
             hint = list[_Endpoint]
         elif typing.get_origin(hint) is Mapping:
             hint = dict[str, Any]
+        elif typing.get_origin(hint) is tuple:  # TOML has arrays; strict pydantic wants lists
+            hint = list[typing.get_args(hint)[0]]  # type: ignore[misc]
         fields[f.name] = (hint | None, None)  # absent keys keep RunConfig's defaults
     return pydantic.create_model(
         "Scenario", __config__=pydantic.ConfigDict(extra="forbid", strict=True), **fields
@@ -85,6 +88,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "workers": (lambda v: v >= 1, "must be >= 1"),
     "scrape_interval_s": (lambda v: v > 0, "must be > 0 seconds"),
     "saturation_lag_ms": (lambda v: v > 0, "must be > 0 ms"),
+    "max_event_bytes": (lambda v: 1024 <= v <= 1 << 30, "must be between 1024 and 2**30 bytes"),
 }
 
 
@@ -145,7 +149,7 @@ def _value_problems(source: str, data: Mapping[str, Any], raw: Mapping[str, Any]
             )
         if not str(ep.get("url", "")).startswith(("http://", "https://")):
             problems.append(
-                f"{source}: endpoints[{i}].url = {_show(ep.get('url'))}: must start with "
+                f"{source}: endpoints[{i}].url = {_show(public_url(str(ep.get('url'))))}: must start with "
                 f"http:// or https://"
             )
     return problems
@@ -179,9 +183,11 @@ def scenario_from_dict(
     problems = _value_problems(source, values, merged)
     if problems:
         raise ScenarioError("\n".join(problems))
-    if "endpoints" in values:
-        values["endpoints"] = tuple(EndpointConfig(**ep) for ep in values["endpoints"])
+    if "redact_headers" in values:
+        values["redact_headers"] = tuple(values["redact_headers"])
     try:
+        if "endpoints" in values:  # a header with CR, LF or NUL is refused here
+            values["endpoints"] = tuple(EndpointConfig(**ep) for ep in values["endpoints"])
         cfg = RunConfig(**values)
         workload = resolve_workload_paths(cfg.workload, bases)
         cfg = cfg.replace(workload=workload)

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from loadlab.errors import ConfigError
+from loadlab.headers import split_userinfo
 
 __all__ = [
     "SERIES_NAMES",
@@ -129,11 +130,13 @@ class PrometheusScraper:
         timeout_s: float | None = None,
         keep_buckets: bool = False,
     ) -> None:
+        url, basic = split_userinfo(url)  # user-info: Basic auth, kept out of every message
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"scrape URL must start with http:// or https://, got {url!r}")
         if not interval_s > 0:
             raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
         self.url = url
+        self._headers = {"Authorization": basic} if basic else {}
         self.interval_s = interval_s
         self.t0_ns = t0_ns
         self.timeout_s = timeout_s if timeout_s is not None else max(0.5, min(interval_s, 5.0))
@@ -185,7 +188,7 @@ class PrometheusScraper:
             return False
         start_ns = time.perf_counter_ns()
         try:
-            async with self._session.get(self.url) as resp:
+            async with self._session.get(self.url, headers=self._headers) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 text = await resp.text(errors="replace")

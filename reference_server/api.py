@@ -354,13 +354,18 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
         if body.model != settings.model_name:
             msg = f"model {body.model!r} does not exist; this server serves {settings.model_name!r}"
             raise _ApiError(404, msg, "invalid_request_error", "model", "model_not_found")
-        ids = settings.encode(prompt)
+        try:
+            ids = settings.encode(prompt)
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\\ud800") is valid JSON only
+            msg = (f"the prompt is not valid Unicode (a lone surrogate at character {exc.start}); "
+                   "send well-formed UTF-8 text")  # fmt: skip
+            raise _ApiError(400, msg, "invalid_request_error", _prompt_param(kind)) from None
         if not ids:
             raise _ApiError(
                 400,
                 "the prompt is empty: send at least one token",
                 "invalid_request_error",
-                "messages" if kind == "chat" else "prompt",
+                _prompt_param(kind),
             )
         max_tokens = body.requested_max_tokens()
         if len(ids) + max_tokens > settings.max_model_len:
@@ -436,6 +441,10 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             release()
 
     return _Guard(app, settings)
+
+
+def _prompt_param(kind: Kind) -> str:
+    return "messages" if kind == "chat" else "prompt"
 
 
 async def _watch_disconnect(request: Request, queue: EventQueue) -> None:

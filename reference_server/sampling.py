@@ -82,7 +82,10 @@ class Sampler:
             # Holtzman et al. 2020 (nucleus sampling): the smallest set of most likely tokens
             # whose mass reaches top_p; the first token is always kept.
             sorted_probs, order = probs.sort(descending=True)
+            # The first is kept explicitly: a top_p below fp32's smallest value (1e-300)
+            # compares as 0, which would keep nothing and make multinomial raise.
             keep = (sorted_probs.cumsum(0) - sorted_probs) < p.top_p
+            keep[0] = True
             sorted_probs = sorted_probs * keep
             return int(order[torch.multinomial(sorted_probs, 1, generator=gen)])
         return int(torch.multinomial(probs, 1, generator=gen))

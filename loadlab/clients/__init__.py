@@ -72,4 +72,5 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
         read_timeout_s=cfg.read_timeout_s,
         max_connections=cfg.concurrency or cfg.max_in_flight or 0,
         transport=cfg.transport,
+        max_event_bytes=cfg.max_event_bytes,
     )

@@ -224,4 +224,10 @@ class AnthropicClient(StreamingClient):
         )
 
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
-        return AnthropicStreamState(rec, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets)
+        return AnthropicStreamState(
+            rec,
+            stream=self.stream,
+            t0_ns=t0_ns,
+            secrets=self._secrets,
+            max_event_bytes=self.max_event_bytes,
+        )

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from loadlab.headers import check_header
+
 __all__ = [
     "Done",
     "Ended",
@@ -122,10 +124,13 @@ class Target:
 
     def request_head(self, headers: Mapping[str, str]) -> bytes:
         """Request line and fixed headers; per request, add ``X-Request-Id`` etc. and length
-        (``frame_request``)."""
+        (``frame_request``). A header holding CR, LF or NUL raises ``ValueError``: written as
+        is, it would inject headers (aiohttp refuses it too)."""
         host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
         lines = [f"POST {self.path} HTTP/1.1", f"Host: {host}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
+        for k, v in headers.items():
+            check_header(k, v)
+            lines.append(f"{k}: {v}")
         return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
 

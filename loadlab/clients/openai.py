@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadlab.clients.base import Message
+from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState
 from loadlab.clients.streaming import StreamingClient, v1_url
 from loadlab.clients.token_frame import TokenFrameState
@@ -97,8 +98,11 @@ class OpenAIStreamState(TokenFrameState):
         stream: bool = True,
         t0_ns: int = 0,
         secrets: Sequence[str] = (),
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
-        super().__init__(record, stream=stream, t0_ns=t0_ns, secrets=secrets)
+        super().__init__(
+            record, stream=stream, t0_ns=t0_ns, secrets=secrets, max_event_bytes=max_event_bytes
+        )
         self.api = api
         self._chat = api == "chat"
         if not self._chat:
@@ -231,5 +235,10 @@ class OpenAIClient(StreamingClient):
 
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
         return OpenAIStreamState(
-            rec, self.endpoint.api, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets
+            rec,
+            self.endpoint.api,
+            stream=self.stream,
+            t0_ns=t0_ns,
+            secrets=self._secrets,
+            max_event_bytes=self.max_event_bytes,
         )

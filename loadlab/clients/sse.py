@@ -16,6 +16,12 @@ completed so far. It follows the WHATWG parsing rules:
 - bytes are decoded as UTF-8 (invalid bytes become U+FFFD), and a split anywhere, even inside
   a multi-byte character, decodes the same as the whole stream.
 
+Limits: a line (complete or still arriving) or an event's data over ``max_bytes`` (default
+``MAX_EVENT_BYTES``, 4 MiB) raises ``SSELimitError``: no LLM sends that, and a stream that does
+would hold the memory and, line by line, the time to re-scan it. The checks run where bytes are
+held across reads (a partial line, an event still building) and on a read longer than the
+limit, so the one-line fast paths below pay nothing.
+
 At the end of the stream (``close``) the spec says pending data is discarded: an event whose
 closing empty line never came is *not* dispatched. ``close`` therefore returns no events and
 sets ``discarded`` when something was dropped, so a caller can tell "clean end" from "cut".
@@ -39,11 +45,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["RawEvent", "SSEDecoder", "SSEEvent"]
+from loadlab.errors import ConfigError
+
+__all__ = ["MAX_EVENT_BYTES", "RawEvent", "SSEDecoder", "SSEEvent", "SSELimitError"]
+
+MAX_EVENT_BYTES = 4 << 20  # a few MB: a whole long answer in one event still fits
 
 RawEvent = tuple[str, str, "str | None", "int | None"]  # data, event, id, retry
 
 _BOM = b"\xef\xbb\xbf"
+# A partial line this long grows in place (_grow); a shorter one, e.g. an event split over two
+# reads, is joined as before, which costs less than looking for a line end first.
+_GROW_BYTES = 16 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +71,14 @@ class SSEEvent:
     retry: int | None = None
 
 
+class SSELimitError(ValueError):
+    """A line or an event over the decoder's ``max_bytes``: the stream is not one to read on.
+    It never leaves the client: the stream state makes it the request's ``protocol_error``."""
+
+
 class SSEDecoder:
-    """Incremental decoder: ``feed(bytes) -> [SSEEvent]``, then ``close()`` at end of stream."""
+    """Incremental decoder: ``feed(bytes) -> [SSEEvent]``, then ``close()`` at end of stream.
+    ``max_bytes`` bounds a line and an event's data (``SSELimitError`` past it)."""
 
     __slots__ = (
         "_bom_pending",
@@ -69,12 +88,20 @@ class SSEDecoder:
         "_last_id",
         "_pending_cr",
         "_retry",
+        "_size",
         "discarded",
+        "max_bytes",
         "retry_ms",
     )
 
-    def __init__(self) -> None:
-        self._buf = b""  # bytes after the last line end (an incomplete line)
+    def __init__(self, max_bytes: int = MAX_EVENT_BYTES) -> None:
+        if max_bytes < 1024:
+            raise ConfigError(
+                f"the SSE line and event limit must be >= 1024 bytes, got {max_bytes}"
+            )
+        self.max_bytes = max_bytes
+        self._size = 0  # characters of data in the event being built
+        self._buf: bytes | bytearray = b""  # bytes after the last line end (an incomplete line)
         self._pending_cr = False  # the previous feed ended with CR: skip one leading LF
         self._bom_pending = True  # still at the stream start, where one BOM may be skipped
         self._data: list[str] = []  # data lines of the event being built
@@ -91,8 +118,10 @@ class SSEDecoder:
     def feed_raw(self, data: bytes) -> list[RawEvent]:
         """``feed`` as ``(data, event, id, retry)`` tuples: the client's hot path (a tuple is
         several times cheaper to build than a frozen dataclass)."""
-        buf = data
+        buf: bytes | bytearray = data
         if self._buf or self._pending_cr or self._bom_pending:
+            if len(self._buf) >= _GROW_BYTES and b"\n" not in data and b"\r" not in data:
+                return self._grow(data)  # the same long unfinished line: no re-join, no re-scan
             buf = self._prepare(data)
             whole = not self._buf and not self._bom_pending  # buf starts at a line start
         else:
@@ -114,6 +143,8 @@ class SSEDecoder:
             end = max(end, buf.rfind(b"\r"))
         if end < 0:
             self._buf = buf
+            if len(buf) > self.max_bytes:
+                raise self._over("a line")
             return []
         if end == len(buf) - 1:
             self._buf = b""
@@ -121,6 +152,10 @@ class SSEDecoder:
         else:
             self._buf = buf[end + 1 :]
             text = buf[: end + 1].decode("utf-8", "replace")
+            if len(self._buf) > self.max_bytes:
+                raise self._over("a line")
+        if len(text) > self.max_bytes and max(map(len, text.splitlines())) > self.max_bytes:
+            raise self._over("a line")  # a huge read (a limit below the read size)
         if cr:
             self._pending_cr = text[-1] == "\r" and not self._buf
             text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -160,7 +195,17 @@ class SSEDecoder:
             self._lines(lines, out)
         return out
 
-    def _prepare(self, data: bytes) -> bytes:
+    def _grow(self, data: bytes) -> list[RawEvent]:
+        """A read inside a line that began earlier: appended in place (a bytearray grows in
+        amortised constant time), so a long line costs its length, not its length squared."""
+        if type(self._buf) is not bytearray:
+            self._buf = bytearray(self._buf)
+        self._buf += data
+        if len(self._buf) > self.max_bytes:
+            raise self._over("a line")
+        return []
+
+    def _prepare(self, data: bytes) -> bytes | bytearray:
         """The slow start: a pending CR, a partial line, or a possible BOM."""
         if self._pending_cr and data:
             self._pending_cr = False
@@ -193,6 +238,7 @@ class SSEDecoder:
         self.discarded = bool(self._buf) or bool(self._data)
         self._buf = b""
         self._data = []
+        self._size = 0
         self._event = ""
         return []
 
@@ -205,19 +251,34 @@ class SSEDecoder:
                         ("\n".join(data), self._event or "message", self._last_id, self._retry)
                     )
                     data.clear()
+                    self._size = 0
                 self._event = ""
                 self._retry = None
             elif line.startswith("data:"):
-                data.append(line[6:] if line.startswith("data: ") else line[5:])
+                value = line[6:] if line.startswith("data: ") else line[5:]
+                data.append(value)
+                self._size += len(value) + 1
+                if self._size > self.max_bytes:
+                    raise self._over("an event")
             elif line[0] != ":":  # ":" starts a comment / keep-alive
                 name, colon, value = line.partition(":")
                 if colon and value.startswith(" "):
                     value = value[1:]
                 self._field(name, value)
 
+    def _over(self, what: str) -> SSELimitError:
+        self._buf, self._data, self._size = b"", [], 0  # let the memory go at once
+        return SSELimitError(
+            f"{what} of the event stream is over {self.max_bytes} bytes "
+            "(raise the limit with --max-event-bytes)"
+        )
+
     def _field(self, name: str, value: str) -> None:
         if name == "data":  # "data" without a colon: an empty data line
             self._data.append(value)
+            self._size += 1
+            if self._size > self.max_bytes:
+                raise self._over("an event")
         elif name == "event":
             self._event = value
         elif name == "id":

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from loadlab.clients.sse import SSEDecoder
+from loadlab.clients.sse import MAX_EVENT_BYTES, SSEDecoder
 from loadlab.records import (
     OUTCOME_INCOMPLETE,
     OUTCOME_OK,
@@ -135,6 +135,7 @@ class StreamState:
         stream: bool = True,
         t0_ns: int = 0,
         secrets: Sequence[str] = (),
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self.record = record
         self.stream = stream
@@ -142,7 +143,7 @@ class StreamState:
         self.done = False  # the stream's end marker seen ([DONE], message_stop)
         self.usage: dict[str, Any] | None = None
         self._t0 = t0_ns
-        self._decoder = SSEDecoder()
+        self._decoder = SSEDecoder(max_event_bytes)
         self._sse = stream  # False: collect the body (non-streaming, an error, a non-SSE 200)
         self._body: list[bytes] = []
         self._parts: list[str] = []
@@ -240,8 +241,16 @@ class StreamState:
 
     def _keep(self, data: bytes) -> bool:
         """A read of a body that is not an SSE stream: kept for ``finish`` (an error body up to
-        4 KiB, for its excerpt; a 200 body whole, to parse)."""
-        if sum(map(len, self._body)) < _BODY_KEEP_BYTES or self.record.http_status == 200:
+        4 KiB, for its excerpt; a 200 body whole, to parse, up to the event limit)."""
+        kept = sum(map(len, self._body))
+        if kept < _BODY_KEEP_BYTES:
+            self._body.append(data)
+        elif self.record.http_status == 200:
+            limit = self._decoder.max_bytes
+            if kept + len(data) > limit:
+                self._body = []
+                msg = f"response body over {limit} bytes (raise the limit with --max-event-bytes)"
+                return self._set(OUTCOME_PROTOCOL_ERROR, msg)
             self._body.append(data)
         return False
 

@@ -27,13 +27,15 @@ from typing import Any, Self
 
 from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
+from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
+from loadlab.headers import is_credential
 from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
 
-__all__ = ["StreamingClient", "read_api_key", "v1_url"]
+__all__ = ["StreamingClient", "read_api_key", "secret_values", "v1_url"]
 
 
 def v1_url(endpoint: EndpointConfig, path: str) -> str:
@@ -88,6 +90,7 @@ class StreamingClient:
         max_connections: int = 0,
         transport: str = "raw",
         token_ends: Callable[[str], Sequence[int]] | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         if endpoint.api not in self.APIS:
             raise ConfigError(
@@ -106,10 +109,11 @@ class StreamingClient:
         self.extra_body = dict(extra_body or {})
         self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
         self.max_connections = max_connections
+        self.max_event_bytes = max_event_bytes  # longest SSE line, event or whole body
         self.transport_kind = transport
         self.token_ends = token_ends  # the model's tokenizer: tokens per chunk (StreamState)
         key = read_api_key(endpoint)
-        self._secrets = (key,) if key else ()
+        self._secrets: tuple[str, ...] = (key,) if key else ()
         self._headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
@@ -119,6 +123,7 @@ class StreamingClient:
         }
         if key:
             self._headers.update(self._auth(key))
+        self._secrets += secret_values(self._headers)
         self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
 
@@ -183,3 +188,12 @@ class StreamingClient:
             if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
                 state.on_sent(attempt_ns)
         return Completion(rec, state.text, state.tool_calls)
+
+
+def secret_values(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """Credential header values (and their part after a scheme such as ``Basic``) to scrub
+    from error excerpts: a server that echoes a header must not put it in a record. Values
+    under 6 characters are left alone, or every ``1`` in a message would become ``***``."""
+    values = [v for k, v in headers.items() if is_credential(k)]
+    parts = [v.partition(" ")[2] for v in values]
+    return tuple(s for s in values + parts if len(s) >= 6)

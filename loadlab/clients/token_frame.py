@@ -25,9 +25,9 @@ import re
 from array import array
 from typing import Any
 
-from loadlab.clients.sse import RawEvent, SSEDecoder
+from loadlab.clients.sse import RawEvent, SSEDecoder, SSELimitError
 from loadlab.clients.state import StreamState
-from loadlab.records import RequestRecord
+from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
 
 __all__ = ["TokenFrameState"]
 
@@ -90,7 +90,10 @@ class TokenFrameState(StreamState):
         if not self._any_event and len(self._head) < 256:
             self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
         dec = self._decoder
-        events = dec.feed_raw(data)
+        try:  # free unless raised (zero-cost try, Python 3.11+)
+            events = dec.feed_raw(data)
+        except SSELimitError as exc:  # the transport closes the connection: reading stopped
+            return self._set(OUTCOME_PROTOCOL_ERROR, str(exc))
         if events:
             self._any_event = True
             t_rel = t_ns - self._t0

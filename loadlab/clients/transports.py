@@ -31,6 +31,7 @@ from aiohttp.payload import BytesPayload
 from loadlab.clients.http1 import Failure, RawResult, Target, frame_request, header_value
 from loadlab.clients.pool import RawPool
 from loadlab.errors import ConfigError
+from loadlab.headers import split_userinfo
 from loadlab.records import (
     OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
@@ -186,6 +187,11 @@ def make_transport(
         "raw": RawTransport,
         "aiohttp": AiohttpTransport,
     }
+    # URL user-info becomes Basic auth on both transports (aiohttp would send it, the raw one
+    # would drop it), and the URL kept for messages no longer holds it.
+    url, basic = split_userinfo(url)
+    if basic is not None and not any(k.lower() == "authorization" for k in headers):
+        headers = {"Authorization": basic, **headers}
     if kind in classes:
         return classes[kind](
             url,

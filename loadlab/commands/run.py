@@ -30,6 +30,7 @@ from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError, UsageError
 from loadlab.extras import require
 from loadlab.generator import saturation_warning
+from loadlab.headers import check_header
 from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
 from loadlab.runner import signals
@@ -64,6 +65,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--api", choices=list(APIS), help="API flavour (default chat)")
     a("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     a("--header", action="append", metavar="K:V", help="extra HTTP header (repeatable)")
+    a(
+        "--redact-header",
+        action="append",
+        metavar="NAME",
+        help="also store and print this header as *** (repeatable; credential-like names "
+        "such as Authorization, Cookie, *key*, *token*, *secret*, *auth* always are)",
+    )
     a("--endpoint-model", action="append", metavar="NAME=MODEL", help="one endpoint's model")
     a("--endpoint-api", action="append", metavar="NAME=API", help="one endpoint's API flavour")
     a("--endpoint-key-env", action="append", metavar="NAME=VAR", help="one endpoint's key variable")
@@ -95,6 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--seed", type=int, help="seed of the workload and arrivals")
     a("--workers", type=int, metavar="N", help="spread the load over N processes")
     a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
+    a(
+        "--max-event-bytes",
+        type=int,
+        metavar="N",
+        help="longest SSE line or event, or non-streamed body (default 4 MiB); "
+        "over it the request is a protocol_error and its connection is closed",
+    )
     a("--read-timeout", type=float, metavar="S", help="longest silence inside a stream")
     a(
         "--transport",
@@ -139,6 +154,7 @@ _FIELDS = {
     "seed": "seed",
     "workers": "workers",
     "timeout": "timeout_s",
+    "max_event_bytes": "max_event_bytes",
     "read_timeout": "read_timeout_s",
     "transport": "transport",
     "out": "out",
@@ -164,6 +180,7 @@ def _endpoints(args: argparse.Namespace, base: tuple[EndpointConfig, ...]) -> li
         key, sep, value = h.partition(":")
         if not sep or not key.strip():
             raise ConfigError(f"--header must look like Name:value, got {h!r}")
+        check_header(key.strip(), value.strip())  # also with no --endpoint (embedded server)
         headers[key.strip()] = value.strip()
     changes: dict[str, Any] = {
         k: v
@@ -252,6 +269,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         base_wl = dict(fields.get("workload") or {})
         fields["workload"] = {**(base_wl if base_wl.get("kind") == "prefix" else {}),
                               "kind": "prefix", **prefix}  # fmt: skip
+    if args.redact_header:
+        fields["redact_headers"] = tuple(args.redact_header)
     if args.no_stream:
         fields["stream"] = False
     if args.no_progress:

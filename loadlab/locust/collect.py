@@ -5,7 +5,12 @@ that sends the batches lives in ``loadlab.locust.hooks``). A worker keeps its re
 own ``t0`` (``perf_counter_ns`` at its ``test_start``) and ships them in batches::
 
     {"worker": 1, "host": "box", "t0_perf_ns": int, "t0_wall_ns": int, "seq": 3,
-     "final": False, "records": [RequestRecord.to_dict(), ...]}
+     "final": False, "shipped": 40, "started": 43, "records": [RequestRecord.to_dict(), ...]}
+
+``started`` counts the requests the worker's users began: a worker that dies (``kill -9``)
+before its final batch leaves ``started`` minus the records received as *lost* requests,
+which the results file holds as failed records (``incomplete``, error "lost: ...") and
+``extra.locust.records_lost`` counts.
 
 The master re-bases every record onto its own ``t0``. On one host the offset comes from
 ``perf_counter_ns`` (``CLOCK_MONOTONIC`` is system-wide on Linux, so it is exact); across hosts
@@ -30,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.records import RequestRecord
+from loadlab.records import OUTCOME_INCOMPLETE, RequestRecord
 from loadlab.results import Results
 
 __all__ = ["RecordCollector", "RecordShipper", "shift_record"]
@@ -61,6 +66,18 @@ class RecordShipper:
     seq: int = 0
     shipped: int = 0
     final_sent: bool = False
+    started: int = 0  # requests this worker's users began to send
+    started_shipped: int = 0  # ``started`` as of the last batch
+
+    def note_started(self) -> None:
+        """One request is about to be sent: the master counts it lost if its record never
+        arrives (a worker killed between two batches)."""
+        self.started += 1
+
+    @property
+    def has_news(self) -> bool:
+        """Records to ship, or requests started since the last batch."""
+        return bool(self.pending) or self.started != self.started_shipped
 
     @classmethod
     def start_now(cls, worker: int, host: str) -> RecordShipper:
@@ -76,6 +93,7 @@ class RecordShipper:
         records, self.pending = self.pending, []
         self.seq += 1
         self.shipped += len(records)
+        self.started_shipped = self.started
         self.final_sent = self.final_sent or final
         return {
             "worker": self.worker,
@@ -85,6 +103,7 @@ class RecordShipper:
             "seq": self.seq,
             "final": final,
             "shipped": self.shipped,
+            "started": self.started,
             # A shallow copy of each record's fields: dataclasses.asdict deep-copies every list,
             # ~50x slower, and the flush runs on the gevent loop that stamps every token.
             "records": [dict(vars(r)) for r in records],
@@ -102,6 +121,7 @@ class RecordCollector:
     seen_nodes: set[str] = field(default_factory=set)
     finished_nodes: set[str] = field(default_factory=set)
     shipped_by_node: dict[str, int] = field(default_factory=dict)  # what each worker says it sent
+    started_by_node: dict[str, int] = field(default_factory=dict)  # requests it says it began
     workers_by_node: dict[str, int] = field(default_factory=dict)
     generator_by_node: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -125,6 +145,7 @@ class RecordCollector:
         self.seen_nodes.add(node_id)
         self.workers_by_node[node_id] = worker
         self.shipped_by_node[node_id] = int(batch.get("shipped", 0))
+        self.started_by_node[node_id] = int(batch.get("started", 0))
         if batch.get("generator"):
             self.generator_by_node[node_id] = dict(batch["generator"])
         if batch.get("final"):
@@ -149,6 +170,14 @@ class RecordCollector:
         """Workers (seen or expected) whose final batch has not arrived."""
         return (self.seen_nodes | set(expected)) - self.finished_nodes
 
+    def lost_by_node(self) -> dict[str, int]:
+        """Requests a worker reported started whose records never came (it died before
+        shipping them), by node. A worker that sent its final batch lost none; requests a
+        dead worker started after its last batch are unknown to the master and not here."""
+        received = self.received_by_node()
+        lost = {n: self.started_by_node.get(n, 0) - received.get(n, 0) for n in self.missing()}
+        return {n: k for n, k in sorted(lost.items()) if k > 0}
+
     def received_by_node(self) -> dict[str, int]:
         counts = {n: 0 for n in self.seen_nodes}
         by_worker = {w: n for n, w in self.workers_by_node.items()}
@@ -169,6 +198,8 @@ class RecordCollector:
     ) -> Results:
         """One results file (kind ``locust``) holding every worker's records, sorted by send."""
         recs = sorted(self.records, key=lambda r: (r.sent_ns is None, r.sent_ns or 0))
+        lost = self.lost_by_node()
+        recs += _lost_records(lost, self.workers_by_node)
         info = {
             # The master's clock at t0: record time + this = perf_counter_ns on its host.
             "t0_perf_ns": self.t0_perf_ns,
@@ -177,6 +208,8 @@ class RecordCollector:
             "workers_missing_final": sorted(self.missing()),
             "records_shipped": sum(self.shipped_by_node.values()),
             "records_received": len(self.records),
+            "records_lost": sum(lost.values()),
+            "lost_by_worker": {str(self.workers_by_node[n]): k for n, k in lost.items()},
         }
         return Results(
             records=recs,
@@ -190,3 +223,18 @@ class RecordCollector:
             kind="locust",
             extra={**(extra or {}), "locust": info},
         )
+
+
+def _lost_records(lost: Mapping[str, int], workers: Mapping[str, int]) -> list[RequestRecord]:
+    """One failed record per lost request, so the run's counts keep scheduled = sent +
+    dropped and sent = ok + failed: they were sent, and nothing is known of their answers."""
+    out = []
+    for node, n in lost.items():
+        w = workers[node]
+        msg = (f"lost: worker {w} ({node}) started this request and stopped without reporting "
+               "it (killed?); nothing is known of its answer")  # fmt: skip
+        out += [
+            RequestRecord(f"lost-w{w}-{i}", OUTCOME_INCOMPLETE, worker=w, error=msg)
+            for i in range(n)
+        ]
+    return out

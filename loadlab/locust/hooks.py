@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import gevent
-from locust.runners import STATE_INIT, STATE_STOPPED, MasterRunner, WorkerRunner
+from locust.runners import STATE_INIT, STATE_MISSING, STATE_STOPPED, MasterRunner, WorkerRunner
 
 from loadlab.locust.collect import RecordCollector, RecordShipper
 from loadlab.locust.options import config_from_options, default_out_path
@@ -35,7 +35,7 @@ from loadlab.metrics import LogHistogram
 from loadlab.records import RequestRecord
 from loadlab.results import Results, environment_info, write_results
 
-__all__ = ["install", "next_user_seed", "record_done", "t0_ns"]
+__all__ = ["install", "next_user_seed", "record_done", "request_started", "t0_ns"]
 
 log = logging.getLogger("loadlab.locust")
 
@@ -54,6 +54,7 @@ class _State:
         self.stop_ns: int | None = None
         self.users = 0
         self.finalised = False
+        self.drained = False  # the master waited for its workers' final batches this test
         self.lag = LogHistogram()
         self.lag_max_ms = 0.0
         self.measuring_lag = False
@@ -88,6 +89,10 @@ def next_user_seed(environment: Any) -> int:
 
 def user_tag(environment: Any) -> str:
     return f"w{_worker_index(environment)}u{_S.users}"
+
+
+def request_started() -> None:
+    _shipper().note_started()
 
 
 def record_done(record: RequestRecord) -> None:
@@ -139,6 +144,7 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         _S.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         _S.stop_ns = None
         _S.finalised = False
+        _S.drained = False
     if _S.role in ("local", "worker"):
         # Everything alive now (Locust, gevent, numpy, the locustfile) lives for the whole run:
         # out of the collector's sight, a full collection no longer walks it mid-run (tens of
@@ -213,7 +219,7 @@ def _flusher(environment: Any) -> None:
     while True:
         gevent.sleep(FLUSH_INTERVAL_S)
         ship = _S.shipper
-        if ship is not None and ship.pending and not ship.final_sent:
+        if ship is not None and ship.has_news and not ship.final_sent:
             _send(environment, final=False)
 
 
@@ -261,19 +267,28 @@ def _drain_workers(environment: Any) -> None:
     if runner.state not in (STATE_INIT, STATE_STOPPED):
         runner.stop()  # sends "stop" to every worker and waits until they report stopped
     col = _S.collector
-    if col is None:
+    if col is None or _S.drained:  # quit, stop and quitting all drain: wait once, not thrice
         return
+    _S.drained = True
     wait_s = float(getattr(environment.parsed_options, "loadlab_final_wait", 15.0))
     deadline = time.monotonic() + wait_s
-    while col.missing() and time.monotonic() < deadline:
+    # A worker Locust marks missing (no heartbeat for ~3 s: killed, or its host gone) will not
+    # send anything more: waiting for it would only delay the file.
+    while (col.missing() - _gone(runner)) and time.monotonic() < deadline:
         gevent.sleep(0.05)
     if col.missing():
+        lost = col.lost_by_node()
         log.error(
-            "no final records from %d worker(s) within %g s (--loadlab-final-wait): %s",
+            "no final records from %d worker(s) (%s): %d request(s) they started are lost",
             len(col.missing()),
-            wait_s,
             ", ".join(sorted(col.missing())),
+            sum(lost.values()),
         )
+
+
+def _gone(runner: Any) -> set[str]:
+    """Workers Locust has marked missing (their heartbeats stopped)."""
+    return {c.id for c in runner.clients.all if c.state == STATE_MISSING}
 
 
 def _results(environment: Any) -> Results:

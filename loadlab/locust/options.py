@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from loadlab.config import EndpointConfig
+from loadlab.headers import public_url
 
 __all__ = ["OPTION_NAMES", "add_options", "config_from_options", "endpoint_from_options"]
 
@@ -126,4 +127,6 @@ def config_from_options(opts: Any) -> dict[str, Any]:
         "processes",
     ):
         cfg[f"locust_{name}"] = getattr(opts, name, None)
+    if cfg["locust_host"]:
+        cfg["locust_host"] = public_url(str(cfg["locust_host"]))
     return cfg

@@ -43,7 +43,7 @@ from loadlab.clients.base import Completion, Message
 from loadlab.clients.http1 import Ended, Failure, ResponseReader, Target, frame_request
 from loadlab.clients.openai import OpenAIStreamState, api_url, build_body
 from loadlab.clients.state import dumps
-from loadlab.clients.streaming import read_api_key
+from loadlab.clients.streaming import read_api_key, secret_values
 from loadlab.clients.transports import settle
 from loadlab.config import EndpointConfig
 from loadlab.records import (
@@ -107,7 +107,7 @@ class StreamConnection:
         self.connect_timeout_s = connect_timeout_s
         self.target = Target.from_url(api_url(endpoint))
         key = read_api_key(endpoint)
-        self._secrets = (key,) if key else ()
+        self._secrets: tuple[str, ...] = (key,) if key else ()
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
@@ -116,6 +116,7 @@ class StreamConnection:
         }
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        self._secrets += secret_values(headers)  # URL user-info's Basic auth, X-Custom-Auth...
         self._head = self.target.request_head(headers)
         self._sock: Any = None
         # Requests cut by Locust stopping the user (GreenletExit): recorded, then re-raised.

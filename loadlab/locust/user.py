@@ -102,7 +102,9 @@ def workload_specs(workload: Mapping[str, Any], seed: int) -> Iterator[RequestSp
             workload=dict(workload),
         )
         produced = False
-        for spec in build_requests(cfg):
+        # Built when asked, not 2,048 ahead: a user starts on the live gevent loop, and reading
+        # ahead took ~80 ms per user, so a 20 users/s ramp blocked the loop (issue 17).
+        for spec in build_requests(cfg, read_ahead=0):
             produced = True
             if round_ == 0:
                 yield spec
@@ -179,6 +181,7 @@ class LLMUser(User):
             raise StopUser()
         if spec.turn == 0:
             self._history = []
+        hooks.request_started()  # the master counts it lost if no record of it ever arrives
         try:
             done = self._conn.send(
                 spec,

@@ -243,6 +243,12 @@ def render_summary(results: Results) -> str:
     first_error = next((r.error for r in results.records if not r.ok and r.error), None)
     if first_error:
         parts[-1] += f"\n            first error: {first_error[:160]}"
+    lost = (results.extra.get("locust") or {}).get("lost_by_worker") or {}
+    if lost:
+        parts[-1] += (
+            f"\n            LOST {sum(lost.values()):,}: started on Locust worker(s) "
+            f"{', '.join(sorted(lost))} that stopped without reporting them (counted as failed)"
+        )
     pc = prefix_cache_summary(results)
     if pc is not None:
         parts.append(render_prefix_cache_text(pc))

@@ -27,6 +27,7 @@ stall          headers and one token, then silence (the read timeout fires)   ti
 drip           a token every 100 ms forever (the total timeout fires)          timeout
 non_json       200 ``text/plain`` body "hello, world"                          protocol_error
 not_sse        200 ``text/event-stream`` whose body is HTML                    protocol_error
+huge_line      one token, then a 6 MiB line with no end, then silence          protocol_error
 =============  ==============================================================  ================
 
 Usage::
@@ -62,7 +63,9 @@ MODES = (
     "drip",
     "non_json",
     "not_sse",
+    "huge_line",
 )
+HUGE_LINE_BYTES = 6 << 20  # over the client's default SSE limit (4 MiB)
 
 
 def _rst(conn: HTTPConnection) -> None:
@@ -178,6 +181,16 @@ class FaultServer:
             _rst(conn)
         elif mode == "stall":
             await tokens(1)
+            await asyncio.sleep(3600)
+        elif mode == "huge_line":
+            await tokens(1)
+            piece = chunk_frame(b"x" * (256 << 10))
+            conn.write(chunk_frame(b"data: "))
+            for _ in range(HUGE_LINE_BYTES >> 18):
+                if conn.closed:  # the client hung up: its limit worked
+                    return
+                conn.write(piece)
+                await asyncio.sleep(0)
             await asyncio.sleep(3600)
         elif mode == "drip":
             deadline = time.monotonic() + 3600

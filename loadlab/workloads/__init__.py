@@ -42,7 +42,7 @@ from typing import Any
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import agent, batch, chat, dataset, mix, prefix, replay, synthetic
-from loadlab.workloads.base import RequestStream
+from loadlab.workloads.base import PREFETCH_SPECS, RequestStream
 from loadlab.workloads.exact import exact_prompts, sizing
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import TRACES, WorkloadError, closest, resolve_path
@@ -100,8 +100,11 @@ def rate_unit(workload: Mapping[str, Any]) -> str:
     return "sessions/s" if _kind(workload) == "chat" else "requests/s"
 
 
-def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[RequestSpec]:
-    """The run's requests, lazily (endless for a closed-loop run stopped by duration).
+def build_requests(
+    cfg: RunConfig, *, chars_per_token: float = 1.0, read_ahead: int = PREFETCH_SPECS
+) -> Iterator[RequestSpec]:
+    """The run's requests, lazily (endless for a closed-loop run stopped by duration), the
+    first ``read_ahead`` built now (``RequestStream.read_ahead``; 0 builds each when asked).
 
     ``chars_per_token`` is 1.0 on the reference server (byte tokenizer). A ``chars_per_token``
     key in the workload wins over the argument. A ``tokenizer`` key (``--tokenizer``) makes
@@ -119,10 +122,10 @@ def build_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Iterator[
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
     stream = exact_prompts(stream, how)
     effort = wl.get("reasoning_effort")
-    if effort is None:
-        return stream
-    with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
-    return RequestStream(with_effort, stream.extra)
+    if effort is not None:
+        with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
+        stream = RequestStream(with_effort, stream.extra)
+    return stream.read_ahead(read_ahead) if read_ahead > 0 else stream
 
 
 def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:

@@ -61,29 +61,30 @@ PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin":
 class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
-    def __init__(
-        self,
-        specs: Iterable[RequestSpec],
-        extra: Callable[[], dict[str, Any]],
-        *,
-        prefetch: int = PREFETCH_SPECS,
-        prefetch_chars: int = PREFETCH_CHARS,
-    ):
+    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
         self._extra = extra
-        # Read ahead now, before the runner takes t0: one-time costs (the prompt corpus,
-        # opening a trace) and the first requests' prompt building stay off the runner's hot
-        # path, so they never show up as send lag. Errors in the first lines surface here,
-        # before any load. Bounded in count and text so endless streams stay cheap.
-        it = iter(specs)
+        self._it: Iterator[RequestSpec] = iter(specs)
+
+    def read_ahead(
+        self, count: int = PREFETCH_SPECS, max_chars: int = PREFETCH_CHARS
+    ) -> RequestStream:
+        """Build the first ``count`` specs (or ``max_chars`` of prompt text) now.
+
+        ``build_requests`` does it before the runner takes t0: one-time costs (the prompt
+        corpus, opening a trace) and the first requests' prompt building stay off the runner's
+        hot path, so they never show up as send lag, and errors in the first lines surface
+        before any load. Bounded so endless streams stay cheap. A Locust user reads none
+        ahead: its stream is one of hundreds started on a live gevent loop (issue 17)."""
         ahead: list[RequestSpec] = []
         chars = 0
-        while len(ahead) < prefetch and chars < prefetch_chars:
-            spec = next(it, None)
+        while len(ahead) < count and chars < max_chars:
+            spec = next(self._it, None)
             if spec is None:
                 break
             ahead.append(spec)
             chars += len(spec.prompt)
-        self._it = itertools.chain(ahead, it)
+        self._it = itertools.chain(ahead, self._it)
+        return self
 
     def __next__(self) -> RequestSpec:
         return next(self._it)

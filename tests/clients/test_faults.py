@@ -4,9 +4,11 @@ an API key never leaks into records, results or logs."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +159,59 @@ def test_canary_key_never_leaks(
     assert CANARY not in path.read_text()
     assert all(CANARY not in repr(r) for r in records)
     assert CANARY not in caplog.text
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_url_credentials_go_as_basic_auth_and_never_into_records(
+    transport: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17: the raw transport dropped URL user-info silently (aiohttp sent it); now both
+    send it as Basic auth, the client's URL holds none, and an echo of it is scrubbed."""
+    seen: list[str | None] = []
+    handle = fault_server.handle
+
+    def recording(conn: Any, req: Any) -> None:
+        seen.append(req.headers.get("authorization"))
+        handle(conn, req)
+
+    monkeypatch.setattr(fault_server, "handle", recording)
+    base = fault_server.url.replace("http://", "http://al%40ice:pa55word@")
+
+    async def main() -> list[Any]:
+        recs = []
+        for mode in ("ok", "echo_auth"):
+            ep = EndpointConfig(f"{base}/fault/{mode}", api="completions")
+            async with OpenAIClient(ep, transport=transport, timeout_s=5) as c:
+                assert "pa55word" not in c.url
+                recs.append((await c.send(RequestSpec(mode, "hi", 3), t0_ns=0)).record)
+        return recs
+
+    ok, echoed = asyncio.run(main())
+    token = base64.b64encode(b"al@ice:pa55word").decode()
+    assert seen == [f"Basic {token}"] * 2
+    assert (ok.outcome, echoed.outcome) == ("ok", "http_401")
+    assert token not in repr(echoed) and "bad key: ***" in echoed.error
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_an_endless_sse_line_is_a_protocol_error_and_closes_the_connection(
+    fault_server: FaultServer, transport: str
+) -> None:
+    """Issue 17: a server sending one endless line; the client stops at its limit (here
+    1 MiB, set as a run's --max-event-bytes would) and hangs up, so the server sees the close."""
+    before = len(fault_server._conns)
+
+    async def main() -> tuple[Any, int]:
+        ep = EndpointConfig(f"{fault_server.url}/fault/huge_line", api="chat")
+        client = OpenAIClient(ep, transport=transport, timeout_s=20, max_event_bytes=1 << 20)
+        async with client as c:
+            rec = (await c.send(RequestSpec("h1", "hi", 3), t0_ns=0)).record
+            deadline = time.monotonic() + 5
+            while len(fault_server._conns) > before and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return rec, len(fault_server._conns)
+
+    rec, open_after = asyncio.run(main())
+    assert rec.outcome == "protocol_error", rec.error
+    assert "over 1048576 bytes" in rec.error and len(rec.chunk_ns) == 1
+    assert open_after == before  # closed while the client was still open: not kept for reuse

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadlab.clients.sse import SSEDecoder, SSEEvent
+from loadlab.clients.sse import SSEDecoder, SSEEvent, SSELimitError
 
 
 def decode(*parts: bytes) -> list[SSEEvent]:
@@ -192,3 +192,39 @@ def test_resplit_at_random_offsets_gives_identical_events(
     assert decode(*parts) == whole
     # byte by byte as the worst case
     assert decode(*[body[i : i + 1] for i in range(len(body))]) == whole
+
+
+def _feed_until_refused(dec: SSEDecoder, pieces: list[bytes]) -> int:
+    """Feeds ``pieces`` in order; returns how many were taken before SSELimitError."""
+    for i, piece in enumerate(pieces):
+        try:
+            dec.feed_raw(piece)
+        except SSELimitError as exc:
+            assert "--max-event-bytes" in str(exc)
+            return i
+    raise AssertionError("the limit was never hit")
+
+
+def test_a_line_over_the_limit_is_refused_as_soon_as_it_passes_it() -> None:
+    """Issue 17: a 100 MB line took 490 MB and 14 s (each read re-joined the whole line). Now
+    the line is refused in the read that takes it past the limit, and its bytes are let go."""
+    dec = SSEDecoder(max_bytes=1 << 20)
+    pieces = [b"data: "] + [b"x" * (64 << 10)] * 1600  # a 100 MB line in 64 KiB reads
+    taken = _feed_until_refused(dec, pieces)
+    assert taken == 16  # 6 + 16 x 64 KiB > 1 MiB
+    assert dec.idle()  # nothing held any more
+
+
+def test_an_event_of_many_short_lines_over_the_limit_is_refused() -> None:
+    dec = SSEDecoder(max_bytes=4096)
+    assert dec.feed(b"data: " + b"y" * 3000 + b"\n\n") != []  # under: dispatched
+    taken = _feed_until_refused(dec, [b"data: " + b"z" * 100 + b"\n"] * 100)
+    assert taken == 40  # 41 lines of 101 characters > 4096
+
+
+def test_one_read_holding_a_whole_line_over_the_limit_is_refused() -> None:
+    dec = SSEDecoder(max_bytes=2048)
+    with pytest.raises(SSELimitError):
+        dec.feed(b": hi\n\ndata: " + b"w" * 5000 + b"\n\n")
+    with pytest.raises(ValueError, match="1024"):
+        SSEDecoder(max_bytes=10)

@@ -34,6 +34,7 @@ FAULT_OUTCOMES = {
     "not_sse": "protocol_error",
     "stall": "timeout",
     "drip": "timeout",
+    "huge_line": "protocol_error",
 }
 
 

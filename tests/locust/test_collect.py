@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from loadlab.locust.collect import RecordCollector, RecordShipper, shift_record
+from loadlab.metrics import count_outcomes
 from loadlab.records import RequestRecord
+from loadlab.report.text import render_summary
 
 
 def rec(rid: str, sent: int, chunks: list[int]) -> RequestRecord:
@@ -77,3 +79,33 @@ def test_generator_saturated_when_any_worker_lag_p99_passes_threshold(
         col.add_batch(node, batch)
     g = col.generator_summary(20.0)
     assert g["saturated"] is saturated and g["loop_lag_ms_max"] == 50.0
+
+
+def test_a_worker_that_dies_between_batches_leaves_its_started_requests_lost() -> None:
+    """Issue 17: a worker killed with kill -9 never sends its final batch; the requests it said
+    it started and never reported are counted lost, as failed records, so the invariants hold."""
+    dead = RecordShipper(worker=1, host="a", t0_perf_ns=0, t0_wall_ns=0)
+    alive = RecordShipper(worker=2, host="a", t0_perf_ns=0, t0_wall_ns=0)
+    col = RecordCollector(host="a", t0_perf_ns=0, t0_wall_ns=0)
+    for _ in range(5):
+        dead.note_started()
+        alive.note_started()
+    assert dead.has_news and not RecordShipper(3, "a", 0, 0).has_news
+    dead.add(RequestRecord("d1", sent_ns=1, chunk_ns=[2]))
+    dead.add(RequestRecord("d2", sent_ns=1, chunk_ns=[2]))
+    col.add_batch("n1", dead.take_batch())  # then kill -9: 3 started, never reported
+    assert not dead.has_news
+    dead.note_started()  # started after its last batch: the master cannot know it
+    for i in range(5):
+        alive.add(RequestRecord(f"a{i}", sent_ns=1, chunk_ns=[2]))
+    col.add_batch("n2", alive.take_batch(final=True))
+    assert col.lost_by_node() == {"n1": 3}
+    res = col.results(duration_ns=10, config={}, environment={}, started_at="")
+    info = res.extra["locust"]
+    assert (info["records_lost"], info["lost_by_worker"]) == (3, {"1": 3})
+    lost = [r for r in res.records if r.request_id.startswith("lost-")]
+    assert [(r.worker, r.outcome) for r in lost] == [(1, "incomplete")] * 3
+    assert "stopped without reporting" in (lost[0].error or "")
+    counts = count_outcomes(res.records, res.scheduled_count)
+    assert (counts.scheduled, counts.sent, counts.ok, counts.failed) == (10, 10, 7, 3)
+    assert "LOST 3: started on Locust worker(s) 1" in render_summary(res)

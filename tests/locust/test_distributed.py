@@ -9,6 +9,8 @@ workers, on one time base.
 
 from __future__ import annotations
 
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -114,3 +116,51 @@ def test_in_flight_streams_are_cancelled_not_lost(tmp_path: Path, fixed_server: 
     # Locust's own rows: one TTFT sample per ok request, ITL rows present
     rows = (tmp_path / "st_stats.csv").read_text()
     assert f"TTFT,default,{outcomes['ok']},0" in rows
+
+
+def test_a_worker_killed_mid_run_has_its_started_requests_counted_lost(
+    tmp_path: Path, fixed_server: str, truth
+) -> None:
+    """Issue 17: kill -9 of a worker. The master writes the file once, soon after the run
+    (it waited --loadlab-final-wait four times, 86 s after the kill), and the requests the
+    dead worker had started but never reported are counted lost, not silently missing."""
+    port = free_port()
+    out = tmp_path / "lost.json"
+    master = spawn(
+        locust_cmd("--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+                   "--expect-workers", "2", "--headless", "-u", "6", "-r", "20", "-t", "8s",
+                   "--host", fixed_server, "--loadlab-out", str(out), "--turns", "1",
+                   "--max-tokens", "250", "--think-time", "0"),
+        tmp_path / "master.log",
+    )  # fmt: skip
+    workers = [
+        spawn(locust_cmd("--worker", "--master-host", "127.0.0.1", "--master-port", str(port)),
+              tmp_path / f"worker{i}.log")
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 40
+        while len(truth()) < 6 and time.monotonic() < deadline:  # every user is streaming
+            time.sleep(0.1)
+        time.sleep(1.6)  # a flush (every second) has told the master what was started
+        workers[0].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        codes = finish([master, workers[1]], timeout_s=90)
+        after_kill_s = time.monotonic() - killed_at
+    finally:
+        finish(workers, timeout_s=1)
+    log = (tmp_path / "master.log").read_text()
+    assert out.exists(), log[-3000:]
+    res = read_results(out)
+    info = res.extra["locust"]
+    [dead] = info["lost_by_worker"]  # the worker that lost requests is the killed one
+    assert len(info["workers_missing_final"]) == 1 and codes[0] == 3, (codes, log[-2000:])
+    # 3 users on the dead worker, each in a 5 s stream started before the last batch it sent
+    assert info["records_lost"] == 3, info
+    seen = [rid for rid in truth() if rid.startswith(f"w{dead}u")]
+    received = [
+        r for r in res.records if r.worker == int(dead) and not r.request_id.startswith("lost-")
+    ]
+    assert len(received) + info["records_lost"] == len(seen), (len(received), seen)
+    assert f"LOST 3: started on Locust worker(s) {dead}" in log
+    assert log.count("no final records") == 1 and after_kill_s < 20, (after_kill_s, log[-2000:])

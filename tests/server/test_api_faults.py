@@ -70,6 +70,8 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
     ("temperature < 0", {"model": MODEL, "prompt": "hi", "temperature": -1}, "temperature"),
     ("top_p 0", {"model": MODEL, "prompt": "hi", "top_p": 0}, "top_p"),
     ("stream not bool", {"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
+    ("lone surrogate", {"model": MODEL, "prompt": "a\ud800b", "max_tokens": 2}, "prompt"),
+    ("lone low surrogate", {"model": MODEL, "prompt": ["\udfff"], "stream": True}, "prompt"),
 ]
 
 
@@ -95,6 +97,8 @@ def test_bad_chat_bodies_and_invalid_json(continuous_server: Any) -> None:
             "messages": [{"role": "user", "content": "x"}],
             "max_completion_tokens": 0,
         },
+        {"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"text": "ok \udbff"}]}]},
     ]
     for body in cases:
         status, got, _ = asyncio.run(_post(url, body))
@@ -247,3 +251,26 @@ def test_tiny_temperatures_sample_greedily_instead_of_failing(continuous_server:
     body = {"model": MODEL, "prompt": "tiny t", "max_tokens": 4, "temperature": 1e-300}
     status, got, _ = asyncio.run(_post(continuous_server.url + COMPLETIONS, body))
     assert status == 200 and got["usage"]["completion_tokens"] == 4
+
+
+def test_degenerate_sampling_is_served_beside_normal_requests(continuous_server: Any) -> None:
+    """Issue 17: temperature 2 with top_p 1e-300 made the sampler raise (a 500), and every batch
+    holding such a request reran one request at a time. Now it samples the most likely token,
+    and the normal requests batched with it finish with no engine error."""
+    url = continuous_server.url + COMPLETIONS
+    odd = {"model": MODEL, "prompt": "odd", "max_tokens": 6, "temperature": 2, "top_p": 1e-300}
+    normal = {"model": MODEL, "prompt": "normal", "max_tokens": 6}
+
+    async def go() -> tuple[list[tuple[int, Any, Any]], float, float]:
+        async with session() as s:
+            errors = await metrics(s, continuous_server.url)
+            bodies = [odd, normal] * 4 + [{**odd, "seed": 7, "stream": False}]
+            got = await asyncio.gather(*(post(s, url, b) for b in bodies))
+            after = await metrics(s, continuous_server.url)
+        key = label("requests_total", finish_reason="error")
+        return got, errors.get(key, 0.0), after.get(key, 0.0)
+
+    got, errors_before, errors_after = asyncio.run(go())
+    assert [status for status, _, _ in got] == [200] * 9, got
+    assert all(body["usage"]["completion_tokens"] == 6 for _, body, _ in got)
+    assert errors_after == errors_before

@@ -71,3 +71,13 @@ def test_output_ids_limit_what_can_be_drawn() -> None:
     assert s.sample(logits, [make(), make(temperature=1.0, seed=1)])[0] == 66
     drawn = {s.sample(logits, [make(temperature=5.0, seed=k)])[0] for k in range(30)}
     assert drawn <= {10, 65, 66}
+
+
+def test_a_vanishing_top_p_keeps_the_most_likely_token() -> None:
+    """Issue 17: top_p 1e-300 rounds to 0 in fp32, so no token was kept and multinomial raised
+    (the whole batch then reran one request at a time). The nucleus always holds its first."""
+    logits = torch.randn(2, 320, generator=torch.Generator().manual_seed(2))
+    s = sampler()
+    seqs = [make(temperature=2.0, top_p=1e-300, seed=1), make(temperature=2.0, top_p=1e-300)]
+    best = int(logits[0, :256].argmax()), int(logits[1, :256].argmax())
+    assert tuple(s.sample(logits, seqs)) == best

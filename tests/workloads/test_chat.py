@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from loadlab.config import RunConfig
+from loadlab.limits import MAX_DURATION_S
 from loadlab.workloads import build_requests, workload_extra
 from loadlab.workloads.arrivals import arrival_times
 from loadlab.workloads.params import TRACES
@@ -109,3 +110,21 @@ def test_open_loop_without_sessions_stops_at_requests():
     specs = list(build_requests(cfg))
     assert [s.turn for s in specs] == [0, 1, 2, 3, 4] * 2 + [0, 1]
     assert [s.intended_at_s is not None for s in specs].count(True) == 3
+
+
+def test_read_ahead_zero_builds_each_request_when_asked(monkeypatch):
+    """Issue 17: a Locust user's stream (an endless closed-loop chat) read 2,048 requests ahead
+    at start, ~80 ms on the gevent loop per user; with read_ahead=0 it builds none until
+    asked, then one per request. A run still reads ahead by default."""
+    import loadlab.workloads.chat as chat
+
+    built = []
+    real = chat.prompt_text
+    monkeypatch.setattr(chat, "prompt_text", lambda *a, **k: built.append(1) or real(*a, **k))
+    cfg = RunConfig(concurrency=1, duration_s=MAX_DURATION_S, workload={"kind": "chat", "turns": 3})
+    lazy = build_requests(cfg, read_ahead=0)
+    assert built == []
+    first = next(lazy)
+    assert len(built) == 1 and first.turn == 0
+    build_requests(cfg)
+    assert len(built) == 1 + 2048

@@ -1,0 +1,84 @@
+"""Headers a user gives: refused when they could inject, redacted when they hold a credential.
+
+Three rules for what a user puts on the wire:
+
+- a header name or value holding CR, LF or NUL is refused (``check_header``): written as is,
+  it would end the header early and smuggle in another header or a second request;
+- URL user-info (``http://user:pass@host``) leaves the URL at once (``split_userinfo``): the
+  URL is then safe to store and print, and the credentials travel only as a Basic
+  ``Authorization`` header, in memory, on either transport;
+- a header named like a credential (``is_credential``: ``authorization``, ``cookie``, any name
+  holding ``auth``, ``key``, ``token``, ``secret``, ``passw`` or ``credential``, plus the names
+  a user adds with ``--redact-header``) is stored and printed as ``***`` (``redact_headers``).
+
+Usage::
+
+    check_header("X-Trace", "abc")                     # ConfigError if it holds CR, LF or NUL
+    url, auth = split_userinfo("http://u:p@h:8000")    # ("http://h:8000", "Basic dTpw")
+    redact_headers({"X-Custom-Auth": "s", "X-Trace": "t"})  # {"X-Custom-Auth": "***", ...}
+    public_url("http://u:p@h/metrics")                 # "http://h/metrics"
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Mapping
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from loadlab.errors import ConfigError
+
+__all__ = [
+    "REDACTED",
+    "check_header",
+    "is_credential",
+    "public_url",
+    "redact_headers",
+    "split_userinfo",
+]
+
+REDACTED = "***"
+_CREDENTIAL = re.compile(r"auth|key|token|secret|cookie|passw|credential", re.IGNORECASE)
+_FORBIDDEN = re.compile(r"[\r\n\x00]")
+# RFC 9110 5.1: a field name is a token; a space or colon in one is an error, not a name.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def check_header(name: str, value: str) -> None:
+    """Raise ``ConfigError`` (naming the header, not its value) unless it is safe to send."""
+    if _FORBIDDEN.search(name) or _FORBIDDEN.search(value):
+        raise ConfigError(
+            f"header {name!r} holds a CR, LF or NUL character, which would inject another "
+            "header into the request; remove it"
+        )
+    if not _TOKEN.fullmatch(name):
+        raise ConfigError(f"header name {name!r} is not a valid HTTP token (letters, digits, -)")
+
+
+def is_credential(name: str, extra: Iterable[str] = ()) -> bool:
+    """Whether header ``name`` is redacted: credential-like, or one of ``extra`` (any case)."""
+    lowered = name.lower()
+    return bool(_CREDENTIAL.search(name)) or any(lowered == e.lower() for e in extra)
+
+
+def redact_headers(headers: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """A copy of ``headers`` with every credential's value replaced by ``***``."""
+    names = tuple(extra)
+    return {k: REDACTED if is_credential(k, names) else v for k, v in headers.items()}
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its user-info, and the ``Authorization`` value that carries it (None
+    when the URL has none). Percent-escapes in the user-info are decoded, as browsers do."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    return urlunsplit(parts._replace(netloc=hostport)), f"Basic {token}"
+
+
+def public_url(url: str) -> str:
+    """``url`` safe to store or print: any user-info removed."""
+    return split_userinfo(url)[0]
