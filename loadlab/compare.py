@@ -1,6 +1,7 @@
 """Runs side by side: each metric's change against the first run, and whether it is real.
 
-Latency percentiles get a bootstrap confidence interval of the relative change (Efron &
+Latency percentiles (TTFT, ITL, TPOT, E2E, and TTFAT when every run has reasoning or tool
+calls) get a bootstrap confidence interval of the relative change (Efron &
 Tibshirani, "An Introduction to the Bootstrap", 1993, ch. 13, percentile method), resampling
 whole requests (ITL gaps of one stream move together: a cluster bootstrap). Output tokens/s
 resamples per-second bins; error rate and goodput use Fisher's exact test on the counts.
@@ -29,6 +30,7 @@ from scipy import stats
 from loadlab import metrics
 from loadlab.errors import ConfigError
 from loadlab.records import RequestRecord
+from loadlab.summary import has_reasoning_or_tools
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -365,11 +367,14 @@ def compare(
         raise ConfigError(f"got {len(labels)} labels for {len(results_list)} results files")
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
-    m = len(LATENCY) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
+    keys: tuple[str, ...] = LATENCY
+    if all(has_reasoning_or_tools(r.records) for r in results_list):
+        keys = (*LATENCY, "ttfat_ms")  # reasoning models: the answer's wait, not the first token
+    m = len(keys) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
     a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
     lats = [metrics.latency_records(r.records, r.measurement_window_ns()) for r in results_list]
     resamplers = [_Resampler(len(lat), n_boot, (seed, i)) for i, lat in enumerate(lats)]
-    rows = [_latency_row(lats, resamplers, k, q, a) for k in LATENCY for q in PERCENTILES]
+    rows = [_latency_row(lats, resamplers, k, q, a) for k in keys for q in PERCENTILES]
     rows.append(_throughput_row(results_list, a, n_boot, seed))
     counts = [metrics.count_outcomes(r.records, r.scheduled_count) for r in results_list]
     rows.append(

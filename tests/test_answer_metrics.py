@@ -4,6 +4,7 @@ the summary, the report and the SLO verdict (hand-computed values)."""
 from __future__ import annotations
 
 from loadlab import metrics
+from loadlab.compare import compare
 from loadlab.records import RequestRecord
 from loadlab.report.text import render_summary
 from loadlab.results import Results, to_dataframe
@@ -53,3 +54,11 @@ def test_a_run_without_reasoning_writes_no_answer_metrics() -> None:
     s = summarize(Results(records=[r], duration_ns=10 * MS))
     assert "ttfat_ms" not in s.to_dict() and "reasoning_tokens" not in s.to_dict()
     assert "TTFAT" not in render_summary(Results(records=[r], duration_ns=10 * MS))
+
+
+def test_compare_adds_ttfat_rows_when_every_run_reasons() -> None:
+    runs = [Results(records=[_reasoner(i) for i in range(11)], duration_ns=200 * MS) for _ in "ab"]
+    rows = {r.metric: r for r in compare(runs, ["a", "b"], n_boot=200).rows}
+    assert rows["ttfat_ms.p50"].values == (55.0, 55.0)
+    plain = Results(records=[RequestRecord("p", sent_ns=0, chunk_ns=[MS])], duration_ns=MS)
+    assert "ttfat_ms.p50" not in {r.metric for r in compare([runs[0], plain], ["a", "p"]).rows}

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import gevent
@@ -45,6 +45,7 @@ from locust.exception import StopUser
 
 from loadlab import metrics
 from loadlab.clients.base import Message
+from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.limits import MAX_DURATION_S
 from loadlab.locust import hooks
@@ -151,6 +152,7 @@ class LLMUser(User):
         self._specs: Iterator[RequestSpec] = iter(self.make_specs(seed))
         self._next: RequestSpec | None = None
         self._history: list[Message] = []
+        self._calls: Sequence[Mapping[str, str]] = ()  # the last answer's tool calls
         self._wait_s = 0.0
 
     def make_specs(self, seed: int) -> Iterator[RequestSpec]:
@@ -181,6 +183,9 @@ class LLMUser(User):
             raise StopUser()
         if spec.turn == 0:
             self._history = []
+        if spec.tool_turn:  # answers the last answer's tool calls (_after skips it otherwise)
+            results = tuple(tool_result(c["id"], spec.prompt) for c in self._calls)
+            spec = dataclasses.replace(spec, tool_results=results)
         hooks.request_started()  # the master counts it lost if no record of it ever arrives
         try:
             done = self._conn.send(
@@ -197,17 +202,24 @@ class LLMUser(User):
                 hooks.record_done(rec)
             self._conn.cancelled_records.clear()
             raise
-        self._after(spec, done.record, done.text)
+        self._after(spec, done.record, done.text, done.tool_calls)
 
-    def _after(self, spec: RequestSpec, record: RequestRecord, text: str) -> None:
+    def _after(
+        self,
+        spec: RequestSpec,
+        record: RequestRecord,
+        text: str,
+        calls: Sequence[Mapping[str, str]] = (),
+    ) -> None:
         hooks.record_done(record)
         fire_locust_events(self.environment, record)
         # The history a later turn sends is what was really asked and answered.
-        self._history += [
-            {"role": "user", "content": spec.prompt},
-            {"role": "assistant", "content": text},
-        ]
-        nxt = self._next = next(self._specs, None)
+        self._history += [*spec.new_messages(), assistant_turn(text, calls)]
+        self._calls = calls
+        nxt = next(self._specs, None)
+        while nxt is not None and nxt.tool_turn and not calls:
+            nxt = next(self._specs, None)  # an agent that answered without a tool is done
+        self._next = nxt
         later_turn = nxt is not None and nxt.turn > 0
         self._wait_s = nxt.think_time_s if nxt is not None and later_turn else self.session_gap_s
 

@@ -96,8 +96,9 @@ def test_agent_sessions_run_three_tool_rounds(reasoning_agent_server: str, api: 
         # every answer: 4 reasoning tokens, then a tool call's arguments, no answer text
         assert all(r.tool_calls == 1 and r.reasoning_chunks == 4 for r in turns)
         assert all(r.answer_ns is None for r in turns)
-        # the prompt grows by the answer's call and the tool's result each round
-        assert all(b.prompt_tokens > a.prompt_tokens + 20 for a, b in itertools.pairwise(turns))
+        # each round's prompt adds the answer's call (its ~20-token arguments) and the tool's
+        # 20-token result: a round that sent the result as a user message would add only ~22
+        assert all(b.prompt_tokens >= a.prompt_tokens + 40 for a, b in itertools.pairwise(turns))
         for prev, r in itertools.pairwise(turns):
             assert r.sent_ns is not None and (r.sent_ns - prev.chunk_ns[-1]) / 1e9 >= 0.005
 
