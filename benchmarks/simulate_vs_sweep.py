@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     # One torch thread: on a loaded 2-core machine two threads spin against each other (a
     # batch-1 decode step measured 270 ms with two, 31 ms with one, minutes apart).
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
-    p.add_argument("--rates", default="0.5,1,2,3,4,6", help="sweep levels, requests/s")
+    p.add_argument("--rates", default="1,2,3,4,6", help="sweep levels, requests/s")
     p.add_argument("--bisect-steps", type=int, default=2)
     p.add_argument("--duration", type=float, default=12.0, help="seconds per level")
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -78,7 +78,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="the sweep's objectives, comma-separated")  # fmt: skip
     p.add_argument("--slo2", default="ttft_ms.p90 <= 4000,itl_ms.p99 <= 300",
                    help="the black box's second SLO")  # fmt: skip
+    # Short levels cannot decide a p90 at 95 % confidence (that takes ~30 requests): an
+    # objective fails when its interval is wholly past the threshold. The predicted sweep
+    # judges its levels (as many requests) by the same rule.
+    p.add_argument("--inconclusive", choices=("pass", "fail"), default="pass")
+    # Latencies here are 50 ms and up; on a loaded 2-core machine the client's loop lags
+    # past the default 20 ms and every level would be invalid.
+    p.add_argument("--saturation-lag-ms", type=float, default=50.0)
     p.add_argument("--blackbox-mode", default="continuous", help="'' to skip the black box")
+    # The median step, not the fastest: the server's steps share the machine as the fit's do.
+    p.add_argument("--fastest", dest="typical", action="store_false",
+                   help="fit the fastest of the repeats instead of their median")  # fmt: skip
     p.add_argument("--quick-fit", action="store_true", help="a small fit grid (dry runs)")
     p.add_argument("--out-dir", default="reports/simulate-vs-sweep")
     args = p.parse_args(argv)
@@ -111,10 +121,10 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
             "batches": (1, 2, 4, 8, 16),
             "contexts": (64, 128),
             "prompts": (32, 64, 128, 256),
-            "repeats": 2,
+            "repeats": 3,
         }
     )
-    points = measure_reference(args.preset, threads=args.threads, **grid)  # type: ignore[arg-type]
+    points = measure_reference(args.preset, threads=args.threads, typical=args.typical, **grid)  # type: ignore[arg-type]
     model = fit_linear(points, f"reference {args.preset} preset, {args.threads} threads")
     fit_path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
     print(f"[{mode}] white-box fit in {time.monotonic() - t0:.0f} s", flush=True)
@@ -141,7 +151,9 @@ def _sweep(url: str, args: argparse.Namespace, slo: Path, out_dir: Path, extra: 
     cmd = [sys.executable, "-m", "loadlab", "sweep", "--endpoint", url, "--model", "loadlab-ref",
            "--slo", str(slo), "--rates", args.rates, "--bisect-steps", str(args.bisect_steps),
            "--duration", str(args.duration), "--prompt-tokens", str(args.prompt_tokens),
-           "--max-tokens", str(args.max_tokens), "--out-dir", str(out_dir), *extra]  # fmt: skip
+           "--max-tokens", str(args.max_tokens), "--out-dir", str(out_dir),
+           "--inconclusive", args.inconclusive, "--saturation-lag-ms", str(args.saturation_lag_ms),
+           *extra]  # fmt: skip
     print("$ " + " ".join(cmd), flush=True)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     print(done.stdout[-3000:], flush=True)
@@ -213,7 +225,8 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
                        max_num_batched_tokens=info.get("max_num_batched_tokens"),
                        prefix_caching=bool(info.get("prefix_caching", True)))  # fmt: skip
     predicted, _ = predicted_sweep(base, server, model, load_slo(slo2), rates,
-                                   bisect_steps=args.bisect_steps, inconclusive="fail")  # fmt: skip
+                                   bisect_steps=args.bisect_steps,
+                                   inconclusive=args.inconclusive)  # fmt: skip
     second = out / f"{mode}-slo2"
     _sweep(url, args, slo2, second, [])
     measured = json.loads((second / "sweep.json").read_text(encoding="utf-8"))
