@@ -214,9 +214,10 @@ class Policy:
         return self._need(seq, num_tokens, hit) <= self.free
 
     def _allocate(self, seq: SimSeq, num_tokens: int, hit: list[int] | None = None) -> None:
-        if self.cache is not None:
-            self.cache.allocate(seq, num_tokens, hit or ())
-            self.free = self.cache.num_free
+        cache = self.cache
+        if cache is not None:
+            cache.allocate(seq, num_tokens, hit or ())
+            self.free = len(cache.empty) + len(cache.evictable)
             return
         need = self._need(seq, num_tokens)
         self.free -= need

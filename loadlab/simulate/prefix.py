@@ -109,16 +109,38 @@ class PrefixCache:
         return len(self.empty) + len(self.evictable)
 
     def chain(self, seq: SimSeq, num_blocks: int) -> list[int]:
+        """``seq``'s chain hashes, at least ``num_blocks`` of them (computed once each)."""
         hashes = seq.hashes
+        if len(hashes) >= num_blocks:
+            return hashes
         bs = self.block_size
         content = seq.content
         if content is None:
             content = seq.content = Content([(("seq", seq.idx), seq.prompt)])
-        while len(hashes) < num_blocks:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else _ROOT_HASH
-            hashes.append(hash((parent, content.tokens(i * bs, (i + 1) * bs))))
-        return hashes[:num_blocks]
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        i = len(hashes)
+        pieces, ends = content.pieces, content.ends
+        while i < num_blocks:
+            lo = i * bs
+            j = bisect_right(ends, lo)
+            if j < len(pieces) and ends[j] >= lo + bs:  # the block lies in one piece: hash
+                key, n = pieces[j]  # its blocks there in one loop (the common case)
+                start = ends[j] - n
+                last = min(num_blocks, (ends[j] // bs))
+                if isinstance(key, str) and len(key) == n:
+                    for a in range(lo - start, (last * bs) - start, bs):
+                        parent = hash((parent, (key[a : a + bs],)))
+                        hashes.append(parent)
+                else:
+                    for a in range(lo - start, (last * bs) - start, bs):
+                        parent = hash((parent, (_slice(key, n, a, a + bs),)))
+                        hashes.append(parent)
+                i = last
+                continue
+            parent = hash((parent, content.tokens(lo, lo + bs)))
+            hashes.append(parent)
+            i += 1
+        return hashes
 
     def match(self, seq: SimSeq) -> list[int]:
         """``match_prefix``: cached blocks of ``seq``'s leading tokens, the last one left out."""
@@ -126,8 +148,12 @@ class PrefixCache:
             return []
         hit: list[int] = []
         cached = self.cached
-        for h in self.chain(seq, (seq.prompt + seq.out - 1) // self.block_size):
-            block = cached.get(h)
+        num = (seq.prompt + seq.out - 1) // self.block_size
+        if num < 1 or self.chain(seq, 1)[0] not in cached:  # the usual miss: one hash
+            return hit
+        hashes = self.chain(seq, num)
+        for i in range(num):
+            block = cached.get(hashes[i])
             if block is None:
                 break
             hit.append(block)
@@ -139,6 +165,10 @@ class PrefixCache:
 
     def allocate(self, seq: SimSeq, num_tokens: int, hit: Sequence[int] = ()) -> None:
         table = seq.table
+        bs = self.block_size
+        if (not hit and -(-num_tokens // bs) <= len(table)
+                and min(num_tokens, seq.prompt + seq.out) // bs <= seq.published):  # fmt: skip
+            return  # a decode inside its last block: nothing to take or publish
         refs = self.refs
         if hit:
             for block in hit:
@@ -166,8 +196,13 @@ class PrefixCache:
         if done >= num_full:
             return
         hashes = self.chain(seq, num_full)
+        cached, table, block_hash = self.cached, seq.table, self.hash
         for i in range(done, num_full):
-            self._publish_one(seq, i, hashes[i])
+            h = hashes[i]
+            if h not in cached:
+                block = table[i]
+                cached[h] = block
+                block_hash[block] = h
         seq.published = num_full
 
     def _publish_one(self, seq: SimSeq, i: int, h: int) -> None:
