@@ -425,6 +425,7 @@ class Simulator:
             load[w.rank] += 1
             dseq = SimSeq(seq.idx, seq.prompt, seq.max_out)
             dseq.out, dseq.segs, dseq.first_step = seq.out, seq.segs, seq.first_step
+            dseq.content, dseq.cached = seq.content, seq.cached  # for its record
             req.dseq = dseq
             self._owner[dseq] = req
             policy = w.policy

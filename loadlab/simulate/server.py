@@ -25,7 +25,7 @@ class ServerConfig:
     (``loadlab.simulate.setup``); in disaggregated mode every worker has that many.
 
     ``prefix_caching``: the reference server's automatic prefix caching (``prefix.py``), on
-    by default as ``--prefix-caching on`` is; the disaggregated workers have none.
+    by default as ``--prefix-caching on`` is; in disaggregated mode the prefill workers'.
 
     Disaggregated mode: ``prefill_workers`` and ``decode_workers`` engine loops, a prefill
     worker holding at most ``max_held`` (default ``max_num_seqs``) prefilled requests for
@@ -48,7 +48,7 @@ class ServerConfig:
     kv_bytes_per_token: int = 0
     kv_transfer_bytes_per_s: float = 1e9
     kv_transfer_latency_s: float = 0.001
-    prefix_caching: bool = True  # the server's --prefix-caching on (not in disaggregated mode)
+    prefix_caching: bool = True  # the server's --prefix-caching on (disaggregated: prefill side)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -80,9 +80,9 @@ class ServerConfig:
 
     @property
     def caching(self) -> bool:
-        """Whether the prefix cache is modelled: on, and not disaggregated mode (whose
-        workers have none in the reference server)."""
-        return self.prefix_caching and self.mode != "disaggregated"
+        """Whether the prefix cache is modelled (disaggregated: by the prefill workers; the
+        decode side receives every prompt's KV whole and has none, as in the server)."""
+        return self.prefix_caching
 
     @property
     def batched_tokens(self) -> int:

@@ -53,7 +53,7 @@ def add_server_arguments(p: argparse.ArgumentParser, mode: bool = True) -> None:
                    help="static: finished rows run as padding (pad) or leave (idle)")  # fmt: skip
     g.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 429")
     g.add_argument("--prefix-caching", choices=("on", "off"), default="on",
-                   help="reuse cached KV blocks of prompt prefixes (not disaggregated)")  # fmt: skip
+                   help="reuse cached KV blocks of prompt prefixes (disaggregated: prefill side)")  # fmt: skip
     d = p.add_argument_group("simulated disaggregated mode")
     d.add_argument("--prefill-workers", type=int, default=1, help="prefill engine loops")
     d.add_argument("--decode-workers", type=int, default=1, help="decode engine loops")
