@@ -194,7 +194,7 @@ def test_chat_sessions_reuse_their_history(server: ServerConfig) -> None:
     specs = fits(workload(3, 25, max_prompt=60, max_out=20, rate=30.0, turns=3), server)
     assert sum(s.turn > 0 for s in specs) >= 5
     check_same(server, specs)
-    cfg = RunConfig(rate_rps=1.0, requests=len(specs), timeout_s=1e9)
+    cfg = RunConfig(rate_rps=1.0, requests=len(specs), timeout_s=1e6)
     out = Simulator(cfg, server, MODEL).run(specs).to_results()
     later = [r.server["cached_tokens"] for r in out.records if r.turn > 0]
     assert sum(later) > 0
