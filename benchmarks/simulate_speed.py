@@ -31,6 +31,7 @@ def main() -> None:
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--hardware", default="h100")
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--prefix-caching", choices=("on", "off"), default="on")
     args = p.parse_args()
     from loadlab.workloads import build_requests
 
@@ -46,6 +47,7 @@ def main() -> None:
     blocks = default_kv_blocks(model, 16, 8192, hw)
     for mode in args.modes.split(","):
         server = ServerConfig(mode=mode, num_kv_blocks=blocks, max_num_seqs=args.max_num_seqs,
+                              prefix_caching=args.prefix_caching == "on",
                               max_model_len=8192)  # fmt: skip
         out = Simulator(cfg, server, step).run(specs)
         t1 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Disaggregated mode's two worker policies (``reference_server/disagg/worker.py``).
 
-- ``PrefillPolicy``: whole prompts batched into one pass (``PrefillScheduler``); after its
+- ``PrefillPolicy``: prompts batched into one pass, each less its cached prefix blocks
+  (``PrefillScheduler``; the prefix cache lives on this side only); after its
   first token a request leaves ``running`` for ``held`` and keeps its KV blocks until a decode
   worker pulls it. A worker holding ``max_held`` requests does not step.
 - ``DecodePolicy``: continuous batching (``ContinuousScheduler``) plus the pull protocol's
@@ -42,11 +43,10 @@ class PrefillPolicy(Policy):
         budget = self.budget
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.prompt + seq.out
-            if (items and n > budget) or not self._can_allocate(seq, n):
+            hit, n = self._cached_prefix(seq)  # n: the uncached rest of the prompt
+            if (items and n > budget) or not self._can_allocate(seq, seq.num_tokens, hit):
                 break
-            self._allocate(seq, n)
-            self._admit(seq)
+            self._start(seq, seq.num_tokens, hit)
             items.append((seq, n, False))
             budget -= n
         return items
@@ -79,6 +79,7 @@ class DecodePolicy(ContinuousPolicy):
 
     def __init__(self, cfg: ServerConfig) -> None:
         super().__init__(cfg)
+        self.cache = None  # it receives whole prompts' KV: no prefix cache of its own
         self.offers: deque[SimSeq] = deque()
         self.pulling: list[SimSeq] = []
 

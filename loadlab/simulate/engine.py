@@ -37,7 +37,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from loadlab.records import RequestSpec
 from loadlab.runner.runner import group_units
 from loadlab.simulate.disagg import DecodePolicy, PrefillPolicy, make_workers
 from loadlab.simulate.policies import Policy, SimSeq, make_policy
+from loadlab.simulate.prefix import Content
 from loadlab.simulate.server import ServerConfig
 from loadlab.simulate.steptime import StepTimeModel
 
@@ -88,12 +89,13 @@ class Request:
 class _Unit:
     """A request or a whole chat session, sent one turn after another."""
 
-    __slots__ = ("history_tokens", "next_turn", "open_loop", "specs")
+    __slots__ = ("history", "history_tokens", "next_turn", "open_loop", "specs")
 
     def __init__(self, specs: list[RequestSpec], open_loop: bool) -> None:
         self.specs = specs
         self.next_turn = 0
         self.history_tokens = 0
+        self.history: list[tuple[Hashable, int]] = []  # prefix caching: the messages so far
         self.open_loop = open_loop
 
 
@@ -323,7 +325,9 @@ class Simulator:
         pairs = total + j * b + pad_pairs
         kv = pairs - (b + p)
         dts = np.broadcast_to(w.model.step_s(0, b + p, pairs, kv), (k,))
-        ends = w.now + np.cumsum(dts)
+        # summed from w.now one step at a time, as stepping does: the same floats, so a tie
+        # with a deadline or an arrival goes the same way with and without the shortcut
+        ends = np.cumsum(np.concatenate(([w.now], dts)))[1:]
         t_break = self._next_event_s(sends=matter) if matter else self._deadline_or_internal()
         for other in self.workers:  # another worker's next step may send this one work
             if other is not w and other.policy.has_work:
@@ -363,7 +367,12 @@ class Simulator:
             self._fail(req, "http_429", "queue_full", t)
             return
         self._in_server += 1
-        seq = SimSeq(len(self.requests), req.prompt_tokens, req.spec.max_tokens)
+        content = None
+        if cfg.caching:  # what its tokens are: the history, then its own prompt text
+            spec = req.spec
+            own = req.prompt_tokens - req.unit.history_tokens - 2 * req.unit.next_turn * self.join
+            content = Content([*req.unit.history, (spec.prompt, own)])
+        seq = SimSeq(len(self.requests), req.prompt_tokens, req.spec.max_tokens, content)
         req.seq = seq
         self._owner[seq] = req
         w = self.workers[0]
@@ -416,6 +425,7 @@ class Simulator:
             load[w.rank] += 1
             dseq = SimSeq(seq.idx, seq.prompt, seq.max_out)
             dseq.out, dseq.segs, dseq.first_step = seq.out, seq.segs, seq.first_step
+            dseq.content, dseq.cached = seq.content, seq.cached  # for its record
             req.dseq = dseq
             self._owner[dseq] = req
             policy = w.policy
@@ -509,6 +519,15 @@ class Simulator:
         unit = req.unit
         # the history a next turn carries: earlier messages, this prompt, this answer
         unit.history_tokens = req.prompt_tokens + req.output_tokens - 2 * unit.next_turn * self.join
+        seq = req.seq
+        if seq is not None and seq.content is not None:  # the template joins messages with "\n"
+            join = ("\n" * self.join, self.join)
+            unit.history = [
+                *seq.content.pieces,
+                join,
+                (seq.content.answer, req.output_tokens),
+                join,
+            ]
         unit.next_turn += 1
         if unit.next_turn < len(unit.specs):
             due = t + unit.specs[unit.next_turn].think_time_s

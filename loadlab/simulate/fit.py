@@ -178,22 +178,34 @@ def measure_reference(
     *,
     threads: int | None = None,
     repeats: int = 3,
+    typical: bool = False,
     log: IO[str] | None = None,
 ) -> list[StepPoint]:
-    """Time the reference model's steps here (``reference_server.bench``; needs torch)."""
+    """Time the reference model's steps here (``reference_server.bench``; needs torch).
+
+    Each point is the fastest of ``repeats`` (the model's own cost), or with ``typical`` their
+    median: on a machine others load, what a server's steps take on average, which is what a
+    prediction of that server's latencies needs."""
     import importlib
 
     bench = importlib.import_module("reference_server.bench")
     runner_cls = importlib.import_module("reference_server.model_runner").ModelRunner
     runner = runner_cls(preset, kv_cache_bytes=1 << 30, threads=threads)
+
+    def timed(step: Any) -> float:
+        if not typical:
+            return float(step(repeats, True))
+        step(1, True)  # warm-up once, then single timings
+        return statistics.median(float(step(1, False)) for _ in range(repeats))
+
     points = []
     for p in prompts:
-        s = bench.prefill_time_s(runner, p, 1, repeats)
+        s = timed(lambda r, w, p=p: bench.prefill_time_s(runner, p, 1, r, warmup=w))
         points.append(StepPoint.prefill(p, s, f"prefill {p}"))
         _say(log, points[-1])
     for c in contexts:
         for b in batches:
-            s = bench.decode_step_time_s(runner, b, c, repeats)
+            s = timed(lambda r, w, b=b, c=c: bench.decode_step_time_s(runner, b, c, r, warmup=w))
             points.append(StepPoint.decode(b, c, s, f"decode {b} x {c}"))
             _say(log, points[-1])
     return points

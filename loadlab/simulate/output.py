@@ -9,7 +9,8 @@ and ``compare`` read the file unchanged. What marks it as a prediction:
 - ``config["predicted"]`` is true and ``config["simulate"]`` holds the server settings and the
   step-time model; ``environment["predicted"]`` is true;
 - each record's ``server`` dict has ``predicted: true``, ``queue_ms`` (arrival to the first
-  step that ran any of its tokens) and ``preemptions``.
+  step that ran any of its tokens) and ``preemptions``; with prefix caching, ``cached_tokens``
+  (prompt tokens found in the cache at its first admission, as the server's usage reports).
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ def _record(req: Request, ends_ns: np.ndarray, starts: np.ndarray, endpoint: str
     server: dict[str, Any] = {"predicted": True}
     if seq is not None:
         server["preemptions"] = seq.preemptions
+        if seq.content is not None:  # prefix caching was modelled
+            server["cached_tokens"] = seq.cached
         if seq.first_step >= 0:
             server["queue_ms"] = (float(starts[seq.first_step]) - req.arrival_s) * 1e3
     rec.server = server

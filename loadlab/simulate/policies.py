@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from loadlab.simulate.prefix import Content, PrefixCache
 from loadlab.simulate.server import ServerConfig
 
 __all__ = [
@@ -47,10 +48,11 @@ class SimSeq:
     (one pair per run of consecutive steps), so a long decode costs O(1), not O(tokens).
     """
 
-    __slots__ = ("blocks", "computed", "first_step", "idx", "max_out", "out", "preemptions",
-                 "prompt", "segs", "status")  # fmt: skip
+    __slots__ = ("blocks", "cached", "computed", "content", "first_step", "hashes", "idx",
+                 "max_out", "out", "preemptions", "prompt", "published", "segs", "status",
+                 "table")  # fmt: skip
 
-    def __init__(self, idx: int, prompt: int, max_out: int) -> None:
+    def __init__(self, idx: int, prompt: int, max_out: int, content: Content | None = None) -> None:
         self.idx = idx
         self.prompt = prompt
         self.max_out = max_out
@@ -61,6 +63,13 @@ class SimSeq:
         self.preemptions = 0
         self.first_step = -1  # the first step that scheduled any of its tokens
         self.segs: list[int] = []
+        # prefix caching only (``prefix.py``): what its tokens are, its block ids, chain
+        # hashes, blocks published, prompt tokens found cached at its first admission
+        self.content = content  # None: a prompt unlike any other
+        self.table: list[int] = []
+        self.hashes: list[int] = []
+        self.published = 0
+        self.cached = 0
 
     @property
     def num_tokens(self) -> int:
@@ -97,6 +106,8 @@ class Policy:
         self.waiting: deque[SimSeq] = deque()
         self.running: list[SimSeq] = []
         self.num_preemptions = 0
+        # None: block counts only (caching off, or disaggregated mode, which has none)
+        self.cache = PrefixCache(cfg.num_kv_blocks, self.bs) if cfg.caching else None
 
     # -- the server's verbs -------------------------------------------------------------------
 
@@ -150,6 +161,14 @@ class Policy:
     def advance_decode(self, k: int, step: int) -> None:
         """Apply ``k`` plain decode steps starting at ``step`` (after ``decode_stretch``)."""
         bs = self.bs
+        if self.cache is not None:
+            self.cache.advance_decode(self.running, k)
+            self.free = self.cache.num_free
+            for seq in self.running:
+                seq.out += k
+                seq.computed += k
+                seq.emit(step, k)
+            return
         for seq in self.running:
             need = -(-(seq.prompt + seq.out + k - 1) // bs)
             if need > seq.blocks:
@@ -164,10 +183,11 @@ class Policy:
         mml = self.max_model_len
         return min(min(s.max_out - s.out, mml - s.prompt - s.out) for s in self.running)
 
-    def _block_limited(self, k: int) -> int:
+    def _block_limited(self, k: int, free: int | None = None) -> int:
         """The largest ``j <= k`` such that ``j`` decode steps of the running set allocate at
-        most the free blocks (so none of them can preempt)."""
-        bs, running, free = self.bs, self.running, self.free
+        most ``free`` blocks (default: the free blocks, so none of them can preempt)."""
+        bs, running = self.bs, self.running
+        free = self.free if free is None else free
 
         def extra(j: int) -> int:
             return sum(max(0, -(-(s.prompt + s.out + j - 1) // bs) - s.blocks) for s in running)
@@ -185,20 +205,62 @@ class Policy:
 
     # -- shared rules (scheduler/base.py) -----------------------------------------------------
 
-    def _need(self, seq: SimSeq, num_tokens: int) -> int:
+    def _need(self, seq: SimSeq, num_tokens: int, hit: list[int] | None = None) -> int:
+        if self.cache is not None:
+            return self.cache.need(seq, num_tokens, hit or ())
         return max(0, -(-num_tokens // self.bs) - seq.blocks)
 
-    def _can_allocate(self, seq: SimSeq, num_tokens: int) -> bool:
-        return self._need(seq, num_tokens) <= self.free
+    def _can_allocate(self, seq: SimSeq, num_tokens: int, hit: list[int] | None = None) -> bool:
+        return self._need(seq, num_tokens, hit) <= self.free
 
-    def _allocate(self, seq: SimSeq, num_tokens: int) -> None:
+    def _allocate(self, seq: SimSeq, num_tokens: int, hit: list[int] | None = None) -> None:
+        cache = self.cache
+        if cache is not None:
+            cache.allocate(seq, num_tokens, hit or ())
+            self.free = len(cache.empty) + len(cache.evictable)
+            return
         need = self._need(seq, num_tokens)
         self.free -= need
         seq.blocks += need
 
     def _free(self, seq: SimSeq) -> None:
+        if self.cache is not None:
+            self.cache.free(seq)
+            self.free = self.cache.num_free
+            return
         self.free += seq.blocks
         seq.blocks = 0
+
+    def _cached_prefix(self, seq: SimSeq) -> tuple[list[int] | None, int]:
+        """The cached blocks a waiting ``seq`` would start with, and the tokens left."""
+        if self.cache is None:
+            return None, seq.prompt + seq.out
+        hit = self.cache.match(seq)
+        return hit, seq.prompt + seq.out - len(hit) * self.bs
+
+    def _start(self, seq: SimSeq, num_tokens: int, hit: list[int] | None) -> None:
+        """Admit the head of the queue with its ``hit`` blocks counted as computed."""
+        self._allocate(seq, num_tokens, hit)
+        if hit:
+            seq.computed = len(hit) * self.bs
+        if seq.preemptions == 0:
+            seq.cached = seq.computed
+        self._admit(seq)
+
+    def _stretch_limits(self, head: SimSeq, hit: list[int] | None) -> tuple[int | None, int]:
+        """For a head waiting on blocks during a decode stretch: the free blocks the stretch
+        may take and its most steps such that the head's cached prefix neither loses a block
+        (evicted) nor gains one (published by a decode); ``(None, k)``: no limit."""
+        cache = self.cache
+        if cache is None:
+            return None, 1 << 62
+        free = len(cache.empty) + cache.evictions_before(hit or ())
+        n = len(hit or ())
+        if n < (head.prompt + head.out - 1) // self.bs:  # its first missing block
+            step = cache.first_step_publishing(self.running, n, cache.chain(head, n + 1)[n])
+            if step is not None:
+                return free, step
+        return free, 1 << 62
 
     def _release(self, seq: SimSeq, abort: bool = False) -> None:
         seq.status = 2
@@ -257,11 +319,10 @@ class ContinuousPolicy(Policy):
         admitted = False
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.prompt + seq.out - seq.computed
-            if (admitted and n > budget) or not self._can_allocate(seq, seq.prompt + seq.out):
+            hit, n = self._cached_prefix(seq)  # n: the rest of the prompt (or recompute)
+            if (admitted and n > budget) or not self._can_allocate(seq, seq.num_tokens, hit):
                 break
-            self._allocate(seq, seq.prompt + seq.out)
-            self._admit(seq)
+            self._start(seq, seq.num_tokens, hit)
             items.append((seq, n, False))
             budget -= n
             admitted = True
@@ -270,17 +331,18 @@ class ContinuousPolicy(Policy):
     def decode_stretch(self) -> tuple[int, bool]:
         if not self.running or not self._all_decoding():
             return 0, True
+        free, steps = None, 1 << 62
         if self.waiting:
-            head = self.waiting[0]
-            blocked = len(self.running) >= self.max_num_seqs or not self._can_allocate(
-                head, head.prompt + head.out
-            )
-            if not blocked:
-                return 0, True
+            if len(self.running) < self.max_num_seqs:
+                head = self.waiting[0]
+                hit, _n = self._cached_prefix(head)
+                if self._can_allocate(head, head.num_tokens, hit):
+                    return 0, True
+                free, steps = self._stretch_limits(head, hit)
             matter = False
         else:
             matter = len(self.running) < self.max_num_seqs
-        return self._block_limited(self._steps_to_finish() - 1), matter
+        return self._block_limited(min(self._steps_to_finish() - 1, steps), free), matter
 
 
 class ChunkedPolicy(Policy):
@@ -298,11 +360,13 @@ class ChunkedPolicy(Policy):
         budget -= self._schedule_running(items, budget, self.chunk_size)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.prompt + seq.out - seq.computed, self.chunk_size, budget)
-            if not self._can_allocate(seq, seq.computed + n):
+            hit, remaining = self._cached_prefix(seq)
+            n = min(remaining, self.chunk_size, budget)
+            end = seq.num_tokens - remaining + n
+            # Never preempt for a newcomer: it waits until blocks are free.
+            if not self._can_allocate(seq, end, hit):
                 break
-            self._allocate(seq, seq.computed + n)
-            self._admit(seq)
+            self._start(seq, end, hit)
             items.append((seq, n, False))
             budget -= n
         return items
@@ -313,15 +377,19 @@ class ChunkedPolicy(Policy):
             return 0, True
         left = self.budget - b
         full = b >= self.max_num_seqs or left <= 0
+        free, steps = None, 1 << 62
         if self.waiting:
-            head = self.waiting[0]
-            n = min(head.prompt + head.out - head.computed, self.chunk_size, max(left, 0))
-            if not (full or not self._can_allocate(head, head.computed + n)):
-                return 0, True
+            if not full:
+                head = self.waiting[0]
+                hit, remaining = self._cached_prefix(head)
+                n = min(remaining, self.chunk_size, left)
+                if self._can_allocate(head, head.num_tokens - remaining + n, hit):
+                    return 0, True
+                free, steps = self._stretch_limits(head, hit)
             matter = False
         else:
             matter = not full
-        return self._block_limited(self._steps_to_finish() - 1), matter
+        return self._block_limited(min(self._steps_to_finish() - 1, steps), free), matter
 
 
 class StaticPolicy(Policy):
@@ -337,7 +405,6 @@ class StaticPolicy(Policy):
     def schedule(self) -> list[Item]:
         items: list[Item] = []
         if not self.running:
-            self._end_batch()
             self._take_new_batch(items)
             return items
         for seq in self.running:
@@ -351,6 +418,12 @@ class StaticPolicy(Policy):
         if not self.running:
             self._end_batch()
         return done
+
+    def abort(self, seq: SimSeq) -> bool:
+        found = super().abort(seq)
+        if not self.running:  # its last member was aborted: the padded rows go now
+            self._end_batch()
+        return found
 
     def _end_batch(self) -> None:
         for seq in self.held:
@@ -368,12 +441,11 @@ class StaticPolicy(Policy):
         budget = self.budget
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.prompt + seq.out
+            hit, n = self._cached_prefix(seq)
             reserve = min(seq.prompt + seq.max_out, self.max_model_len)
-            if (items and n > budget) or not self._can_allocate(seq, reserve):
+            if (items and n > budget) or not self._can_allocate(seq, reserve, hit):
                 break
-            self._allocate(seq, reserve)
-            self._admit(seq)
+            self._start(seq, reserve, hit)
             items.append((seq, n, False))
             budget -= n
 

@@ -24,6 +24,9 @@ class ServerConfig:
     default that fits every model: the CLI derives it from the model and hardware
     (``loadlab.simulate.setup``); in disaggregated mode every worker has that many.
 
+    ``prefix_caching``: the reference server's automatic prefix caching (``prefix.py``), on
+    by default as ``--prefix-caching on`` is; in disaggregated mode the prefill workers'.
+
     Disaggregated mode: ``prefill_workers`` and ``decode_workers`` engine loops, a prefill
     worker holding at most ``max_held`` (default ``max_num_seqs``) prefilled requests for
     pulling, and each KV transfer taking ``kv_transfer_latency_s + bytes /
@@ -45,6 +48,7 @@ class ServerConfig:
     kv_bytes_per_token: int = 0
     kv_transfer_bytes_per_s: float = 1e9
     kv_transfer_latency_s: float = 0.001
+    prefix_caching: bool = True  # the server's --prefix-caching on (disaggregated: prefill side)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,6 +77,12 @@ class ServerConfig:
         """``max_model_len`` capped to what the KV cache holds, as the server caps it (so one
         request always fits alone)."""
         return min(self.max_model_len, self.num_kv_blocks * self.block_size)
+
+    @property
+    def caching(self) -> bool:
+        """Whether the prefix cache is modelled (disaggregated: by the prefill workers; the
+        decode side receives every prompt's KV whole and has none, as in the server)."""
+        return self.prefix_caching
 
     @property
     def batched_tokens(self) -> int:

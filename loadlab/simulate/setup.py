@@ -52,6 +52,8 @@ def add_server_arguments(p: argparse.ArgumentParser, mode: bool = True) -> None:
     g.add_argument("--static-finished", choices=FINISHED_SLOTS, default="pad",
                    help="static: finished rows run as padding (pad) or leave (idle)")  # fmt: skip
     g.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 429")
+    g.add_argument("--prefix-caching", choices=("on", "off"), default="on",
+                   help="reuse cached KV blocks of prompt prefixes (disaggregated: prefill side)")  # fmt: skip
     d = p.add_argument_group("simulated disaggregated mode")
     d.add_argument("--prefill-workers", type=int, default=1, help="prefill engine loops")
     d.add_argument("--decode-workers", type=int, default=1, help="decode engine loops")
@@ -142,6 +144,7 @@ def server_from_args(args: argparse.Namespace, step_model: StepTimeModel) -> Ser
         chunk_size=args.chunk_size,
         static_finished=args.static_finished,
         max_queue=args.max_queue,
+        prefix_caching=args.prefix_caching == "on",
         prefill_workers=args.prefill_workers,
         decode_workers=args.decode_workers,
         max_held=args.max_held,

@@ -20,8 +20,9 @@ def step_ms(prefill: int, decode: int) -> float:
     return 10.0 + 0.1 * prefill + 1.1 * decode
 
 
-def spec(rid: str, prompt: int, out: int, at: float = 0.0) -> RequestSpec:
-    return RequestSpec(rid, "x" * prompt, out, intended_at_s=at, prompt_tokens=prompt)
+def spec(rid: str, prompt: int, out: int, at: float = 0.0, text: str = "") -> RequestSpec:
+    text = text or (rid + "x" * prompt)[:prompt]  # unlike the others unless given
+    return RequestSpec(rid, text, out, intended_at_s=at, prompt_tokens=prompt)
 
 
 def run(specs: list[RequestSpec], fast: bool = True, **server: object):  # type: ignore[no-untyped-def]
@@ -58,6 +59,21 @@ def test_prefill_pauses_at_max_held_and_decode_pulls_by_slots() -> None:
     # b's KV is pulled when a's last token is out (a frees the decode slot), then c prefills
     assert b[1] == pytest.approx(a[-1] + transfer + step_ms(0, 1))
     assert c[0] == pytest.approx(a[-1] + step_ms(10, 0))
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_prefill_worker_serves_a_repeated_prompt_from_its_cache(caching: bool) -> None:
+    """The prefill side caches (as the server's): a prompt seen before prefills only its
+    uncached rest, (100 - 1) // 16 = 6 blocks = 96 tokens cached, 4 computed; the decode side
+    still receives the whole prompt's KV."""
+    text = "y" * 100
+    out = run([spec("a", 100, 2, text=text), spec("b", 100, 2, at=1.0, text=text)],
+              prefix_caching=caching)  # fmt: skip
+    b = times_ms(out, 1)
+    transfer = 2.0 + 100 * 1000 / 1e6 * 1e3
+    assert b[0] == pytest.approx(step_ms(4 if caching else 100, 0))
+    assert b[1] == pytest.approx(b[0] + transfer + step_ms(0, 1))
+    assert out.to_results().records[1].server.get("cached_tokens", 0) == (96 if caching else 0)
 
 
 def test_two_prefill_workers_share_arrivals() -> None:

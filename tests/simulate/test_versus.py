@@ -55,7 +55,10 @@ def test_sweep_predict_command(tmp_path: Path) -> None:
         argv = ["sweep", "--endpoint", url, "--model", "m", "--slo", str(slo), "--rates", "2,4",
                 "--duration", "3", "--prompt-tokens", "16", "--max-tokens", "8", "--no-progress",
                 "--out-dir", str(tmp_path / "sw"), "--predict", "--step-model", str(fit),
-                "--bisect-steps", "0", "--inconclusive", "pass"]  # fmt: skip
+                "--bisect-steps", "0", "--inconclusive", "pass",
+                # the plumbing is under test, not the timing: a loaded machine's loop lag
+                # must not void a level
+                "--saturation-lag-ms", "1000"]  # fmt: skip
         done = subprocess.run([sys.executable, "-m", "loadlab", *argv], text=True,
                               capture_output=True, env=env, timeout=240, cwd=ROOT)  # fmt: skip
     assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: the loaded machine failed a level
