@@ -359,4 +359,4 @@ def test_prompt_tokens_include_the_prompt_cache() -> None:
     s.on_bytes(_ev("message_delta", delta) + _ev("message_stop", '{"type":"message_stop"}'), 3000)
     s.finish(4000)
     assert s.record.prompt_tokens == 777
-    assert s.record.server["cached_prompt_tokens"] == 768
+    assert s.record.cached_prompt_tokens == 768
