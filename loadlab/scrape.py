@@ -248,6 +248,7 @@ _PREFIX_RATE = ("sglang:cache_hit_rate",)
 _PREFIX_COUNTERS = (
     ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
     ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+    ("loadlab_server_prefix_cache_hits_total", "loadlab_server_prefix_cache_queries_total"),
 )
 
 

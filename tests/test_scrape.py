@@ -155,6 +155,9 @@ def test_prefix_cache_hit_rate_per_interval_from_vllm_counters_and_sglang_gauge(
     ts, rates, source = s["prefix_cache_hit_rate"]
     assert ts == [1.0, 2.0, 4.0] and rates == [0.25, 0.75, 0.0]
     assert source.startswith("vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
+    ref = [{"t_ns": 0, "metrics": {"loadlab_server_prefix_cache_hits_total": 3,
+                                   "loadlab_server_prefix_cache_queries_total": 4}}]  # fmt: skip
+    assert server_series(ref)["prefix_cache_hit_rate"][1] == [0.75]
     sglang = [{"t_ns": 0, "metrics": {"sglang:cache_hit_rate": 0.6}}]
     assert server_series(sglang)["prefix_cache_hit_rate"][1] == [0.6]
     assert server_series([]) == {}
