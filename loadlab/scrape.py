@@ -3,8 +3,8 @@
 ``PrometheusScraper`` polls the URL every ``interval_s`` and keeps each sample as
 ``{"t_ns": time relative to the run's t0, "metrics": {"name{labels}": value}}`` for the
 results file's ``server_samples``. A failed scrape is counted, never fatal: the run goes on.
-``server_series`` maps the names of vLLM, SGLang, TGI and the reference server onto three
-common series (queue depth, running batch, KV-cache use) for the report's plots.
+``server_series`` maps the names of vLLM, SGLang, TGI and the reference server onto common
+series (queue depth, running batch, KV-cache use, prefix-cache hit rate) for the report's plots.
 
 Example::
 
@@ -242,6 +242,14 @@ SERIES_NAMES: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = {
     ),
 }
 _KV_USED = re.compile(r"kv_blocks_used$")
+# Prefix-cache hits: a gauge where the server has one, else (hits, queries) counter pairs whose
+# increments between two samples give the hit rate of the prompt tokens looked up in between.
+_PREFIX_RATE = ("sglang:cache_hit_rate",)
+_PREFIX_COUNTERS = (
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+    ("loadlab_server_prefix_cache_hits_total", "loadlab_server_prefix_cache_queries_total"),
+)
 
 
 def _base(key: str) -> str:
@@ -258,11 +266,15 @@ def _pick(names: Sequence[str], exact: Sequence[str], pattern: re.Pattern[str]) 
 def server_series(
     samples: Sequence[Mapping[str, Any]],
 ) -> dict[str, tuple[list[float], list[float], str]]:
-    """``{"queue_depth"|"running_batch"|"kv_cache_use": (t_s, values, source name)}``.
+    """``{"queue_depth"|"running_batch"|"kv_cache_use"|"prefix_cache_hit_rate":
+    (t_s, values, source name)}``.
 
     Series with several label sets (one per model or engine) are summed; KV-cache use is a
     fraction in [0, 1] (vLLM's ``*_perc`` gauges are fractions despite the name), derived
-    from ``*kv_blocks_used / *kv_blocks_total`` where no usage gauge exists.
+    from ``*kv_blocks_used / *kv_blocks_total`` where no usage gauge exists. The prefix-cache
+    hit rate is a fraction of the prompt tokens looked up since the previous sample (vLLM's
+    hit and query counters), or the server's own gauge (SGLang); a sample with no lookups since
+    the previous one has no point.
     """
     names = sorted({_base(k) for s in samples for k in s.get("metrics", {})})
     out: dict[str, tuple[list[float], list[float], str]] = {}
@@ -280,7 +292,37 @@ def server_series(
                 return uv / tv if tv and uv is not None else None
 
             out["kv_cache_use"] = _collect(samples, frac, f"{used} / {total}")
+    prefix = _prefix_hit_rate(samples, names)
+    if prefix is not None:
+        out["prefix_cache_hit_rate"] = prefix
     return out
+
+
+def _prefix_hit_rate(
+    samples: Sequence[Mapping[str, Any]], names: Sequence[str]
+) -> tuple[list[float], list[float], str] | None:
+    gauge = next((n for n in _PREFIX_RATE if n in names), None)
+    if gauge is not None:
+        return _collect(samples, lambda m, n=gauge: _sum(m, n), gauge)
+    pair = next((p for p in _PREFIX_COUNTERS if p[0] in names and p[1] in names), None)
+    if pair is None:
+        return None
+    hits_name, queries_name = pair
+    ts: list[float] = []
+    vs: list[float] = []
+    prev: tuple[float, float] | None = None
+    for s in samples:
+        m = s.get("metrics", {})
+        hits, queries = _sum(m, hits_name), _sum(m, queries_name)
+        if hits is None or queries is None:
+            continue
+        # Counters start at zero with the server, so the first sample covers everything so far.
+        d_hits, d_queries = (hits, queries) if prev is None else (hits - prev[0], queries - prev[1])
+        prev = (hits, queries)
+        if d_queries > 0:
+            ts.append(s["t_ns"] / 1e9)
+            vs.append(d_hits / d_queries)
+    return ts, vs, f"{hits_name} / {queries_name} (per interval)"
 
 
 def _sum(metrics: Mapping[str, float], name: str) -> float | None:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the tests need on a fresh machine, then run them.
 # This is the README's test command; .ci/run runs exactly this, then the linters.
+# Then the engine tests against a real vLLM (scripts/engines/vllm.sh: its own virtualenv, cached
+# in ~/.cache/loadlab/vllm-venv; a few minutes the first time); LOADLAB_ENGINE_TESTS=0 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # torch==2.13.0 is named so pip takes the CPU build; the [server] extra accepts any torch>=2.3.
@@ -17,5 +19,14 @@ set -e
 if [ "$rc" = 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
+fi
+if [ "${LOADLAB_ENGINE_TESTS:-1}" != 0 ]; then
+  set +e
+  bash scripts/engines/vllm.sh -q
+  engine_rc=$?
+  set -e
+  [ "$rc" = 0 ] && rc=$engine_rc
+else
+  echo "engine tests skipped (LOADLAB_ENGINE_TESTS=0)"
 fi
 exit "$rc"

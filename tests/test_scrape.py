@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from typing import Any
 
 from aiohttp import web
 
@@ -137,3 +138,26 @@ def test_scraper_against_a_real_server() -> None:
     assert ts == sorted(ts) and ts[0] >= 0
     assert samples[0]["metrics"] == {"q": 1.0}  # buckets and NaN dropped
     assert samples[1]["metrics"] == {"q": 3.0}  # call 2 was the 500
+
+
+def test_prefix_cache_hit_rate_per_interval_from_vllm_counters_and_sglang_gauge() -> None:
+    def sample(t_s: int, hits: float, queries: float) -> dict[str, Any]:
+        return {
+            "t_ns": t_s * 1_000_000_000,
+            "metrics": {
+                'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"}': hits,
+                'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"}': queries,
+            },
+        }
+
+    # 10 of 40 so far; then 30 of 40 more; then no lookups (no point); then 0 of 20
+    s = server_series([sample(1, 10, 40), sample(2, 40, 80), sample(3, 40, 80), sample(4, 40, 100)])
+    ts, rates, source = s["prefix_cache_hit_rate"]
+    assert ts == [1.0, 2.0, 4.0] and rates == [0.25, 0.75, 0.0]
+    assert source.startswith("vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
+    ref = [{"t_ns": 0, "metrics": {"loadlab_server_prefix_cache_hits_total": 3,
+                                   "loadlab_server_prefix_cache_queries_total": 4}}]  # fmt: skip
+    assert server_series(ref)["prefix_cache_hit_rate"][1] == [0.75]
+    sglang = [{"t_ns": 0, "metrics": {"sglang:cache_hit_rate": 0.6}}]
+    assert server_series(sglang)["prefix_cache_hit_rate"][1] == [0.6]
+    assert server_series([]) == {}

@@ -218,7 +218,8 @@ def timeline(results: Results, max_requests: int = 60) -> str | None:
 
 
 def server_side(results: Results) -> str | None:
-    """TTFT and ITL against the server's queue depth, running batch and KV use, one time axis."""
+    """TTFT and ITL against the server's queue depth, running batch, KV use and prefix-cache hit
+    rate, one time axis."""
     series = server_series(results.server_samples)
     if not series:
         return None
@@ -230,8 +231,9 @@ def server_side(results: Results) -> str | None:
         "queue_depth": "queue depth",
         "running_batch": "running batch",
         "kv_cache_use": "KV-cache use",
+        "prefix_cache_hit_rate": "prefix-cache hits",
     }
-    for key in ("queue_depth", "running_batch", "kv_cache_use"):
+    for key in titles:
         if key in series:
             panels.append((titles[key], series[key]))
     with matplotlib.rc_context(_RC):

@@ -1,0 +1,1 @@
+"""Engine tests: loadlab against a real inference engine (vLLM CPU build)."""
