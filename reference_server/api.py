@@ -3,7 +3,8 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
 (Anthropic's Messages API, ``reference_server.messages``), ``POST /v1/responses`` (OpenAI's
 Responses API, ``reference_server.responses``), each ``stream`` or not; ``POST /tokenize``
-(vLLM's shape: ``prompt`` or ``messages`` in, ``count`` and ``tokens`` out); ``GET /v1/models``,
+(vLLM's shape: ``prompt`` or ``messages`` in, ``count`` and ``tokens`` out) and ``POST
+/detokenize`` (``tokens`` in, ``prompt`` out); ``GET /v1/models``,
 ``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``, ``/v1/request_log`` (each
 recent request as it was framed: ``reference_server.answer``). Every route runs one loop over
 the engine's token events; a dialect's ``AnswerStream`` writes them, and ``answer.Answer``
@@ -46,6 +47,7 @@ from reference_server.protocol import (
     ChatRequest,
     ChatStream,
     CompletionRequest,
+    DetokenizeRequest,
     Kind,
     TokenizeRequest,
     chat_prompt,
@@ -81,6 +83,10 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     info: dict[str, Any] = field(default_factory=dict)  # served at /v1/server_info
     encode: Callable[[str], list[int]] = lambda s: list(s.encode("utf-8"))
+    # ids outside the byte range are dropped; a cut UTF-8 character becomes U+FFFD
+    decode: Callable[[list[int]], str] = lambda ids: bytes(i for i in ids if 0 <= i < 256).decode(
+        "utf-8", "replace"
+    )
     # a reasoning model and tool calls (``reference_server.answer``)
     reasoning_tokens: int = 0  # the first N tokens of each answer go out as reasoning
     tool_call_rate: float = 0.5  # of requests that offer tools, the share answered by a call
@@ -274,6 +280,11 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
         ids = settings.encode(text)
         return {"count": len(ids), "max_model_len": settings.max_model_len, "tokens": ids,
                 "token_strs": None}  # fmt: skip
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        # vLLM's shape; with /tokenize, vllm bench serve cuts its prompts to exact lengths here
+        return {"prompt": settings.decode(body.tokens)}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

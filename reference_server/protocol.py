@@ -30,6 +30,7 @@ __all__ = [
     "ChatRequest",
     "ChatStream",
     "CompletionRequest",
+    "DetokenizeRequest",
     "TokenizeRequest",
     "chat_prompt",
     "error_body",
@@ -130,6 +131,13 @@ class TokenizeRequest(_Loose):
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool = True  # the byte tokenizer has none to add
     add_generation_prompt: StrictBool = True  # the chat formatting adds no generation prompt
+
+
+class DetokenizeRequest(_Loose):
+    """vLLM's ``/detokenize`` body: token ids in, their text out."""
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:

@@ -18,7 +18,7 @@ import pytest
 from loadlab.clients import AnthropicClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
-from tests.helpers.server import API_KEY
+from tests.helpers.server import API_KEY, post, session
 
 MODEL = "loadlab-ref"
 PROMPT = "x" * 37  # 37 tokens
@@ -136,3 +136,24 @@ def test_loadlab_anthropic_dialect_counts_exactly(continuous_server: Any, stream
     # the prompt may be in the prefix cache (other tests send it too): its 2 full blocks of 16
     assert r.server["cache_read_input_tokens"] in (0, 32)
     assert r.server["cache_creation_input_tokens"] == 0
+
+
+def test_detokenize_lets_vllm_bench_cut_prompts_to_exact_lengths(continuous_server: Any) -> None:
+    """``vllm bench serve`` aligns its prompts to a server's tokenizer through /tokenize and
+    /detokenize (vLLM's shapes): cut to N tokens and decoded, a prompt is counted N again."""
+
+    async def go() -> tuple[Any, ...]:
+        async with session() as s:
+            url = continuous_server.url
+            _, tok, _ = await post(s, url + "/tokenize", {"model": MODEL, "prompt": "héllo world"})
+            status, text, _ = await post(
+                s, url + "/detokenize", {"model": MODEL, "tokens": tok["tokens"][:7]}
+            )
+            _, again, _ = await post(
+                s, url + "/tokenize", {"model": MODEL, "prompt": text["prompt"]}
+            )
+            return tok, status, text, again
+
+    tok, status, text, again = asyncio.run(go())
+    assert tok["count"] == 12 and status == 200  # é is two bytes
+    assert text == {"prompt": "héllo "} and again["count"] == 7
