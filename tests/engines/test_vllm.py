@@ -1,14 +1,17 @@
 """loadlab against vLLM's CPU build serving the tiny model (one server for the session).
 
-What a user sees from ``loadlab run`` on a real engine: a context overflow's outcome, exact
-output lengths with EOS ignored, the server's own series in the report, and the Anthropic
-dialect's prompt counts with vLLM's prefix cache on.
+What a user sees from ``loadlab run`` on a real engine: prompts of exactly the requested length
+with the model's tokenizer (chat template included), exact output lengths, a context overflow's
+outcome, the server's own series in the report, and the Anthropic dialect's prompt counts with
+vLLM's prefix cache on. The side-by-side with ``vllm bench serve`` is in test_vs_vllm_bench.py.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from loadlab.report.html import render_html
 from loadlab.results import read_results
@@ -20,23 +23,55 @@ def _args(server: Engine, *more: str) -> list[str]:
     return ["--endpoint", server.url, "--model", server.model, *more]
 
 
-def test_context_overflow_is_http_400_for_every_request(vllm: Engine, tmp_path: Path) -> None:
-    # Far past the 2,048-token context whatever the words cost in tokens.
-    out = tmp_path / "overflow.json"
-    run = loadlab_run(out, _args(vllm, "--concurrency", "2", "--requests", "4",
-                                 "--prompt-tokens", "6000", "--max-tokens", "16"))  # fmt: skip
-    assert run["_rc"] == 3, run["_stdout"][-2000:]  # no request succeeded
-    recs = read_results(out).records
-    assert [r.outcome for r in recs] == ["http_400"] * 4
-    assert all(r.http_status == 400 and r.error and "context" in r.error.lower() for r in recs)
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_prompt_lengths_are_exact_with_the_models_tokenizer(
+    vllm: Engine, tiny_model: Path, tmp_path: Path, api: str
+) -> None:
+    """Every request's usage.prompt_tokens equals the requested count, chat template included."""
+    for n in (128, 1000, 1900):
+        out = tmp_path / f"{api}-{n}.json"
+        run = loadlab_run(out, _args(vllm, "--api", api, "--concurrency", "4", "--requests", "8",
+                                     "--prompt-tokens", str(n), "--max-tokens", "4",
+                                     "--tokenizer", str(tiny_model)))  # fmt: skip
+        assert run["_rc"] == 0, run["_stderr"][-2000:]
+        recs = read_results(out).records
+        assert all(r.ok for r in recs) and len(recs) == 8
+        assert [(r.prompt_tokens_requested, r.prompt_tokens) for r in recs] == [(n, n)] * 8
 
 
-def test_exact_output_lengths_with_eos_ignored(vllm: Engine, tmp_path: Path) -> None:
+def test_context_overflow_is_http_400_when_the_prompt_leaves_no_room(
+    vllm: Engine, tiny_model: Path, tmp_path: Path
+) -> None:
+    """vLLM 0.32 shortens max_tokens to the context left (2,041 + 8 asked: 7 generated) and
+    answers 400 only when the prompt leaves no room for one output token; loadlab records the
+    400 as ``http_400`` and exits 3 when no request succeeded."""
+    seen = {}
+    for prompt in (2040, 2041, 2048, 2100):  # max_model_len 2,048, max_tokens 8
+        out = tmp_path / f"overflow-{prompt}.json"
+        run = loadlab_run(out, _args(vllm, "--concurrency", "1", "--requests", "1",
+                                     "--prompt-tokens", str(prompt), "--max-tokens", "8",
+                                     "--tokenizer", str(tiny_model)))  # fmt: skip
+        (r,) = read_results(out).records
+        seen[prompt] = (run["_rc"], r.outcome, r.output_tokens)
+        assert r.prompt_tokens in (prompt, None), r  # sized exactly (None: refused, no usage)
+        if r.outcome == "http_400":
+            assert r.http_status == 400 and r.error
+    assert seen == {
+        2040: (0, "ok", 8),
+        2041: (0, "ok", 7),
+        2048: (3, "http_400", None),
+        2100: (3, "http_400", None),
+    }
+    assert "maximum context length is 2048" in (r.error or "")
+
+
+def test_exact_output_lengths(vllm: Engine, tmp_path: Path) -> None:
+    """--exact-output sends vLLM ignore_eos and min_tokens: every answer is max_tokens long."""
     for api in ("chat", "completions"):
         out = tmp_path / f"{api}.json"
         run = loadlab_run(out, _args(vllm, "--api", api, "--concurrency", "4", "--requests", "12",
                                      "--prompt-tokens", "200", "--max-tokens", "48",
-                                     "--extra-body", json.dumps({"ignore_eos": True})))  # fmt: skip
+                                     "--exact-output"))  # fmt: skip
         assert run["_rc"] == 0, run["_stderr"][-2000:]
         recs = read_results(out).records
         assert len(recs) == 12 and all(r.ok for r in recs)
@@ -64,17 +99,20 @@ def test_scrape_of_vllm_metrics_gives_every_server_series(vllm: Engine, tmp_path
     # Eight streams of 64 tokens were running at once at some sample, holding KV blocks.
     assert max(series["running_batch"][1]) >= 2
     assert 0 < max(series["kv_cache_use"][1]) <= 1
-    assert all(0 <= v <= 1 for v in series["prefix_cache_hit_rate"][1])
+    rates = series["prefix_cache_hit_rate"][1]
+    assert rates and all(0 <= v <= 1 for v in rates)  # prompts were looked up: points exist
     html = render_html(res)
     assert "vllm:num_requests_running" in html and "vllm:prefix_cache_queries_total" in html
 
 
-def test_anthropic_prompt_counts_include_prefix_cache_hits(vllm: Engine, tmp_path: Path) -> None:
+def test_anthropic_prompt_counts_include_prefix_cache_hits(
+    vllm: Engine, tiny_model: Path, tmp_path: Path
+) -> None:
     """vLLM's /v1/messages reports prefix-cache hits as cache_read_input_tokens and the rest as
     input_tokens (Anthropic's definition): the record's prompt count is the whole prompt, the
-    same count the chat API gives for the same messages."""
+    count asked for and the count the chat API gives for the same messages."""
     common = ["--concurrency", "4", "--requests", "12", "--prompt-tokens", "300",
-              "--max-tokens", "8", "--seed", "16"]  # fmt: skip
+              "--max-tokens", "8", "--seed", "16", "--tokenizer", str(tiny_model)]  # fmt: skip
     counts = {}
     for api in ("chat", "anthropic"):  # chat first: its prompts are in the cache for anthropic's
         out = tmp_path / f"{api}.json"
@@ -84,6 +122,7 @@ def test_anthropic_prompt_counts_include_prefix_cache_hits(vllm: Engine, tmp_pat
         assert len(recs) == 12 and all(r.ok for r in recs)
         counts[api] = {r.request_id: r for r in recs}
     chat, anth = counts["chat"], counts["anthropic"]
+    assert {r.prompt_tokens for r in chat.values()} == {300}
     assert {k: r.prompt_tokens for k, r in anth.items()} == {
         k: r.prompt_tokens for k, r in chat.items()
     }
