@@ -1,0 +1,46 @@
+"""loadlab beside ``vllm bench serve`` on the session's vLLM: one short round of the workload
+``benchmarks/vs_vllm_bench.py`` runs three times at 200 requests (there the 10 % verdict).
+
+Here: both tools complete every request, loadlab sends exactly the per-request lengths vLLM
+counted for vllm bench, and both record the same input and output token totals from the
+server's usage; their TTFT medians agree within a factor of five (a unit or origin slip shows
+as 1000x; on a loaded 2-core machine one round's medians move by tens of percent, and vLLM's
+API process, starved of CPU, can send a whole answer in one burst, which puts both tools'
+TPOT and ITL medians at zero, so those are compared by the benchmark only).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from loadlab.testing.vllm_bench import (
+    METRICS,
+    BenchLoad,
+    bench_figures,
+    loadlab_figures,
+    run_loadlab_on_trace,
+    run_vllm_bench,
+    text_token_ids,
+    write_lengths_trace,
+)
+from tests.engines.conftest import Engine
+
+
+def test_same_workload_same_token_totals(vllm: Engine, tiny_model: Path, tmp_path: Path) -> None:
+    load = BenchLoad(requests=48)
+    extra = {"allowed_token_ids": text_token_ids(tiny_model)}
+    python = os.environ["LOADLAB_VLLM_PYTHON"]
+    bench = run_vllm_bench(python, vllm.url, tiny_model, load, tmp_path / "bench.json", extra)
+    assert set(bench["output_lens"]) == {64} and len(bench["input_lens"]) == 48
+    trace = tmp_path / "lengths.csv"
+    write_lengths_trace(bench, trace)
+    res = run_loadlab_on_trace(vllm.url, tiny_model, trace, load, tmp_path / "l.json", extra)
+    # loadlab sent exactly the lengths vLLM counted for vllm bench, request by request
+    recs = sorted(res.records, key=lambda r: int(r.request_id.rsplit("-", 1)[1]))  # trace-<line>
+    assert [r.prompt_tokens_requested for r in recs] == bench["input_lens"]
+    assert [r.prompt_tokens for r in recs] == bench["input_lens"]
+    b, ll = bench_figures(bench), loadlab_figures(res)
+    assert (ll["input_tokens"], ll["output_tokens"]) == (b["input_tokens"], b["output_tokens"])
+    assert set(METRICS) <= set(b) and set(METRICS) <= set(ll)
+    assert 0.2 <= ll["ttft_ms"] / b["ttft_ms"] <= 5.0, (b, ll)
