@@ -5,11 +5,21 @@
   loadlab/locust/user.py, run in processes of their own (tests/locust/).
 - Under tests/, only ``test_*.py`` files are test modules; helpers, drivers and locustfiles are
   imported by the tests that need them (or run by Locust), never collected on their own.
+- In CI (``CI`` set), Hypothesis draws the same examples every run and keeps no database: a
+  property test then fails on every run or on none. Locally it explores new examples, which is
+  how it found the static-batching leak (66de397).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent
 
