@@ -1,6 +1,6 @@
 """``loadlab lab``: start the reference server in each mode and show the modes side by side.
 
-    loadlab lab                                  # cpu preset, all four modes, 3 rounds (~5-8 min)
+    loadlab lab                                  # cpu preset, all four modes, 3 rounds (7 min at load 11)
     loadlab lab --quick                          # tiny preset, seconds (what the tests run)
     loadlab lab --preset 1b --out reports/lab-gpu   # one GPU
     loadlab lab --modes continuous,chunked --duration 60
