@@ -171,19 +171,20 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
 
 def independent_requests(
     cfg: RunConfig,
+    kind: str,
     prefix: str,
     prompt_tokens: Iterable[int],
     output_tokens: Iterable[int],
     times: list[float] | None,
     *,
     n: int | None,
-    request_class: str,
     chars_per_token: float,
 ) -> Iterator[RequestSpec]:
     """Stand-alone requests (synthetic, batch): ``n`` (or endless) exact-length prompts, each
     tagged by its id ``{prefix}-000042``, lengths clamped to the workload's caps, sent at
-    ``times[i]`` when the run is open loop."""
+    ``times[i]`` when the run is open loop; their class is ``request_class``, else ``kind``."""
     params = cfg.workload
+    request_class = str(params.get("request_class", kind))
     max_prompt, max_output = caps(params)
     text_rng = rng_for(cfg.seed, "text")
     # strict=False: the length streams may be endless; counter(n) bounds the run

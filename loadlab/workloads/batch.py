@@ -67,7 +67,6 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     params = cfg.workload
     validate(cfg, params)
     n = get_int(params, "documents", None) or cfg.requests or DEFAULT_DOCUMENTS
-    cls = str(params.get("request_class", "batch"))
     times: list[float] | None = None
     if cfg.rate_rps is not None:
         if params.get("submit", "at_once") == "rate":
@@ -88,14 +87,7 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
                 rng_for(cfg.seed, "output"), n
             )
         yield from independent_requests(
-            cfg,
-            "batch",
-            prompts,
-            outputs,
-            times,
-            n=n,
-            request_class=cls,
-            chars_per_token=chars_per_token,
+            cfg, "batch", "batch", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
 
     return RequestStream(specs(), lambda: {"kind": "batch", "documents": n})

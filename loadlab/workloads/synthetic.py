@@ -50,7 +50,6 @@ def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Reque
     params = cfg.workload
     validate(cfg, params)
     prompt_dist, output_dist = length_dists(params, cfg.prompt_tokens, cfg.max_tokens, ())
-    cls = str(params.get("request_class", "synthetic"))
     times = open_loop_times(cfg, cfg.requests)
     n = len(times) if times is not None else cfg.requests
 
@@ -58,14 +57,7 @@ def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Reque
         prompts = int_stream(prompt_dist, rng_for(cfg.seed, "prompt"))
         outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
         yield from independent_requests(
-            cfg,
-            "syn",
-            prompts,
-            outputs,
-            times,
-            n=n,
-            request_class=cls,
-            chars_per_token=chars_per_token,
+            cfg, "synthetic", "syn", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
 
     return RequestStream(specs(), lambda: {"kind": "synthetic", "requests": n})
