@@ -222,10 +222,39 @@ def _per_second_bins(r: Results) -> np.ndarray:
 # ---------------------------------------------------------------- rows
 
 
-def _no_test(cis: list[Any], ps: list[Any], sig: list[bool]) -> None:
-    cis.append(None)
-    ps.append(None)
-    sig.append(False)
+def _bootstrap_row(
+    metric: str,
+    values: Sequence[float | None],
+    higher_is_worse: bool,
+    pair: Callable[[int], tuple[np.ndarray, np.ndarray] | None],
+    n: Sequence[int],
+    note: str,
+    alpha: float,
+) -> MetricChange:
+    """Each run's change against the first, tested on the bootstrap distributions that
+    ``pair(i)`` gives for (run 0, run i); ``None`` there: no test for that run."""
+    changes: list[float | None] = [None]
+    cis: list[tuple[float, float] | None] = [None]
+    ps: list[float | None] = [None]
+    sig = [False]
+    for i in range(1, len(values)):
+        changes.append(_pct_change(values[0], values[i]))
+        boots = pair(i)
+        ci, p = _change(*boots, alpha) if boots is not None else (None, None)
+        cis.append(ci)
+        ps.append(p)
+        sig.append(ci is not None and bool(ci[0] > 0 or ci[1] < 0))
+    return MetricChange(
+        metric=metric,
+        values=tuple(values),
+        higher_is_worse=higher_is_worse,
+        change_pct=tuple(changes),
+        ci_pct=tuple(cis),
+        p_value=tuple(ps),
+        significant=tuple(sig),
+        n=tuple(n),
+        note=note,
+    )
 
 
 def _pct_change(a: float | None, b: float | None) -> float | None:
@@ -254,32 +283,13 @@ def _latency_row(
     if any(b is None for b in boots):
         need = int(np.ceil(MIN_TAIL_SAMPLES / tail))
         note = f"not tested: a p{q:g} needs >= {need} samples in each run"
-    runs = lats
-    changes: list[float | None] = [None]
-    cis: list[tuple[float, float] | None] = [None]
-    ps: list[float | None] = [None]
-    sig = [False]
-    for i in range(1, len(runs)):
-        changes.append(_pct_change(values[0], values[i]))
+
+    def pair(i: int) -> tuple[np.ndarray, np.ndarray] | None:
         b0, bi = boots[0], boots[i]
-        if b0 is None or bi is None:
-            _no_test(cis, ps, sig)
-            continue
-        ci, p = _change(b0, bi, alpha)
-        cis.append(ci)
-        ps.append(p)
-        sig.append(bool(ci[0] > 0 or ci[1] < 0))
-    return MetricChange(
-        metric=f"{metric}.p{q:g}",
-        values=tuple(values),
-        higher_is_worse=True,
-        change_pct=tuple(changes),
-        ci_pct=tuple(cis),
-        p_value=tuple(ps),
-        significant=tuple(sig),
-        n=tuple(int(v.size) for v, _ in samples),
-        note=note,
-    )
+        return None if b0 is None or bi is None else (b0, bi)
+
+    n = [int(v.size) for v, _ in samples]
+    return _bootstrap_row(f"{metric}.p{q:g}", values, True, pair, n, note, alpha)
 
 
 def _throughput_row(runs: Sequence[Results], alpha: float, n_boot: int, seed: int) -> MetricChange:
@@ -287,37 +297,21 @@ def _throughput_row(runs: Sequence[Results], alpha: float, n_boot: int, seed: in
         metrics.throughput(r.records, r.measurement_window_ns()).output_tokens_per_s for r in runs
     ]
     bins = [_per_second_bins(r) for r in runs]
-    changes: list[float | None] = [None]
-    cis: list[tuple[float, float] | None] = [None]
-    ps: list[float | None] = [None]
-    sig = [False]
-    note = ""
-    for i in range(1, len(runs)):
-        changes.append(_pct_change(values[0], values[i]))
+    short = any(b.size < 5 for b in bins)
+    note = "fewer than 5 whole seconds in a window: no significance test" if short else ""
+
+    def pair(i: int) -> tuple[np.ndarray, np.ndarray] | None:
         if bins[0].size < 5 or bins[i].size < 5:
-            note = "fewer than 5 whole seconds in a window: no significance test"
-            _no_test(cis, ps, sig)
-            continue
+            return None
         rngs = [np.random.default_rng([seed, 99, j]) for j in (0, i)]
-        means = [
+        m0, mi = (
             rng.choice(b, size=(n_boot, b.size), replace=True).mean(axis=1)
             for rng, b in zip(rngs, (bins[0], bins[i]), strict=True)
-        ]
-        ci, p = _change(means[0], means[1], alpha)
-        cis.append(ci)
-        ps.append(p)
-        sig.append(bool(ci[0] > 0 or ci[1] < 0))
-    return MetricChange(
-        metric="output_tokens_per_s",
-        values=tuple(values),
-        higher_is_worse=False,
-        change_pct=tuple(changes),
-        ci_pct=tuple(cis),
-        p_value=tuple(ps),
-        significant=tuple(sig),
-        n=tuple(int(b.size) for b in bins),
-        note=note,
-    )
+        )
+        return m0, mi
+
+    n = [int(b.size) for b in bins]
+    return _bootstrap_row("output_tokens_per_s", values, False, pair, n, note, alpha)
 
 
 def _count_row(

@@ -58,20 +58,10 @@ def test_mismatched_chunk_counts_are_counted_not_compared() -> None:
 
 
 def test_presets_are_the_issue_loads() -> None:
-    p64, p256 = PRESETS["issue64"], PRESETS["issue256"]
-    assert (
-        p64.levels,
-        p64.levels[0] * p64.requests_per_stream,
-        p64.ttft_ms,
-        p64.itl_ms,
-        p64.tokens,
-    ) == ((64,), 640, 100.0, 20.0, 64)
-    assert (
-        p256.levels,
-        p256.levels[0] * p256.requests_per_stream,
-        p256.ttft_ms,
-        p256.itl_ms,
-        p256.tokens,
-    ) == ((256,), 2560, 50.0, 5.0, 128)
+    def load(p: SelftestConfig) -> tuple[object, ...]:  # streams, requests, server timing
+        return (p.levels, p.levels[0] * p.requests_per_stream, p.ttft_ms, p.itl_ms, p.tokens)
+
+    assert load(PRESETS["issue64"]) == ((64,), 640, 100.0, 20.0, 64)
+    assert load(PRESETS["issue256"]) == ((256,), 2560, 50.0, 5.0, 128)
     with pytest.raises(ValueError, match="workers"):
         SelftestConfig(levels=(1,), workers=2)

@@ -130,45 +130,27 @@ class ModelSpec:
         return d
 
 
+def _llama3(
+    name: str, repo: str, n_layers: int, hidden_dim: int, n_heads: int, ffn_dim: int, **kw: Any
+) -> ModelSpec:
+    """A Llama 3 shape from its Hugging Face ``config.json``: the family shares the
+    128,256-token vocabulary and 8 KV heads, and head_dim = hidden_size / num_attention_heads
+    (the Transformers default the configs rely on)."""
+    return ModelSpec(name, n_layers=n_layers, hidden_dim=hidden_dim, n_heads=n_heads,
+                     n_kv_heads=8, head_dim=hidden_dim // n_heads, ffn_dim=ffn_dim,
+                     vocab_size=128256, source=f"meta-llama/{repo} config.json", **kw)  # fmt: skip
+
+
 # Published shapes: the config.json of each model on the Hugging Face Hub
 # (meta-llama/Meta-Llama-3-8B, meta-llama/Meta-Llama-3-70B, meta-llama/Llama-3.2-1B) and the
 # Llama 3 paper (Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 3).
-MODELS: dict[str, ModelSpec] = {
-    "llama-3-8b": ModelSpec(
-        "llama-3-8b",
-        n_layers=32,
-        hidden_dim=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        head_dim=128,
-        ffn_dim=14336,
-        vocab_size=128256,
-        source="meta-llama/Meta-Llama-3-8B config.json",
-    ),  # fmt: skip  (8.03 B parameters)
-    "llama-3-70b": ModelSpec(
-        "llama-3-70b",
-        n_layers=80,
-        hidden_dim=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        head_dim=128,
-        ffn_dim=28672,
-        vocab_size=128256,
-        source="meta-llama/Meta-Llama-3-70B config.json",
-    ),  # fmt: skip  (70.6 B parameters)
-    "llama-3.2-1b": ModelSpec(
-        "llama-3.2-1b",
-        n_layers=16,
-        hidden_dim=2048,
-        n_heads=32,
-        n_kv_heads=8,
-        head_dim=64,
-        ffn_dim=8192,
-        vocab_size=128256,
-        tied_embeddings=True,
-        source="meta-llama/Llama-3.2-1B config.json",
-    ),  # fmt: skip  (1.24 B parameters)
-}
+# Columns: name, Hub repo, n_layers, hidden_dim, n_heads, ffn_dim.
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (
+    _llama3("llama-3-8b", "Meta-Llama-3-8B", 32, 4096, 32, 14336),  # 8.03 B parameters
+    _llama3("llama-3-70b", "Meta-Llama-3-70B", 80, 8192, 64, 28672),  # 70.6 B parameters
+    _llama3("llama-3.2-1b", "Llama-3.2-1B", 16, 2048, 32, 8192,
+            tied_embeddings=True),  # 1.24 B parameters
+)}  # fmt: skip
 _ALIASES = {"llama3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b", "llama3-70b": "llama-3-70b",
             "llama-3.1-70b": "llama-3-70b", "llama3.2-1b": "llama-3.2-1b"}  # fmt: skip
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack
 
 from loadlab.records import RequestRecord, RequestSpec
 
-__all__ = ["Client", "Completion", "Message"]
+__all__ = ["Client", "Completion", "Message", "SendOptions"]
 
 # {"role": "user" | "assistant" | "system" | "tool", "content": "..."}, in OpenAI chat's shape:
 # an assistant turn that called tools has "tool_calls", a tool result has "tool_call_id"; each
@@ -38,18 +38,20 @@ class Completion:
     tool_calls: tuple[Mapping[str, str], ...] = ()
 
 
+class SendOptions(TypedDict):
+    """The keyword arguments of ``Client.send``, named once so that a client that wraps
+    others (a router, a test double) can take and pass them on as ``**options``."""
+
+    t0_ns: int  # the run's start, perf_counter_ns: the record's stamps are relative to it
+    history: NotRequired[Sequence[Message]]  # the chat session so far (chat API only); ()
+    intended_ns: NotRequired[int | None]  # when the schedule meant it to go; None: closed loop
+
+
 class Client(Protocol):
     async def __aenter__(self) -> Client: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
 
-    async def send(
-        self,
-        spec: RequestSpec,
-        *,
-        t0_ns: int,
-        history: Sequence[Message] = (),
-        intended_ns: int | None = None,
-    ) -> Completion:
-        """Send one request; ``history`` is the chat session so far (chat API only)."""
+    async def send(self, spec: RequestSpec, **options: Unpack[SendOptions]) -> Completion:
+        """Send one request (keyword options: ``SendOptions``)."""
         ...

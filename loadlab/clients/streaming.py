@@ -29,7 +29,7 @@ from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState, dumps
-from loadlab.clients.transports import TRANSPORTS, Transport, make_transport
+from loadlab.clients.transports import TRANSPORTS, Transport, TransportSettings, make_transport
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
 from loadlab.headers import is_credential
@@ -146,14 +146,14 @@ class StreamingClient:
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:
-        self._transport = make_transport(
-            self.transport_kind,
+        settings = TransportSettings(
             self.url,
             self._headers,
             max_connections=self.max_connections,
             timeout_s=self.timeout_s,
             read_timeout_s=self.read_timeout_s,
         )
+        self._transport = make_transport(self.transport_kind, settings)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

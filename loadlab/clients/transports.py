@@ -13,7 +13,8 @@ propagates; the client records it).
 
 Example::
 
-    transport = make_transport("raw", url, headers, max_connections=64, timeout_s=120, read_timeout_s=30)
+    settings = TransportSettings(url, headers, max_connections=64, timeout_s=120, read_timeout_s=30)
+    transport = make_transport("raw", settings)
     await transport.exchange(body_bytes, "req-1", state)
     await transport.close()
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
@@ -48,6 +50,7 @@ __all__ = [
     "AiohttpTransport",
     "RawTransport",
     "Transport",
+    "TransportSettings",
     "make_transport",
     "settle",
 ]
@@ -77,20 +80,24 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class TransportSettings:
+    """What either transport is built from: where to send, the headers every request carries,
+    the connection cap, and the two time limits (the whole exchange, and the wait for any byte)."""
+
+    url: str
+    headers: Mapping[str, str]
+    max_connections: int
+    timeout_s: float
+    read_timeout_s: float
+
+
 class RawTransport:
-    def __init__(
-        self,
-        url: str,
-        headers: Mapping[str, str],
-        *,
-        max_connections: int,
-        timeout_s: float,
-        read_timeout_s: float,
-    ) -> None:
-        self.target = Target.from_url(url)
-        self._head = self.target.request_head(headers)
-        self._pool = RawPool(max_connections)
-        self.timeout_s, self.read_timeout_s = timeout_s, read_timeout_s
+    def __init__(self, settings: TransportSettings) -> None:
+        self.target = Target.from_url(settings.url)
+        self._head = self.target.request_head(settings.headers)
+        self._pool = RawPool(settings.max_connections)
+        self.timeout_s, self.read_timeout_s = settings.timeout_s, settings.read_timeout_s
 
     async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
         res = await self._pool.request(
@@ -124,22 +131,16 @@ class _StampedBody(BytesPayload):
 
 
 class AiohttpTransport:
-    def __init__(
-        self,
-        url: str,
-        headers: Mapping[str, str],
-        *,
-        max_connections: int,
-        timeout_s: float,
-        read_timeout_s: float,
-    ) -> None:
-        self.url = url
-        self._headers = dict(headers)
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
+    def __init__(self, settings: TransportSettings) -> None:
+        self.url = url = settings.url
+        self._headers = dict(settings.headers)
+        self.timeout = aiohttp.ClientTimeout(
+            total=settings.timeout_s, sock_read=settings.read_timeout_s
+        )
         # A context made now (not aiohttp's, cached at import) honours SSL_CERT_FILE as set for
         # this run, like the raw transport.
         tls = ssl.create_default_context() if url.startswith("https://") else True
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=tls)
+        connector = aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0, ssl=tls)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
 
     async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
@@ -174,30 +175,19 @@ class AiohttpTransport:
         await self._session.close()
 
 
-def make_transport(
-    kind: str,
-    url: str,
-    headers: Mapping[str, str],
-    *,
-    max_connections: int,
-    timeout_s: float,
-    read_timeout_s: float,
-) -> Transport:
+def make_transport(kind: str, settings: TransportSettings) -> Transport:
+    """The transport named ``kind`` (one of ``TRANSPORTS``)."""
     classes: dict[str, type[RawTransport] | type[AiohttpTransport]] = {
         "raw": RawTransport,
         "aiohttp": AiohttpTransport,
     }
     # URL user-info becomes Basic auth on both transports (aiohttp would send it, the raw one
     # would drop it), and the URL kept for messages no longer holds it.
-    url, basic = split_userinfo(url)
+    url, basic = split_userinfo(settings.url)
+    headers = settings.headers
     if basic is not None and not any(k.lower() == "authorization" for k in headers):
         headers = {"Authorization": basic, **headers}
+    settings = replace(settings, url=url, headers=headers)
     if kind in classes:
-        return classes[kind](
-            url,
-            headers,
-            max_connections=max_connections,
-            timeout_s=timeout_s,
-            read_timeout_s=read_timeout_s,
-        )
+        return classes[kind](settings)
     raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got {kind!r}")

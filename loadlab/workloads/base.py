@@ -30,6 +30,7 @@ __all__ = [
     "clamp",
     "common_extra_body",
     "counter",
+    "independent_requests",
     "int_stream",
     "length_dists",
     "open_loop_times",
@@ -168,24 +169,34 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         check_tokenizer(str(params["tokenizer"]), tuple(bases))
 
 
-def independent_request(
-    rid: str,
-    prompt_tokens: int,
-    max_tokens: int,
-    text_rng: np.random.Generator,
+def independent_requests(
+    cfg: RunConfig,
+    kind: str,
+    prefix: str,
+    prompt_tokens: Iterable[int],
+    output_tokens: Iterable[int],
+    times: list[float] | None,
     *,
-    intended_at_s: float | None,
-    request_class: str,
-    params: Mapping[str, Any],
+    n: int | None,
     chars_per_token: float,
-) -> RequestSpec:
-    """One stand-alone request (synthetic, batch): an exact-length prompt tagged by its id."""
-    return RequestSpec(
-        request_id=rid,
-        prompt=prompt_text(prompt_tokens, text_rng, tag=rid, chars_per_token=chars_per_token),
-        max_tokens=max_tokens,
-        intended_at_s=intended_at_s,
-        prompt_tokens=prompt_tokens,
-        request_class=request_class,
-        extra_body=common_extra_body(params, max_tokens),
-    )
+) -> Iterator[RequestSpec]:
+    """Stand-alone requests (synthetic, batch): ``n`` (or endless) exact-length prompts, each
+    tagged by its id ``{prefix}-000042``, lengths clamped to the workload's caps, sent at
+    ``times[i]`` when the run is open loop; their class is ``request_class``, else ``kind``."""
+    params = cfg.workload
+    request_class = str(params.get("request_class", kind))
+    max_prompt, max_output = caps(params)
+    text_rng = rng_for(cfg.seed, "text")
+    # strict=False: the length streams may be endless; counter(n) bounds the run
+    for i, p_raw, out_raw in zip(counter(n), prompt_tokens, output_tokens, strict=False):
+        rid = f"{prefix}-{i:06d}"
+        p_tok, out = clamp(int(p_raw), max_prompt), clamp(int(out_raw), max_output)
+        yield RequestSpec(
+            request_id=rid,
+            prompt=prompt_text(p_tok, text_rng, tag=rid, chars_per_token=chars_per_token),
+            max_tokens=out,
+            intended_at_s=times[i] if times is not None else None,
+            prompt_tokens=p_tok,
+            request_class=request_class,
+            extra_body=common_extra_body(params, out),
+        )

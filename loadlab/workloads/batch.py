@@ -32,10 +32,8 @@ from loadlab.records import RequestSpec
 from loadlab.workloads.base import (
     COMMON_KEYS,
     RequestStream,
-    caps,
     check_common,
-    clamp,
-    independent_request,
+    independent_requests,
     open_loop_times,
     rng_for,
 )
@@ -69,8 +67,6 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     params = cfg.workload
     validate(cfg, params)
     n = get_int(params, "documents", None) or cfg.requests or DEFAULT_DOCUMENTS
-    max_prompt, max_output = caps(params)
-    cls = str(params.get("request_class", "batch"))
     times: list[float] | None = None
     if cfg.rate_rps is not None:
         if params.get("submit", "at_once") == "rate":
@@ -90,19 +86,8 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
             outputs = parse_dist(params["output_tokens"], "output_tokens").sample_int(
                 rng_for(cfg.seed, "output"), n
             )
-        text_rng = rng_for(cfg.seed, "text")
-        for i in range(n):
-            rid = f"batch-{i:06d}"
-            p_tok, out = clamp(int(prompts[i]), max_prompt), clamp(int(outputs[i]), max_output)
-            yield independent_request(
-                rid,
-                p_tok,
-                out,
-                text_rng,
-                intended_at_s=times[i] if times is not None else None,
-                request_class=cls,
-                params=params,
-                chars_per_token=chars_per_token,
-            )
+        yield from independent_requests(
+            cfg, "batch", "batch", prompts, outputs, times, n=n, chars_per_token=chars_per_token
+        )
 
     return RequestStream(specs(), lambda: {"kind": "batch", "documents": n})

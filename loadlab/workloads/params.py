@@ -65,6 +65,18 @@ def check_keys(
             raise WorkloadError(f"{prefix}{key}: unknown key for {what}; {fix}")
 
 
+def _typed(
+    params: Mapping[str, Any], key: str, default: Any, prefix: str, kind: Any, noun: str
+) -> tuple[str, Any]:
+    """The parameter's full name and value (``None`` when absent without a default). A value
+    not of ``kind`` is an error, and so is a bool: YAML's ``true`` is an int to Python."""
+    value = params.get(key, default)
+    name = prefix + key
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+        raise WorkloadError(f"{name} = {value!r}: must be {noun}")
+    return name, value
+
+
 def get_int(
     params: Mapping[str, Any],
     key: str,
@@ -74,12 +86,9 @@ def get_int(
     prefix: str = "workload.",
 ) -> Any:
     """An integer parameter >= ``minimum`` (or the default when absent)."""
-    value = params.get(key, default)
-    key = prefix + key
+    key, value = _typed(params, key, default, prefix, int, "a whole number")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise WorkloadError(f"{key} = {value!r}: must be a whole number")
     if value < minimum:
         raise WorkloadError(f"{key} = {value}: must be >= {minimum}")
     return value
@@ -94,12 +103,9 @@ def get_float(
     prefix: str = "workload.",
 ) -> Any:
     """A number parameter (> 0 when ``positive``, else >= 0), or the default when absent."""
-    value = params.get(key, default)
-    key = prefix + key
+    key, value = _typed(params, key, default, prefix, int | float, "a number")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise WorkloadError(f"{key} = {value!r}: must be a number")
     if positive and not value > 0:
         raise WorkloadError(f"{key} = {value}: must be > 0")
     if not positive and not value >= 0:

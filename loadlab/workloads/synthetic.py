@@ -26,11 +26,8 @@ from loadlab.records import RequestSpec
 from loadlab.workloads.base import (
     COMMON_KEYS,
     RequestStream,
-    caps,
     check_common,
-    clamp,
-    counter,
-    independent_request,
+    independent_requests,
     int_stream,
     length_dists,
     open_loop_times,
@@ -53,28 +50,14 @@ def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Reque
     params = cfg.workload
     validate(cfg, params)
     prompt_dist, output_dist = length_dists(params, cfg.prompt_tokens, cfg.max_tokens, ())
-    max_prompt, max_output = caps(params)
-    cls = str(params.get("request_class", "synthetic"))
     times = open_loop_times(cfg, cfg.requests)
     n = len(times) if times is not None else cfg.requests
 
     def specs() -> Iterator[RequestSpec]:
         prompts = int_stream(prompt_dist, rng_for(cfg.seed, "prompt"))
         outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
-        text_rng = rng_for(cfg.seed, "text")
-        for i in counter(n):
-            rid = f"syn-{i:06d}"
-            p_tok = clamp(next(prompts), max_prompt)
-            out = clamp(next(outputs), max_output)
-            yield independent_request(
-                rid,
-                p_tok,
-                out,
-                text_rng,
-                intended_at_s=times[i] if times is not None else None,
-                request_class=cls,
-                params=params,
-                chars_per_token=chars_per_token,
-            )
+        yield from independent_requests(
+            cfg, "synthetic", "syn", prompts, outputs, times, n=n, chars_per_token=chars_per_token
+        )
 
     return RequestStream(specs(), lambda: {"kind": "synthetic", "requests": n})

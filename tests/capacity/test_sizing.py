@@ -6,7 +6,7 @@ import pytest
 
 from loadlab.capacity.hardware import get_hardware
 from loadlab.capacity.models import get_model
-from loadlab.capacity.sizing import MemoryCheck, size_first_principles, size_from_figures
+from loadlab.capacity.sizing import MemoryCheck, Plan, size_first_principles, size_from_figures
 from loadlab.cli import main
 
 
@@ -20,17 +20,21 @@ def test_seed_example_exact() -> None:
     assert plan.binding == "throughput"
 
 
+def _llama_8b_on_h100(*, prompt_tokens: int, output_tokens: int, rate_rps: float) -> Plan:
+    """The seed's figures (2,000 tokens/s per GPU, 30% headroom) with the memory cross-check
+    for Llama-3-8B on an H100."""
+    check = MemoryCheck(get_model("llama-3-8b"), get_hardware("h100"), prompt_tokens=prompt_tokens)
+    return size_from_figures(2000, output_tokens, rate_rps, 0.3, memory=check)
+
+
 def test_short_requests_at_high_rate_are_throughput_bound() -> None:
     # Llama-3-8B on H100, 200-token prompts: KV 450 tokens * 131,072 = 58,982,400 B per
     # request; 55,939,477,504 B free (80e9 * 0.9 - 16,060,522,496 weights) -> 948 per GPU.
     # Each stream decodes at 64 / 2,000 = 32 ms per token: W = 250 * 0.032 + ~0.006 s prefill
     # = 8.006 s; Little: 400 * 8.006 = 3,202 in flight -> ceil(3,202 / 948) = 4 GPUs,
     # x 1.3 = 5.2 -> 6. The throughput bound (65) is larger: memory does not change it.
-    check = MemoryCheck(get_model("llama-3-8b"), get_hardware("h100"), prompt_tokens=200)
-    plan = size_from_figures(2000, 250, 400, 0.3, memory=check)
-    assert plan.throughput_gpus == 65
-    assert plan.memory_gpus == 6
-    assert plan.total_gpus == 65
+    plan = _llama_8b_on_h100(prompt_tokens=200, output_tokens=250, rate_rps=400)
+    assert (plan.throughput_gpus, plan.memory_gpus, plan.total_gpus) == (65, 6, 65)
     assert plan.binding == "throughput"
 
 
@@ -41,10 +45,8 @@ def test_long_conversations_at_low_rate_are_memory_bound() -> None:
     # = 4.25 -> 4 requests per GPU. W = prefill + 500 * 0.032 s; prefill = (2 * 7,504,924,672
     # * 1e5 + 4 * 32 * 4096 * 1e5 * 100,001 / 2) FLOPs / (989.4e12 * 0.6) = 6.94 s, so
     # W = 22.94 s; Little: 0.5 * 22.94 = 11.5 in flight -> ceil(11.5 / 4) = 3 GPUs, x 1.3 -> 4.
-    check = MemoryCheck(get_model("llama-3-8b"), get_hardware("h100"), prompt_tokens=100_000)
-    plan = size_from_figures(2000, 500, 0.5, 0.3, memory=check)
-    assert plan.throughput_gpus == 2
-    assert plan.memory_gpus == 4
+    plan = _llama_8b_on_h100(prompt_tokens=100_000, output_tokens=500, rate_rps=0.5)
+    assert (plan.throughput_gpus, plan.memory_gpus) == (2, 4)
     assert plan.total_gpus == 4  # the cross-check changed the answer
     assert plan.binding == "memory"
     mean_s = next(s.value for s in plan.steps if s.label == "mean request time")

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
-from loadlab.clients.base import Completion, Message
+from loadlab.clients.base import Completion, SendOptions
 from loadlab.records import OUTCOME_OK, RequestRecord, RequestSpec
 
 
@@ -34,14 +33,9 @@ class FakeClient:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def send(
-        self,
-        spec: RequestSpec,
-        *,
-        t0_ns: int,
-        history: Sequence[Message] = (),
-        intended_ns: int | None = None,
-    ) -> Completion:
+    async def send(self, spec: RequestSpec, **options: Unpack[SendOptions]) -> Completion:
+        t0_ns, history = options["t0_ns"], options.get("history", ())
+        intended_ns = options.get("intended_ns")
         rec = RequestRecord(
             request_id=spec.request_id,
             session_id=spec.session_id,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
 import pytest
 
 from loadlab.clients import OpenAIClient
-from loadlab.clients.base import Completion, Message
+from loadlab.clients.base import Completion, SendOptions
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.metrics import count_outcomes
 from loadlab.records import RequestSpec
@@ -59,18 +59,9 @@ class FaultMix:
     async def __aexit__(self, *exc: object) -> None:
         await self.stack.aclose()
 
-    async def send(
-        self,
-        spec: RequestSpec,
-        *,
-        t0_ns: int,
-        history: Sequence[Message] = (),
-        intended_ns: int | None = None,
-    ) -> Completion:
+    async def send(self, spec: RequestSpec, **options: Unpack[SendOptions]) -> Completion:
         mode = self.modes[int(spec.request_id) % len(self.modes)]
-        return await self.clients[mode].send(
-            spec, t0_ns=t0_ns, history=history, intended_ns=intended_ns
-        )
+        return await self.clients[mode].send(spec, **options)
 
 
 def test_a_run_mixing_faults_completes_and_keeps_every_request(

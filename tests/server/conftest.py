@@ -105,22 +105,17 @@ def server(request: pytest.FixtureRequest, servers: _Servers) -> Any:
     return servers.get(request.param)
 
 
-@pytest.fixture(scope="session")
-def continuous_server(servers: _Servers) -> Any:
-    return servers.get("continuous")
+def _one(name: str) -> Any:
+    """The session fixture ``{name}_server``: that one configuration of ``_Servers.get``."""
+
+    @pytest.fixture(scope="session", name=f"{name}_server")
+    def one_server(servers: _Servers) -> Any:
+        return servers.get(name)
+
+    return one_server
 
 
-@pytest.fixture(scope="session")
-def disaggregated_server(servers: _Servers) -> Any:
-    return servers.get("disaggregated")
-
-
-@pytest.fixture(scope="session")
-def reasoning_server(servers: _Servers) -> Any:
-    """``--reasoning-tokens 6 --tool-call-rate 1``: a reasoning model and an agent."""
-    return servers.get("reasoning")
-
-
-@pytest.fixture(scope="session")
-def small_server(servers: _Servers) -> RunningServer:
-    return servers.get("small")
+continuous_server = _one("continuous")
+disaggregated_server = _one("disaggregated")
+reasoning_server = _one("reasoning")  # a reasoning model and an agent (REASONING_CONFIG)
+small_server = _one("small")  # a RunningServer subprocess of capacity 2 (SMALL_CONFIG)

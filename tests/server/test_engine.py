@@ -36,6 +36,16 @@ def _engine(clock: FakeClock) -> tuple[Engine, FakeModelRunner]:
     return Engine(runner, sched, clock=clock), runner
 
 
+def _run_out(
+    engine: Engine, loop: asyncio.AbstractEventLoop, *queues: asyncio.Queue[TokenEvent]
+) -> list[list[TokenEvent]]:
+    """Step until no work is left, let the loop deliver, and take each queue's events."""
+    while engine.step():
+        pass
+    loop.run_until_complete(asyncio.sleep(0))
+    return [[q.get_nowait() for _ in range(q.qsize())] for q in queues]
+
+
 def test_engine_delivers_one_event_per_token_and_times_steps_by_phase() -> None:
     clock = FakeClock()
     engine, _ = _engine(clock)
@@ -47,11 +57,7 @@ def test_engine_delivers_one_event_per_token_and_times_steps_by_phase() -> None:
         assert engine.queue_depth == 1
         assert engine.step()  # a: 6-token prefill, samples "g" (position 6)
         engine.submit(Sequence("b", [1] * 4, SamplingParams(max_tokens=2)), loop, qb)
-        while engine.step():
-            pass
-        loop.run_until_complete(asyncio.sleep(0))
-        events_a = [qa.get_nowait() for _ in range(qa.qsize())]
-        events_b = [qb.get_nowait() for _ in range(qb.qsize())]
+        events_a, events_b = _run_out(engine, loop, qa, qb)
     finally:
         loop.close()
     assert [(e.text, e.completion_tokens, e.finish_reason) for e in events_a] == [
@@ -106,11 +112,7 @@ def test_a_failing_request_fails_alone_and_the_engine_goes_on() -> None:
         q_ok: asyncio.Queue[TokenEvent] = asyncio.Queue()
         engine.submit(Sequence("bad", [1] * 3, SamplingParams(max_tokens=5)), loop, q_bad)
         engine.submit(Sequence("ok", [1] * 3, SamplingParams(max_tokens=2)), loop, q_ok)
-        while engine.step():
-            pass
-        loop.run_until_complete(asyncio.sleep(0))
-        bad = [q_bad.get_nowait() for _ in range(q_bad.qsize())]
-        ok = [q_ok.get_nowait() for _ in range(q_ok.qsize())]
+        bad, ok = _run_out(engine, loop, q_bad, q_ok)
     finally:
         loop.close()
     assert len(bad) == 1 and bad[0].finish_reason == "error" and "RuntimeError" in str(bad[0].error)

@@ -33,6 +33,11 @@ def assert_kv_matches_dense(runner: ModelRunner, s: Sequence) -> None:
     assert_close(runner.export_kv(s), dense_kv, ATOL)
 
 
+def assert_greedy_as_dense(runner: ModelRunner, *seqs: Sequence) -> None:
+    for s in seqs:
+        assert s.output_token_ids == greedy_from_dense(runner, s), s.seq_id
+
+
 def test_mixed_lengths_in_one_batch_match_dense(runner: ModelRunner) -> None:
     drv = Driver(runner, shuffle_seed=1)
     seqs = [seq(f"s{i}", prompt_of(n, i)) for i, n in enumerate([1, 5, 13, 30])]
@@ -50,8 +55,8 @@ def test_mixed_lengths_in_one_batch_match_dense(runner: ModelRunner) -> None:
         s.num_computed_tokens = s.num_prompt_tokens
         s.output_token_ids.append(tok)  # type: ignore[arg-type]
     drv.decode(seqs, 7)  # decode together; sequences cross block boundaries at different steps
+    assert_greedy_as_dense(runner, *seqs)
     for s in seqs:
-        assert s.output_token_ids == greedy_from_dense(runner, s)
         assert_kv_matches_dense(runner, s)
 
 
@@ -66,8 +71,7 @@ def test_chunked_prefill_mixed_with_decode_matches_whole(runner: ModelRunner) ->
         results.append(drv.step([(other, 1), (long, n)]))
     assert [r[1] is None for r in results] == [True] * 4 + [False]
     drv.decode([other, long], 5)
-    assert long.output_token_ids == greedy_from_dense(runner, long)
-    assert other.output_token_ids == greedy_from_dense(runner, other)
+    assert_greedy_as_dense(runner, long, other)
     assert_kv_matches_dense(runner, long)
 
 
@@ -83,8 +87,7 @@ def test_recompute_after_preemption_continues_identically(runner: ModelRunner) -
     drv.step([(a, a.num_tokens), (b, 1)])  # recompute prompt + outputs in one slice
     assert not set(a.block_table) & set(b.block_table)
     drv.decode([a, b], 3)
-    assert a.output_token_ids == greedy_from_dense(runner, a)
-    assert b.output_token_ids == greedy_from_dense(runner, b)
+    assert_greedy_as_dense(runner, a, b)
     assert_kv_matches_dense(runner, a)
 
 
