@@ -120,7 +120,8 @@ def build_requests(
     if not chars_per_token > 0:
         raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
-    stream = exact_prompts(stream, how)
+    if not prefix.fits_itself(cfg):  # a prefix workload with a tokenizer fits its own
+        stream = exact_prompts(stream, how)
     effort = wl.get("reasoning_effort")
     if effort is not None:
         with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)

@@ -16,10 +16,18 @@ one (two runs with the same salt share their prefixes: the second starts warm). 
 follows each prefix's 5-character tag (``P0000``), so the prefixes of one run differ from
 their first characters and share no block through their common salt.
 
+With a tokenizer loadlab holds (``tokenizer = DIR``, ``--tokenizer``; one with a chat template
+for a chat API) the workload fits its own prompts in the server's tokens: each prefix text is
+cut so that the prompt's first N tokens as the server counts them (the chat template's opening,
+or BOS, included) end where it does, and each whole prompt is N + S tokens, template included.
+A 256-token prefix is then 16 whole 16-token blocks of vLLM's cache. (Other sizings, such as
+``server`` or ``auto``, fit each whole prompt afterwards, like any workload.)
+
 Each spec carries ``shared_prefix_tokens``: how many of its leading tokens an earlier prompt of
-this run already had. On the reference server (``chars_per_token = 1``: its byte tokenizer
-makes one ASCII character one token) it is the exact longest common prefix with every earlier
-prompt; with another ``chars_per_token`` it is N when the prefix was sent before, else 0,
+this run already had. With such a tokenizer it is the exact longest common prefix of the
+prompt's token ids with every earlier prompt's; on the reference server without one
+(``chars_per_token = 1``: its byte tokenizer makes one ASCII character one token) the same in
+characters; with another ``chars_per_token`` it is N when the prefix was sent before, else 0,
 assuming the tokenizer encodes the prefix the same way in every prompt (the newline keeps the
 suffix's first word from merging with it). ``loadlab.prefix_cache`` turns these into the
 expected hit rate (block-aligned with ``block_size``) that the report sets beside the measured.
@@ -70,11 +78,22 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
+from loadlab.workloads.exact import fit_prompt
 from loadlab.workloads.lengths import parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_int
 from loadlab.workloads.prompts import prompt_text, text_chars
+from loadlab.workloads.tokenizers import NOT_LOCAL, AnyTokens, load_tokenizer
+from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 
-__all__ = ["KEYS", "ORDERS", "PrefixPlan", "prefix_requests", "validate", "with_run_salt"]
+__all__ = [
+    "KEYS",
+    "ORDERS",
+    "PrefixPlan",
+    "fits_itself",
+    "prefix_requests",
+    "validate",
+    "with_run_salt",
+]
 
 KEYS = COMMON_KEYS | {
     "prefix_tokens",
@@ -170,15 +189,16 @@ def _prefix_texts(n: int, tokens: int, salt: str, seed: int, cpt: float) -> list
 
 class _SharedPrefixes:
     """Leading tokens of each new prompt already seen in an earlier one. Exact (longest
-    common prefix against every earlier prompt, by its neighbours in sorted order) when one
-    character is one token; else by design: N when the prompt's prefix was sent before."""
+    common prefix against every earlier prompt, by its neighbours in sorted order) when
+    ``add`` is given the prompt's token ids, or its text when one character is one token;
+    else by design: N when the prompt's prefix was sent before."""
 
     def __init__(self, exact: bool, prefix_tokens: int) -> None:
         self.exact, self.prefix_tokens = exact, prefix_tokens
-        self._sorted: list[str] = []
+        self._sorted: list[Any] = []  # texts or tuples of token ids, never both
         self._seen: set[int] = set()
 
-    def add(self, prompt: str, prefix_id: int) -> int:
+    def add(self, prompt: str | tuple[int, ...], prefix_id: int) -> int:
         by_design = self.prefix_tokens if prefix_id in self._seen else 0
         self._seen.add(prefix_id)
         if not self.exact or len(self._sorted) >= _EXACT_LIMIT:
@@ -190,12 +210,72 @@ class _SharedPrefixes:
         return shared
 
 
-def _common(a: str, b: str) -> int:
+def _common(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _local_tokens(cfg: RunConfig) -> tuple[AnyTokens, str] | None:
+    """The run's tokenizer and API when loadlab holds one that gives the prompt's token ids
+    (``--tokenizer DIR``, a chat template for a chat API); None otherwise."""
+    spec = cfg.workload.get("tokenizer")
+    if spec is None or spec in NOT_LOCAL:
+        return None
+    api = cfg.endpoints[0].api if cfg.endpoints else "chat"
+    tok = load_tokenizer(str(spec))
+    return (tok, api) if tok.prompt_ids("x", api) is not None else None
+
+
+def fits_itself(cfg: RunConfig) -> bool:
+    """A prefix workload with a local tokenizer fits its own prompts (prefix and whole prompt
+    exact in tokens); ``build_requests`` must not refit them."""
+    return cfg.workload.get("kind") == "prefix" and _local_tokens(cfg) is not None
+
+
+class _TokenFit:
+    """Prompts exact in the server's tokens: each prefix is the prompt's first N tokens (the
+    chat template's opening included), each whole prompt N + S tokens (template included),
+    and the tokens an earlier prompt shared are counted on the ids themselves."""
+
+    def __init__(self, tok: AnyTokens, api: str) -> None:
+        self.tok, self.api = tok, api
+        self.chars_per_token = chars_per_token_of(tok)
+        a, b = self.ids("Alpha one"), self.ids("Zulu two")
+        opening = _common(a, b)  # the template's tokens before the message
+        # after it (the generation prompt): a whole prompt less the opening and the text
+        self.closing = max(0, len(a) - opening - len(tok.encode("Alpha one")))
+        self.fitted = self.exact = self.counts = 0
+
+    def ids(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tok.prompt_ids(text, self.api) or ())
+
+    def count(self, text: str) -> int:
+        return len(self.tok.prompt_ids(text, self.api) or ())
+
+    def fit(self, source: str, tokens: int, start: int = 0) -> str:
+        """The shortest ``source[:k]`` whose prompt counts ``tokens`` (else the closest
+        below); never shorter than ``start + 1`` characters (a suffix too short to fit keeps
+        the newline after its prefix). ``source`` must count more."""
+        fit = fit_prompt(source, tokens, self.count, None)
+        self.fitted += 1
+        self.exact += fit.counted == tokens
+        self.counts += fit.counts
+        return fit.text if len(fit.text) > start else source[: start + 1]
+
+    def prefix(self, source: str, tokens: int) -> str:
+        # the prompt's first N tokens end where its text does, before the closing tokens
+        return self.fit(source, tokens + self.closing)
+
+    def extra(self) -> dict[str, Any]:
+        return {
+            "method": f"tokenizer {self.tok.name} (prefixes and prompts fitted by the workload)",
+            "fitted": self.fitted,
+            "exact": self.exact,
+            "counts": self.counts,
+        }
 
 
 def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
@@ -214,8 +294,17 @@ def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestS
     salt = _salt(params)
     times = open_loop_times(cfg, plan.total)
     n = len(times) if times is not None else plan.total
-    texts = _prefix_texts(n_prefixes, prefix_tokens, salt, cfg.seed, chars_per_token)
-    exact = chars_per_token == 1.0
+    local = _local_tokens(cfg)
+    fitter = _TokenFit(*local) if local is not None else None
+    if fitter is not None:  # drafts long enough to count more than N, then cut to N
+        chars_per_token = fitter.chars_per_token
+        drafts = _prefix_texts(
+            n_prefixes, round(prefix_tokens * 1.5) + 64, salt, cfg.seed, chars_per_token
+        )
+        texts = [fitter.prefix(d, prefix_tokens) for d in drafts]
+    else:
+        texts = _prefix_texts(n_prefixes, prefix_tokens, salt, cfg.seed, chars_per_token)
+    exact = chars_per_token == 1.0 or fitter is not None
     sent = {"requests": 0}
 
     def specs() -> Iterator[RequestSpec]:
@@ -231,8 +320,12 @@ def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestS
             chars = text_chars(s_tok, chars_per_token)
             # the tag starts with the fastest-changing digit: suffixes differ at once
             tag = "q" + f"{i:06d}"[::-1]
-            body = prompt_text(chars - 1, text_rng, tag=tag) if chars > 1 else ""
-            prompt = texts[j] + "\n" + body
+            if fitter is None:
+                body = prompt_text(chars - 1, text_rng, tag=tag) if chars > 1 else ""
+                prompt = texts[j] + "\n" + body
+            else:  # a longer draft, cut where the whole prompt counts N + S
+                body = prompt_text(round(chars * 1.5) + 32, text_rng, tag=tag)
+                prompt = fitter.fit(texts[j] + "\n" + body, prefix_tokens + s_tok, len(texts[j]))
             sent["requests"] = i + 1
             yield RequestSpec(
                 request_id=rid,
@@ -242,7 +335,9 @@ def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestS
                 prompt_tokens=prefix_tokens + s_tok,
                 request_class=cls,
                 extra_body=common_extra_body(params, out),
-                shared_prefix_tokens=shared.add(prompt, j),
+                shared_prefix_tokens=shared.add(
+                    prompt if fitter is None else fitter.ids(prompt), j
+                ),
             )
 
     def extra() -> dict[str, Any]:
@@ -255,8 +350,12 @@ def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestS
             "salt": salt,
             "cache_bust": get_bool(params, "cache_bust", False),
             "block_size": get_int(params, "block_size", None),
+            **({"prompt_fit": fitter.extra()} if fitter is not None else {}),
             "shared_prefix_basis": (
-                "exact: longest common prefix in characters, 1 character = 1 token "
+                f"exact: longest common prefix of the prompts' token ids ({fitter.tok.name}, "
+                "chat template included)"
+                if fitter is not None
+                else "exact: longest common prefix in characters, 1 character = 1 token "
                 "(the reference server's byte tokenizer)"
                 if exact
                 else f"by design: {prefix_tokens} tokens once a prefix was sent, assuming the "

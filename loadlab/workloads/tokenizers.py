@@ -102,6 +102,11 @@ class Tokens(Protocol):
         """The character offset where each token of ``text`` ends (tokens per streamed chunk)."""
         ...
 
+    def prompt_ids(self, text: str, api: str) -> list[int] | None:
+        """The token ids ``count_prompt`` counts (None where it is None): what a server's
+        prefix cache keys its blocks by."""
+        ...
+
 
 class ByteTokens:
     """The reference server's tokenizer: one token per UTF-8 byte; chat = contents joined."""
@@ -119,6 +124,9 @@ class ByteTokens:
 
     def count_prompt(self, text: str, api: str) -> int | None:
         return len(text.encode("utf-8"))
+
+    def prompt_ids(self, text: str, api: str) -> list[int] | None:
+        return self.encode(text)
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return "\n".join(str(m.get("content") or "") for m in messages)
@@ -150,6 +158,9 @@ class TiktokenTokens:
 
     def count_prompt(self, text: str, api: str) -> int | None:
         return None if api in CHAT_APIS else len(self.encode(text))
+
+    def prompt_ids(self, text: str, api: str) -> list[int] | None:
+        return None if api in CHAT_APIS else self.encode(text)
 
 
 class HFTokens:
@@ -184,11 +195,15 @@ class HFTokens:
         return render_chat_template(self._template, messages, self.special_tokens)
 
     def count_prompt(self, text: str, api: str) -> int | None:
+        ids = self.prompt_ids(text, api)
+        return None if ids is None else len(ids)
+
+    def prompt_ids(self, text: str, api: str) -> list[int] | None:
         if api not in CHAT_APIS:
-            return len(self.encode_with_specials(text))
+            return self.encode_with_specials(text)
         if self.chat_template is None:
             return None
-        return len(self.encode(self.render_chat([{"role": "user", "content": text}])))
+        return self.encode(self.render_chat([{"role": "user", "content": text}]))
 
     @cached_property
     def special_tokens(self) -> dict[str, str]:

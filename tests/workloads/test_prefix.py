@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loadlab.config import RunConfig
+from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import build_requests
 from loadlab.workloads.params import WorkloadError
@@ -93,3 +94,39 @@ def test_a_worker_run_draws_its_cache_busting_salt_once() -> None:
     a, b = list(build_requests(drawn)), list(build_requests(drawn))  # two worker processes
     assert a == b and a[0].prompt.startswith(f"P0000 {salt} ")
     assert with_run_salt(RunConfig(concurrency=1, requests=1)).workload == {"kind": "synthetic"}
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_with_a_tokenizer_prefixes_and_prompts_are_exact_in_its_tokens(
+    tmp_path: Path, api: str
+) -> None:
+    """Each prefix is the prompt's first N tokens as the server counts them (template
+    included), each prompt N + S, and the shared tokens are counted on the ids: with 16-token
+    blocks the expected hit rate is exactly the repeated prefixes' share."""
+    pytest.importorskip("tokenizers")
+    from loadlab.prefix_cache import expected_cached_tokens
+    from loadlab.testing.bpe import make_tokenizer_dir
+    from loadlab.workloads.tokenizers import load_tokenizer
+
+    tok_dir = str(make_tokenizer_dir(tmp_path / "tiny"))
+    tok = load_tokenizer(tok_dir)
+    wl = {"kind": "prefix", "tokenizer": tok_dir, "prefixes": 3, "requests_per_prefix": 4,
+          "prefix_tokens": 256, "suffix_tokens": 32, "cache_bust": True, "block_size": 16}  # fmt: skip
+    cfg = RunConfig(concurrency=1, requests=12, max_tokens=4, workload=wl,
+                    endpoints=(EndpointConfig("http://127.0.0.1:1", api=api),))  # fmt: skip
+    stream = build_requests(cfg)
+    got = list(stream)
+    ids = [tok.prompt_ids(s.prompt, api) or [] for s in got]
+    assert [len(i) for i in ids] == [288] * 12
+    for j in range(3):  # the requests of one prefix agree on exactly their first 256 tokens
+        group = [i for s, i in zip(got, ids, strict=True) if s.prompt.startswith(f"P{j:04d}")]
+        assert len(group) == 4 and len({tuple(i[:256]) for i in group}) == 1
+    shared = [s.shared_prefix_tokens or 0 for s in got]
+    assert sum(x >= 256 for x in shared) == 9 and max(shared) < 288
+    hits = sum(expected_cached_tokens(x, 288, 16) for x in shared)
+    assert hits == 9 * 256
+    extra = stream.extra()  # type: ignore[attr-defined]
+    assert extra["prompt_fit"]["exact"] == extra["prompt_fit"]["fitted"]
+    assert extra["shared_prefix_basis"].startswith(
+        "exact: longest common prefix of the prompts' token ids"
+    )
