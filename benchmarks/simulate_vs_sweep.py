@@ -157,9 +157,8 @@ def _sweep(url: str, args: argparse.Namespace, slo: Path, out_dir: Path, extra: 
     print("$ " + " ".join(cmd), flush=True)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     print(done.stdout[-3000:], flush=True)
-    if done.returncode not in (0, 1):
-        print(done.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"loadlab sweep failed ({done.returncode})")
+    if done.returncode not in (0, 1):  # said, and the table shows the gap
+        print(f"loadlab sweep exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr)
 
 
 def _warm_up(url: str, args: argparse.Namespace, path: Path) -> None:
@@ -187,6 +186,9 @@ def _sim_flags(mode: str, info: dict[str, Any]) -> list[str]:
 
 
 def _read_versus(sweep_dir: Path) -> dict[str, Any]:
+    if not (sweep_dir / "predicted.json").is_file():
+        return {"measured_max": None, "predicted_max": None, "max_error_pct": None,
+                "levels": [], "latency": []}  # fmt: skip
     measured = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
     pred = json.loads((sweep_dir / "predicted.json").read_text(encoding="utf-8"))
     m_max = measured.get("max_passing_load")
@@ -229,7 +231,8 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
                                    inconclusive=args.inconclusive)  # fmt: skip
     second = out / f"{mode}-slo2"
     _sweep(url, args, slo2, second, [])
-    measured = json.loads((second / "sweep.json").read_text(encoding="utf-8"))
+    path = second / "sweep.json"
+    measured = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     m, q = measured.get("max_passing_load"), predicted.max_passing_load
     return {"fit": model.to_dict(), "measured_max": m, "predicted_max": q, "error_pct": _err(q, m)}
 
