@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
-from loadlab.config import RunConfig  # noqa: E402
+from loadlab.commands import run as run_command  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
 from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
 from loadlab.simulate.fit import (  # noqa: E402
@@ -219,8 +219,12 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
                        f"black box, {len(files)} results files")  # fmt: skip
     print(f"[{mode}] black-box fit\n{residual_table(model)}", flush=True)
     rates = [float(x) for x in args.rates.split(",")]
-    base = RunConfig(rate_rps=rates[0], duration_s=args.duration, prompt_tokens=args.prompt_tokens,
-                     max_tokens=args.max_tokens)  # fmt: skip
+    # the sweep's own load (the run command's defaults: a two-turn chat workload)
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    base = run_command.config_from_args(parser.parse_args([
+        "--rate", str(rates[0]), "--duration", str(args.duration),
+        "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
     blocks = int(info["num_kv_blocks"])
     server = SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
                        max_model_len=int(info["max_model_len"]),
