@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
     p.add_argument("--rates", default="1,2,3,4,6", help="sweep levels, requests/s")
     p.add_argument("--bisect-steps", type=int, default=2)
-    p.add_argument("--duration", type=float, default=12.0, help="seconds per level")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per level")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=16)
