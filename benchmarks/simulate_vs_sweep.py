@@ -66,17 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     # One torch thread: on a loaded 2-core machine two threads spin against each other (a
     # batch-1 decode step measured 270 ms with two, 31 ms with one, minutes apart).
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
-    p.add_argument("--rates", default="1,2,3,4,6", help="sweep levels, requests/s")
-    p.add_argument("--bisect-steps", type=int, default=2)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per level")
+    p.add_argument("--rates", default="2,4,6,8,12", help="sweep levels, requests/s")
+    p.add_argument("--bisect-steps", type=int, default=1)
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per level")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=16)
     # TTFT p90 loose enough for static batching (a request waits for the running batch);
     # the second SLO binds on the ITL tail (prefill stalls) instead of saturation.
-    p.add_argument("--slo", default="ttft_ms.p90 <= 4000,itl_ms.p99 <= 500",
+    p.add_argument("--slo", default="ttft_ms.p90 <= 2000,itl_ms.p99 <= 200",
                    help="the sweep's objectives, comma-separated")  # fmt: skip
-    p.add_argument("--slo2", default="ttft_ms.p90 <= 4000,itl_ms.p99 <= 300",
+    p.add_argument("--slo2", default="ttft_ms.p90 <= 2000,itl_ms.p99 <= 100",
                    help="the black box's second SLO")  # fmt: skip
     # Short levels cannot decide a p90 at 95 % confidence (that takes ~30 requests): an
     # objective fails when its interval is wholly past the threshold. The predicted sweep
