@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
-from loadlab.config import RunConfig  # noqa: E402
+from loadlab.commands import run as run_command  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
 from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
 from loadlab.simulate.fit import (  # noqa: E402
@@ -66,17 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     # One torch thread: on a loaded 2-core machine two threads spin against each other (a
     # batch-1 decode step measured 270 ms with two, 31 ms with one, minutes apart).
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
-    p.add_argument("--rates", default="1,2,3,4,6", help="sweep levels, requests/s")
-    p.add_argument("--bisect-steps", type=int, default=2)
-    p.add_argument("--duration", type=float, default=12.0, help="seconds per level")
+    p.add_argument("--rates", default="2,4,6,8,12", help="sweep levels, requests/s")
+    p.add_argument("--bisect-steps", type=int, default=1)
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per level")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=16)
     # TTFT p90 loose enough for static batching (a request waits for the running batch);
     # the second SLO binds on the ITL tail (prefill stalls) instead of saturation.
-    p.add_argument("--slo", default="ttft_ms.p90 <= 4000,itl_ms.p99 <= 500",
+    p.add_argument("--slo", default="ttft_ms.p90 <= 2000,itl_ms.p99 <= 200",
                    help="the sweep's objectives, comma-separated")  # fmt: skip
-    p.add_argument("--slo2", default="ttft_ms.p90 <= 4000,itl_ms.p99 <= 300",
+    p.add_argument("--slo2", default="ttft_ms.p90 <= 2000,itl_ms.p99 <= 100",
                    help="the black box's second SLO")  # fmt: skip
     # Short levels cannot decide a p90 at 95 % confidence (that takes ~30 requests): an
     # objective fails when its interval is wholly past the threshold. The predicted sweep
@@ -157,9 +157,8 @@ def _sweep(url: str, args: argparse.Namespace, slo: Path, out_dir: Path, extra: 
     print("$ " + " ".join(cmd), flush=True)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     print(done.stdout[-3000:], flush=True)
-    if done.returncode not in (0, 1):
-        print(done.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"loadlab sweep failed ({done.returncode})")
+    if done.returncode not in (0, 1):  # said, and the table shows the gap
+        print(f"loadlab sweep exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr)
 
 
 def _warm_up(url: str, args: argparse.Namespace, path: Path) -> None:
@@ -187,6 +186,9 @@ def _sim_flags(mode: str, info: dict[str, Any]) -> list[str]:
 
 
 def _read_versus(sweep_dir: Path) -> dict[str, Any]:
+    if not (sweep_dir / "predicted.json").is_file():
+        return {"measured_max": None, "predicted_max": None, "max_error_pct": None,
+                "levels": [], "latency": []}  # fmt: skip
     measured = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
     pred = json.loads((sweep_dir / "predicted.json").read_text(encoding="utf-8"))
     m_max = measured.get("max_passing_load")
@@ -217,8 +219,12 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
                        f"black box, {len(files)} results files")  # fmt: skip
     print(f"[{mode}] black-box fit\n{residual_table(model)}", flush=True)
     rates = [float(x) for x in args.rates.split(",")]
-    base = RunConfig(rate_rps=rates[0], duration_s=args.duration, prompt_tokens=args.prompt_tokens,
-                     max_tokens=args.max_tokens)  # fmt: skip
+    # the sweep's own load (the run command's defaults: a two-turn chat workload)
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    base = run_command.config_from_args(parser.parse_args([
+        "--rate", str(rates[0]), "--duration", str(args.duration),
+        "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
     blocks = int(info["num_kv_blocks"])
     server = SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
                        max_model_len=int(info["max_model_len"]),
@@ -229,7 +235,8 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
                                    inconclusive=args.inconclusive)  # fmt: skip
     second = out / f"{mode}-slo2"
     _sweep(url, args, slo2, second, [])
-    measured = json.loads((second / "sweep.json").read_text(encoding="utf-8"))
+    path = second / "sweep.json"
+    measured = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     m, q = measured.get("max_passing_load"), predicted.max_passing_load
     return {"fit": model.to_dict(), "measured_max": m, "predicted_max": q, "error_pct": _err(q, m)}
 
