@@ -34,10 +34,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from loadlab.simulate.policies import SimSeq
+from typing import Any, Protocol
 
 __all__ = ["Content", "PrefixCache"]
 
@@ -90,6 +87,24 @@ def _slice(key: Hashable, n: int, a: int, b: int) -> Any:
         c = len(key) / n  # another tokenizer: a token stands for c characters
         return key[round(a * c) : round(b * c)]
     return (key, a, b)
+
+
+class SimSeq(Protocol):
+    """What the cache reads and writes of a simulated request (``policies.SimSeq`` is one):
+    declared here so the cache needs nothing from the policies that use it."""
+
+    idx: int
+    prompt: int
+    out: int
+    computed: int
+    blocks: int
+    content: Content | None
+    table: list[int]
+    hashes: list[int]
+    published: int
+
+    @property
+    def num_tokens(self) -> int: ...
 
 
 class PrefixCache:
