@@ -182,9 +182,12 @@ def test_full_queue_answers_429_at_once_and_nothing_hangs(small_server: Any) -> 
         async with session() as s:
             before = await metrics(s, url)
             long = {"model": MODEL, "prompt": "hold", "max_tokens": 1000, "stream": True}
-            held = [await s.post(url + COMPLETIONS, json=long) for _ in range(2)]
+            # Both at once: awaited one after the other, the second's headers came only when
+            # the first had run, and the tiny model (1000 tokens in ~0.4 s on a quiet
+            # machine) could free a place before the 10 were sent.
+            held = await asyncio.gather(*(s.post(url + COMPLETIONS, json=long) for _ in range(2)))
             while (await metrics(s, url))["requests_in_flight"] < 2:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.002)
 
             async def timed() -> tuple[tuple[int, Any, Any], float]:
                 t0 = time.monotonic()
