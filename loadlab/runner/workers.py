@@ -173,11 +173,18 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, runner: Runner) -> dict[in
 
 
 def _restore_signals(loop: asyncio.AbstractEventLoop, previous: dict[int, Any]) -> None:
-    for s, handler in previous.items():
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(s)
-            if handler is not None:
-                signal.signal(s, handler)
+    # Blocked while they change hands: remove_signal_handler puts back Python's default (a
+    # KeyboardInterrupt for SIGINT), and a signal in that window ended the command before it
+    # wrote the file (a burst of Ctrl-C in CI). Unblocked, a pending one reaches ``handler``.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, previous)
+    try:
+        for s, handler in previous.items():
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(s)
+                if handler is not None:
+                    signal.signal(s, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def run_load(
