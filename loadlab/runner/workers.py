@@ -26,10 +26,13 @@ import itertools
 import multiprocessing
 import os
 import signal
+import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
+from types import FrameType
 from typing import Any
 
 from loadlab.clients.base import Client
@@ -127,7 +130,7 @@ async def run_endpoint(
 
             scraper = PrometheusScraper(cfg.scrape, cfg.scrape_interval_s, runner.t0_ns)
             await scraper.start()
-        previous = _stop_on_signals(loop, runner)
+        handled = _STOP_SIGNALS.add(loop, runner)
         try:
             async with Progress(
                 runner.stats,
@@ -137,7 +140,8 @@ async def run_endpoint(
             ):
                 results = await runner.run()
         finally:
-            _restore_signals(loop, previous)
+            if handled:
+                _STOP_SIGNALS.remove(loop, runner)
             samples = await scraper.stop() if scraper is not None else []
         results.server_samples = list(samples)
         if writer is not None and writer.error is not None:
@@ -153,38 +157,75 @@ async def run_endpoint(
         return results
 
 
-def _stop_on_signals(loop: asyncio.AbstractEventLoop, runner: Runner) -> dict[int, Any]:
-    """SIGINT, SIGTERM and SIGHUP stop the runner (noted for the exit code); returns the
-    handlers they had, for ``_restore_signals``."""
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP stop every run of this process (noted for the exit code)
+    while one lasts; when the last ends, the handlers they had are put back. Runs can overlap
+    in one process (the lab runs several parts at once), so the handlers are installed by the
+    first run and restored by the last.
 
-    def stop(signum: int) -> None:
+    Plain Python handlers, not ``loop.add_signal_handler``: taking that one back
+    (``remove_signal_handler``) puts Python's default in place before the previous handler
+    returns, and a signal in between ended the command before it wrote the file (a burst of
+    Ctrl-C in CI; blocking the signals in this thread did not close the window, as the kernel
+    gives a process's signal to any thread that does not block it). ``signal.signal`` swaps
+    handlers in one step. Python runs the handler in the main thread; the wakeup socket gets
+    the loop out of ``epoll_wait`` for it when the signal lands on another thread."""
+
+    def __init__(self) -> None:
+        self.active: list[tuple[asyncio.AbstractEventLoop, Runner]] = []
+        self.previous: dict[int, Any] = {}
+        self.wakeup: tuple[asyncio.AbstractEventLoop, socket.socket, socket.socket] | None = None
+        self.old_wakeup_fd = -1
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
         signals.note(signum)
-        runner.stop()
+        for loop, runner in list(self.active):
+            with contextlib.suppress(RuntimeError):  # its loop has closed: nothing to stop
+                loop.call_soon_threadsafe(runner.stop)
 
-    signals.begin_run()
-    previous: dict[int, Any] = {}
-    for s in signals.STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            previous[s] = signal.getsignal(s)
-            loop.add_signal_handler(s, stop, int(s))
-    if signals.first_received() is not None:  # a signal came while the run was being set up
-        runner.stop()
-    return previous
+    @staticmethod
+    def _drain(read: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            read.recv(4096)  # the signal numbers; the Python handler has the signal itself
+
+    def add(self, loop: asyncio.AbstractEventLoop, runner: Runner) -> bool:
+        """Stop ``runner`` on a stop signal; False off the main thread (where Python cannot
+        set handlers, and the caller handles its signals)."""
+        signals.begin_run()
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if not self.active:
+            for s in signals.STOP_SIGNALS:
+                self.previous[s] = signal.signal(s, self._stop)
+            read, write = socket.socketpair()
+            read.setblocking(False)
+            write.setblocking(False)
+            self.old_wakeup_fd = signal.set_wakeup_fd(write.fileno())
+            self.wakeup = (loop, read, write)
+            loop.add_reader(read.fileno(), self._drain, read)
+        self.active.append((loop, runner))
+        if signals.first_received() is not None:  # a signal came while the run was being set up
+            runner.stop()
+        return True
+
+    def remove(self, loop: asyncio.AbstractEventLoop, runner: Runner) -> None:
+        self.active.remove((loop, runner))
+        if self.active:
+            return
+        for s, handler in self.previous.items():
+            if handler is not None:
+                signal.signal(s, handler)
+        self.previous.clear()
+        if self.wakeup is not None:
+            reader_loop, read, write = self.wakeup
+            self.wakeup = None
+            reader_loop.remove_reader(read.fileno())
+            signal.set_wakeup_fd(self.old_wakeup_fd)
+            read.close()
+            write.close()
 
 
-def _restore_signals(loop: asyncio.AbstractEventLoop, previous: dict[int, Any]) -> None:
-    # Blocked while they change hands: remove_signal_handler puts back Python's default (a
-    # KeyboardInterrupt for SIGINT), and a signal in that window ended the command before it
-    # wrote the file (a burst of Ctrl-C in CI). Unblocked, a pending one reaches ``handler``.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, previous)
-    try:
-        for s, handler in previous.items():
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(s)
-                if handler is not None:
-                    signal.signal(s, handler)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+_STOP_SIGNALS = _StopSignals()
 
 
 def run_load(

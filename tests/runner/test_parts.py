@@ -241,3 +241,45 @@ def test_prompts_are_sized_exactly_by_default(tmp_path: Path) -> None:
     )
     cfg = run_cmd.config_from_args(_args("--scenario", str(scenario), "--endpoint", "http://h:1"))
     assert "tokenizer" not in cfg.workload and cfg.workload["chars_per_token"] == 3.0
+
+
+def test_overlapping_runs_share_the_stop_signals_and_put_back_the_old_handlers() -> None:
+    """Runs overlapping in one process (the lab's parts): a SIGINT stops both, and only when
+    the last ends are the handlers from before put back (restoring them run by run, in any
+    order, closed a wakeup socket still in use: the lab's first round failed on it)."""
+    import itertools
+    import os
+    import signal
+
+    from loadlab.runner import signals
+    from loadlab.runner.workers import run_endpoint
+
+    endpoint = EndpointConfig(url="http://127.0.0.1:1", name="x")
+    slow = RunConfig(concurrency=2, duration_s=30, progress=False, prompt_tokens=4)
+    short = RunConfig(concurrency=2, requests=4, progress=False, prompt_tokens=4)
+
+    def specs(cfg: RunConfig) -> list[RequestSpec]:
+        return list(itertools.islice(build_requests(cfg), 1000))
+
+    async def go() -> tuple[object, object]:
+        def factory(e: EndpointConfig, c: RunConfig) -> FakeClient:
+            return FakeClient(ttft_s=0.05, itl_s=0.05, tokens=4)
+
+        long_run = asyncio.ensure_future(
+            run_endpoint(slow, endpoint, specs(slow), client_factory=factory, scrape=False)
+        )
+        first = await run_endpoint(short, endpoint, specs(short), client_factory=factory,
+                                   scrape=False)  # fmt: skip
+        assert first.records and signal.getsignal(signal.SIGINT) is not before
+        os.kill(os.getpid(), signal.SIGINT)  # the short run is over: the long one stops
+        return first, await asyncio.wait_for(long_run, 20)
+
+    with signals.install():
+        before = signal.getsignal(signal.SIGINT)
+        t0 = time.monotonic()
+        _first, stopped = asyncio.run(go())
+        after = signal.getsignal(signal.SIGINT)
+        received = signals.first_received()
+    assert after is before and received == signal.SIGINT
+    assert time.monotonic() - t0 < 15  # stopped, not run for its 30 s
+    assert stopped.records and stopped.extra.get("interrupted", True)  # type: ignore[attr-defined]
