@@ -12,7 +12,9 @@ vLLM (``LOADLAB_VLLM_PYTHON``, ``LOADLAB_TINY_MODEL``, as ``scripts/engines/vllm
 ``--url`` uses one already running, serving the model as ``tiny``) runs on 127.0.0.1 with its
 default flags but prefix caching off (``--vllm-args``): both tools send the same prompts in
 every round (same seeds), so with caching on, every round after the first would skip most
-prefill and the rounds would not measure the same thing. Prints a table; ``--json FILE`` writes every figure. Exit 1 when a total differs
+prefill and the rounds would not measure the same thing. On a machine of 2 or more cores vLLM
+is pinned to core 0 and both tools to the others (``--pin``): on this 2-core VM a tool's own
+CPU use otherwise slows the server it measures. Prints a table; ``--json FILE`` writes every figure. Exit 1 when a total differs
 or a median is more than ``--tolerance`` (10 %) away from vllm bench's.
 """
 
@@ -44,6 +46,19 @@ from loadlab.testing.vllm_bench import (
 from loadlab.testing.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
 
 
+def pin_split(pin: str) -> tuple[str | None, str | None]:
+    """``--pin`` as (server cores, client cores). On a small CPU machine the engine and the
+    load generators share the cores, so a tool that spends more CPU makes the server slower
+    for its own run: pinned, each tool meets the same server."""
+    if pin == "off":
+        return None, None
+    if pin == "auto":
+        n = len(os.sched_getaffinity(0))
+        return ("0", f"1-{n - 1}" if n > 2 else "1") if n >= 2 else (None, None)
+    server, _, clients = pin.partition(":")
+    return server or None, clients or None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -62,7 +77,14 @@ def main() -> int:
         default="--no-enable-prefix-caching",
         help="vLLM flags beside the defaults (default: prefix caching off; not with --url)",
     )
+    p.add_argument(
+        "--pin",
+        default="auto",
+        help="SERVER:CLIENTS core lists for taskset, e.g. 0:1 (vLLM on core 0, both tools on "
+        "core 1); 'auto': 0:1..N-1 on a machine of 2+ cores; 'off': no pinning",
+    )
     args = p.parse_args()
+    server_cpus, client_cpus = pin_split(args.pin)
     if not args.python or not args.model_dir:
         p.error(f"give --python and --model-dir (or set {ENV_PYTHON} and {ENV_MODEL})")
     load = BenchLoad(args.requests, args.concurrency, args.input_len, args.output_len, args.seed)
@@ -74,32 +96,36 @@ def main() -> int:
         if url is None:
             server = stack.enter_context(
                 start_vllm(args.python, args.model_dir, timeout_s=600,
-                           extra_args=shlex.split(args.vllm_args))
+                           extra_args=shlex.split(args.vllm_args), cpus=server_cpus)
             )  # fmt: skip
             url = server.url
         for i in range(args.rounds):
             bench = run_vllm_bench(
-                args.python, url, args.model_dir, load, work / f"b{i}.json", extra
-            )
+                args.python, url, args.model_dir, load, work / f"b{i}.json", extra,
+                cpus=client_cpus,
+            )  # fmt: skip
             trace = work / f"lengths-{i}.csv"
             write_lengths_trace(bench, trace)
-            res = run_loadlab_on_trace(url, args.model_dir, trace, load, work / f"l{i}.json", extra)
+            res = run_loadlab_on_trace(
+                url, args.model_dir, trace, load, work / f"l{i}.json", extra, cpus=client_cpus
+            )
             b, ll = bench_figures(bench), loadlab_figures(res)
             rounds.append({"vllm_bench": b, "loadlab": ll})
             cells = "  ".join(f"{m} {b[m]:.2f} / {ll[m]:.2f}" for m in METRICS)
             print(f"round {i + 1} (vllm bench / loadlab): {cells}  tokens in "
                   f"{b['input_tokens']:.0f} / {ll['input_tokens']:.0f}, out "
                   f"{b['output_tokens']:.0f} / {ll['output_tokens']:.0f}", flush=True)  # fmt: skip
+    print(f"pinning: vLLM on cores {server_cpus or 'any'}, both tools on {client_cpus or 'any'}")
     ok = True
     verdict: dict[str, Any] = {}
     print(f"\nmedians over {args.rounds} rounds    vllm bench   loadlab")
     for m in METRICS:
-        b = statistics.median(r["vllm_bench"][m] for r in rounds)
-        ll = statistics.median(r["loadlab"][m] for r in rounds)
-        diff = (ll - b) / b
+        theirs = statistics.median(r["vllm_bench"][m] for r in rounds)
+        ours = statistics.median(r["loadlab"][m] for r in rounds)
+        diff = (ours - theirs) / theirs
         ok &= abs(diff) <= args.tolerance
-        verdict[m] = {"vllm_bench": b, "loadlab": ll, "diff": diff}
-        print(f"  {m:8s} p50              {b:8.2f}  {ll:8.2f}  {diff * 100:+.1f} %")
+        verdict[m] = {"vllm_bench": theirs, "loadlab": ours, "diff": diff}
+        print(f"  {m:8s} p50              {theirs:8.2f}  {ours:8.2f}  {diff * 100:+.1f} %")
     for key in ("input_tokens", "output_tokens"):
         same = all(r["vllm_bench"][key] == r["loadlab"][key] for r in rounds)
         ok &= same
@@ -107,7 +133,12 @@ def main() -> int:
     print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")
     print("PASS" if ok else "FAIL")
     if args.json:
-        report = {"rounds": rounds, "medians": verdict, "pass": ok}
+        report = {
+            "pin": [server_cpus, client_cpus],
+            "rounds": rounds,
+            "medians": verdict,
+            "pass": ok,
+        }
         args.json.write_text(json.dumps(report, indent=1))
     return 0 if ok else 1
 

@@ -86,9 +86,10 @@ def run_vllm_bench(
     out: Path,
     extra_body: dict[str, Any],
     timeout_s: float = 900.0,
+    cpus: str | None = None,
 ) -> dict[str, Any]:
-    """One ``vllm bench serve`` run (vLLM's interpreter); its saved result, per request too.
-    Raises RuntimeError when it fails or loses a request."""
+    """One ``vllm bench serve`` run (vLLM's interpreter; on ``cpus`` only when given); its
+    saved result, per request too. Raises RuntimeError when it fails or loses a request."""
     cmd = [
         str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
         "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
@@ -101,7 +102,9 @@ def run_vllm_bench(
         "--result-filename", out.name,
     ]  # fmt: skip
     env = {**os.environ, **_ENV}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)  # noqa: S603 - vLLM's interpreter, our arguments
+    proc = subprocess.run(  # noqa: S603 - vLLM's interpreter, our arguments
+        pinned(cmd, cpus), env=env, capture_output=True, text=True, timeout=timeout_s
+    )
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise RuntimeError(f"vllm bench serve exited {proc.returncode}:\n{tail}")
@@ -109,6 +112,11 @@ def run_vllm_bench(
     if data["completed"] != load.requests:
         raise RuntimeError(f"vllm bench serve: {data['failed']} of {load.requests} failed")
     return data
+
+
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """``cmd`` under ``taskset -c cpus`` (``None``: as it is)."""
+    return cmd if cpus is None else ["taskset", "-c", cpus, *cmd]
 
 
 def write_lengths_trace(bench: dict[str, Any], path: Path) -> None:
@@ -128,8 +136,10 @@ def run_loadlab_on_trace(
     out: Path,
     extra_body: dict[str, Any],
     timeout_s: float = 900.0,
+    cpus: str | None = None,
 ) -> Results:
-    """``loadlab run`` (this interpreter, this checkout) replaying ``trace`` closed loop."""
+    """``loadlab run`` (this interpreter, this checkout; on ``cpus`` only when given)
+    replaying ``trace`` closed loop."""
     scenario = out.with_suffix(".toml")
     scenario.write_text(f'[workload]\nkind = "trace"\npath = {json.dumps(str(trace))}\n')
     cmd = [
@@ -143,7 +153,9 @@ def run_loadlab_on_trace(
     ]  # fmt: skip
     paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)  # noqa: S603 - our own CLI
+    proc = subprocess.run(  # noqa: S603 - our own CLI
+        pinned(cmd, cpus), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
     if proc.returncode != 0:
         raise RuntimeError(
             f"loadlab run exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"

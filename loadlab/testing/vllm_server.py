@@ -78,6 +78,7 @@ class VllmServer:
         max_model_len: int = 2048,
         extra_args: Sequence[str] = (),
         log_path: str | Path | None = None,
+        cpus: str | None = None,
     ) -> None:
         self.python = str(python)
         self.model_dir = str(model_dir)
@@ -96,12 +97,16 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             *extra_args,
         ]  # fmt: skip
+        env = {**os.environ, **_ENV}
+        if cpus is not None:  # vLLM binds its OpenMP threads itself: tell it the same cores
+            cmd = ["taskset", "-c", cpus, *cmd]
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         self._log = open(self.log_path, "wb")  # closed in stop()
         self.process = subprocess.Popen(  # noqa: S603 - the venv's interpreter, our arguments
             cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **_ENV},
+            env=env,
             start_new_session=True,  # its own group: stop() reaches the engine-core child too
         )
 
@@ -165,11 +170,12 @@ def start_vllm(
     max_model_len: int = 2048,
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
+    cpus: str | None = None,
 ) -> Iterator[VllmServer]:
-    """Run vLLM until the block exits; waits up to ``timeout_s`` for ``/health``."""
-    server = VllmServer(
-        python, model_dir, max_model_len=max_model_len, extra_args=extra_args, log_path=log_path
-    )
+    """Run vLLM until the block exits; waits up to ``timeout_s`` for ``/health``. ``cpus``
+    (taskset's list, e.g. ``"0"``): the only cores it may run on."""
+    server = VllmServer(python, model_dir, max_model_len=max_model_len, extra_args=extra_args,
+                        log_path=log_path, cpus=cpus)  # fmt: skip
     try:
         yield server.wait_ready(timeout_s)
     finally:
