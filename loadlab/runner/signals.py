@@ -12,8 +12,9 @@ What each does (docs/failure-and-recovery.md):
   SIGHUP, as a shell reports a process that signal ended.
 
 ``install()`` puts this module's handler in place for one command; ``run_endpoint`` replaces it
-with the event loop's own handlers (which call ``Runner.stop``) while the loop runs, and calls
-``begin_run()`` so that from then on a signal is only noted. The state is per process: a
+while its runs last with one that notes the signal and stops every run of the process
+(``Runner.stop``; ``loadlab.runner.workers._StopSignals``), and calls ``begin_run()`` so that
+from then on a signal is only noted. The state is per process: a
 ``--workers`` child has its own copy and is stopped by its parent (``loadlab.runner.workers``).
 """
 
