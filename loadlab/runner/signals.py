@@ -34,12 +34,14 @@ __all__ = [
     "note",
     "owns_process",
     "stop_parent_death",
+    "stop_requested",
 ]
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _received: list[int] = []
 _run_begun = False
+_installed = False
 _owns_process = False
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -51,6 +53,13 @@ def note(signum: int) -> None:
 
 def first_received() -> int | None:
     return _received[0] if _received else None
+
+
+def stop_requested() -> bool:
+    """A stop signal came during the command now running (inside ``install``). A signal noted
+    by a command that has ended (its exit code still reads it) does not stop the next run in
+    the same process, e.g. a test's or a script's."""
+    return _installed and bool(_received)
 
 
 def exit_code(default: int = 130) -> int:
@@ -74,15 +83,17 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def install() -> Iterator[None]:
     """This module's handler for every stop signal, for the length of one command."""
-    global _run_begun
+    global _run_begun, _installed
     _received.clear()
     _run_begun = False
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    _installed = True
     try:
         for s in STOP_SIGNALS:
             signal.signal(s, _handler)
         yield
     finally:
+        _installed = False
         for s, handler in previous.items():
             if _run_begun and _owns_process:
                 # the results are written; the process only has to exit now, and a signal

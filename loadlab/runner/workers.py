@@ -204,7 +204,7 @@ class _StopSignals:
             self.wakeup = (loop, read, write)
             loop.add_reader(read.fileno(), self._drain, read)
         self.active.append((loop, runner))
-        if signals.first_received() is not None:  # a signal came while the run was being set up
+        if signals.stop_requested():  # a signal came while the run was being set up
             runner.stop()
         return True
 

@@ -283,3 +283,10 @@ def test_overlapping_runs_share_the_stop_signals_and_put_back_the_old_handlers()
     assert after is before and received == signal.SIGINT
     assert time.monotonic() - t0 < 15  # stopped, not run for its 30 s
     assert stopped.records and stopped.extra.get("interrupted", True)  # type: ignore[attr-defined]
+    # The signal belonged to that command: a later run in this process is not stopped by it
+    # (it was, and every later test's run came back empty).
+    later = asyncio.run(
+        run_endpoint(short, endpoint, specs(short), scrape=False,
+                     client_factory=lambda e, c: FakeClient(ttft_s=0.01))
+    )  # fmt: skip
+    assert len(later.records) == 4 and all(r.ok for r in later.records)
