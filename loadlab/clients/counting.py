@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadlab.clients.anthropic import build_messages_body, messages_url
-from loadlab.clients.openai import api_url, build_body
-from loadlab.clients.streaming import read_api_key
+from loadlab.clients.anthropic import build_messages_body
+from loadlab.clients.openai import build_body
+from loadlab.clients.streaming import api_url, read_api_key
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads.params import WorkloadError
@@ -169,7 +169,7 @@ def calibrate(
     for i, chars in enumerate((short_chars, long_chars)):
         spec = RequestSpec(f"calibrate-{i}", text(chars), max_tokens=1)
         if endpoint.api == "anthropic":
-            url, body = messages_url(endpoint), build_messages_body(spec, endpoint, stream=False)
+            url, body = api_url(endpoint), build_messages_body(spec, endpoint, stream=False)
             usage_key = "input_tokens"
         else:
             url, body = api_url(endpoint), build_body(spec, endpoint, stream=False)

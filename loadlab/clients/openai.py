@@ -30,21 +30,12 @@ from typing import Any
 from loadlab.clients.base import Message
 from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient, v1_url
+from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
 
-__all__ = ["OpenAIClient", "OpenAIStreamState", "api_url", "build_body"]
-
-
-def api_url(endpoint: EndpointConfig) -> str:
-    """The request URL: a base URL gets ``/v1/chat/completions`` or ``/v1/completions``.
-
-    >>> api_url(EndpointConfig("http://h:8000/v1", api="completions"))
-    'http://h:8000/v1/completions'
-    """
-    return v1_url(endpoint, "/chat/completions" if endpoint.api == "chat" else "/completions")
+__all__ = ["OpenAIClient", "OpenAIStreamState", "build_body"]
 
 
 def build_body(
@@ -216,22 +207,7 @@ class OpenAIClient(StreamingClient):
     OpenAI dialect. Use as ``async with``."""
 
     APIS = ("chat", "completions")
-
-    def _url(self) -> str:
-        return api_url(self.endpoint)
-
-    def _auth(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
-
-    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
-        return build_body(
-            spec,
-            self.endpoint,
-            history=history,
-            stream=self.stream,
-            include_usage=self.include_usage,
-            extra_body=self.extra_body,
-        )
+    BODY = build_body
 
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
         return OpenAIStreamState(

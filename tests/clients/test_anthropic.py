@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from loadlab.clients import AnthropicClient, AnthropicStreamState
-from loadlab.clients.anthropic import build_messages_body, messages_url
+from loadlab.clients.anthropic import build_messages_body
+from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
@@ -52,7 +53,7 @@ def test_body_has_history_then_the_new_message_and_extra_fields() -> None:
     ],
 )
 def test_messages_url(url: str, expected: str) -> None:
-    assert messages_url(EndpointConfig(url, api="anthropic")) == expected
+    assert api_url(EndpointConfig(url, api="anthropic")) == expected
 
 
 def _state() -> AnthropicStreamState:
