@@ -36,61 +36,24 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.clients.base import Message
 from loadlab.clients.state import dumps
 from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
-from loadlab.clients.tools import anthropic_messages, anthropic_tools
 from loadlab.config import EndpointConfig
-from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestSpec
-
-EXACT_OUTPUT_FIELDS = frozenset({"ignore_eos", "min_tokens"})
+from loadlab.records import OUTCOME_PROTOCOL_ERROR
 
 __all__ = [
     "ANTHROPIC_VERSION",
     "AnthropicClient",
     "AnthropicStreamState",
-    "build_messages_body",
 ]
 
 ANTHROPIC_VERSION = "2023-06-01"
 _TOOL_BLOCKS = ("tool_use", "server_tool_use")
 # Prompt tokens Anthropic's usage counts apart from input_tokens (both null or absent: none)
 _CACHE_USAGE_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
-
-
-def build_messages_body(
-    spec: RequestSpec,
-    endpoint: EndpointConfig,
-    *,
-    history: Sequence[Message] = (),
-    stream: bool = True,
-    include_usage: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The Messages request JSON (``include_usage`` is not needed: the stream always reports
-    usage); ``extra_body`` then ``spec.extra_body`` are merged last
-    (``{"temperature": 0}``, ``{"thinking": {...}}``, ``{"system": "..."}``). The session's
-    tool calls and results become ``tool_use`` and ``tool_result`` blocks; a
-    ``reasoning_effort`` is not sent (the Messages API asks for a thinking budget instead:
-    pass ``{"thinking": {"type": "enabled", "budget_tokens": N}}`` in ``extra_body``). A
-    workload's ``exact_output`` fields are not sent: the Messages API has no way to ignore EOS,
-    so answers that stop early are counted as short in the summary instead."""
-    body: dict[str, Any] = {
-        "model": endpoint.model,
-        "max_tokens": spec.max_tokens,
-        "messages": anthropic_messages([*history, *spec.new_messages()]),
-        "stream": stream,
-    }
-    if spec.tools:
-        body["tools"] = anthropic_tools(spec.tools)
-    body.update(extra_body or {})
-    # exact_output's ignore_eos/min_tokens are OpenAI-dialect fields the Messages API lacks
-    body.update((k, v) for k, v in spec.extra_body.items() if k not in EXACT_OUTPUT_FIELDS)
-    return body
 
 
 class AnthropicStreamState(TokenFrameState):
@@ -198,7 +161,6 @@ class AnthropicClient(StreamingClient):
     """
 
     APIS = ("anthropic",)
-    BODY = build_messages_body
     STATE = AnthropicStreamState
 
     def __init__(self, endpoint: EndpointConfig, **kw: Any) -> None:

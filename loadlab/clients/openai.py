@@ -2,7 +2,7 @@
 
 Two layers, so the Locust user (gevent, no asyncio) shares every rule of interpretation:
 
-- sans-IO: ``build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
+- sans-IO: ``loadlab.clients.bodies.build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
   status, then bytes with the ``perf_counter_ns`` at which they were read; it decodes SSE,
   finds token-carrying chunks, usage, finish reason and errors, and sets the outcome);
 - I/O: ``OpenAIClient`` (``loadlab.clients.streaming.StreamingClient`` with this dialect) over
@@ -24,47 +24,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.clients.base import Message
-from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState
 from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
-from loadlab.config import EndpointConfig
-from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
+from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
 
-__all__ = ["OpenAIClient", "OpenAIStreamState", "build_body"]
-
-
-def build_body(
-    spec: RequestSpec,
-    endpoint: EndpointConfig,
-    *,
-    history: Sequence[Message] = (),
-    stream: bool = True,
-    include_usage: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The request JSON. ``extra_body`` (the run's) then ``spec.extra_body`` are merged last,
-    so either can add or override fields (``{"ignore_eos": true}``)."""
-    body: dict[str, Any] = {"model": endpoint.model}
-    if endpoint.api == "chat":
-        body["messages"] = [*history, *spec.new_messages()]
-    else:
-        body["prompt"] = spec.prompt
-    body["max_tokens"] = spec.max_tokens
-    body["stream"] = stream
-    if stream and include_usage:
-        body["stream_options"] = {"include_usage": True}
-    if spec.tools and endpoint.api == "chat":
-        body["tools"] = list(spec.tools)
-    if spec.reasoning_effort:
-        body["reasoning_effort"] = spec.reasoning_effort
-    body.update(extra_body or {})
-    body.update(spec.extra_body)
-    return body
+__all__ = ["OpenAIClient", "OpenAIStreamState"]
 
 
 class OpenAIStreamState(TokenFrameState):
@@ -81,19 +48,8 @@ class OpenAIStreamState(TokenFrameState):
 
     INCOMPLETE = "stream ended before [DONE] or a finish_reason"
 
-    def __init__(
-        self,
-        record: RequestRecord,
-        api: str,
-        *,
-        stream: bool = True,
-        t0_ns: int = 0,
-        secrets: Sequence[str] = (),
-        max_event_bytes: int = MAX_EVENT_BYTES,
-    ) -> None:
-        super().__init__(
-            record, stream=stream, t0_ns=t0_ns, secrets=secrets, max_event_bytes=max_event_bytes
-        )
+    def __init__(self, record: RequestRecord, api: str, **kw: Any) -> None:
+        super().__init__(record, **kw)  # stream, t0_ns, secrets, max_event_bytes: StreamState's
         self.api = api
         self._chat = api == "chat"
         if not self._chat:
@@ -207,7 +163,6 @@ class OpenAIClient(StreamingClient):
     OpenAI dialect. Use as ``async with``."""
 
     APIS = ("chat", "completions")
-    BODY = build_body
 
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
         return OpenAIStreamState(

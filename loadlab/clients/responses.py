@@ -37,48 +37,18 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.clients.base import Message
 from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
-from loadlab.clients.tools import responses_input, responses_tools
-from loadlab.config import EndpointConfig
-from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestSpec
+from loadlab.records import OUTCOME_PROTOCOL_ERROR
 
-__all__ = ["ResponsesClient", "ResponsesStreamState", "build_responses_body"]
+__all__ = ["ResponsesClient", "ResponsesStreamState"]
 
 _TEXT = "response.output_text.delta"
 _REASONING = ("response.reasoning_text.delta", "response.reasoning_summary_text.delta")
 _ARGS = "response.function_call_arguments.delta"
 _ENDS = ("response.completed", "response.incomplete")
-
-
-def build_responses_body(
-    spec: RequestSpec,
-    endpoint: EndpointConfig,
-    *,
-    history: Sequence[Message] = (),
-    stream: bool = True,
-    include_usage: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The Responses request JSON (``include_usage`` is not needed: ``response.completed``
-    always carries usage); ``extra_body`` then ``spec.extra_body`` are merged last."""
-    body: dict[str, Any] = {
-        "model": endpoint.model,
-        "input": responses_input([*history, *spec.new_messages()]),
-        "max_output_tokens": spec.max_tokens,
-        "stream": stream,
-    }
-    if spec.tools:
-        body["tools"] = responses_tools(spec.tools)
-    if spec.reasoning_effort:
-        body["reasoning"] = {"effort": spec.reasoning_effort}
-    body.update(extra_body or {})
-    body.update(spec.extra_body)
-    return body
 
 
 class ResponsesStreamState(TokenFrameState):
@@ -177,5 +147,4 @@ class ResponsesClient(StreamingClient):
     """
 
     APIS = ("responses",)
-    BODY = build_responses_body
     STATE = ResponsesStreamState

@@ -1,7 +1,7 @@
 """What every dialect's async client shares: the API key, the headers, the transport and the
 ``send`` that turns a ``RequestSpec`` into a timed record. A dialect (``OpenAIClient``,
 ``AnthropicClient``, ``ResponsesClient``) subclasses ``StreamingClient`` and names its APIs,
-request body builder and stream state (``API_PATHS`` has each API's URL path); the dialects are
+stream state (``API_PATHS`` has each API's URL path, ``loadlab.clients.bodies`` its body); the dialects are
 siblings, none knows another.
 
 Timing (docs/clients.md, "What is measured"): ``sent_ns`` is taken immediately before the
@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Self
 
 from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
+from loadlab.clients.bodies import build_body
 from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, TransportSettings, make_transport
@@ -92,13 +93,12 @@ class StreamingClient:
     (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
     ``cancelled``) in ``cancelled_records`` and re-raises.
 
-    A dialect subclasses it and names ``APIS``, ``BODY`` (its request body builder) and
-    ``STATE`` (its stream state); one whose key header is not ``Authorization: Bearer`` or
-    whose state takes more arguments overrides ``_auth`` or ``_state``.
+    A dialect subclasses it and names ``APIS`` and ``STATE`` (its stream state); one whose key
+    header is not ``Authorization: Bearer`` or whose state takes more arguments overrides
+    ``_auth`` or ``_state``. The body comes from ``loadlab.clients.bodies``.
     """
 
     APIS: tuple[str, ...] = ()
-    BODY: ClassVar[Callable[..., dict[str, Any]]]
     STATE: ClassVar[type[StreamState]]
 
     def __init__(
@@ -155,8 +155,8 @@ class StreamingClient:
         return {"Authorization": f"Bearer {key}"}
 
     def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
-        """The request JSON, from the dialect's ``BODY`` (read off the class: a plain function)."""
-        return type(self).BODY(
+        """The request JSON (``loadlab.clients.bodies``)."""
+        return build_body(
             spec,
             self.endpoint,
             history=history,

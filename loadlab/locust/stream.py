@@ -40,8 +40,9 @@ import gevent.monkey
 from greenlet import GreenletExit, getcurrent
 
 from loadlab.clients.base import Completion, Message
+from loadlab.clients.bodies import build_body
 from loadlab.clients.http1 import Ended, Failure, ResponseReader, Target, frame_request
-from loadlab.clients.openai import OpenAIStreamState, build_body
+from loadlab.clients.openai import OpenAIStreamState
 from loadlab.clients.state import dumps
 from loadlab.clients.streaming import api_url, read_api_key, secret_values
 from loadlab.clients.transports import settle
