@@ -2,9 +2,10 @@
 
 Two layers, so the Locust user (gevent, no asyncio) shares every rule of interpretation:
 
-- sans-IO: ``loadlab.clients.bodies.build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
-  status, then bytes with the ``perf_counter_ns`` at which they were read; it decodes SSE,
-  finds token-carrying chunks, usage, finish reason and errors, and sets the outcome);
+- sans-IO: ``build_body`` (the request JSON, ``loadlab.clients.bodies``) and
+  ``OpenAIStreamState`` (feed it the response status, then bytes with the ``perf_counter_ns``
+  at which they were read; it decodes SSE, finds token-carrying chunks, usage, finish reason
+  and errors, and sets the outcome);
 - I/O: ``OpenAIClient`` (``loadlab.clients.streaming.StreamingClient`` with this dialect) over
   a transport (``loadlab.clients.transports``): ``"raw"``
   (default; a lean asyncio HTTP/1.1 protocol that stamps and interprets each chunk inside
@@ -163,8 +164,10 @@ class OpenAIClient(StreamingClient):
     OpenAI dialect. Use as ``async with``."""
 
     APIS = ("chat", "completions")
+    STATE = OpenAIStreamState
 
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
+        """``OpenAIStreamState`` also takes the API (chat or completions)."""
         return OpenAIStreamState(
             rec,
             self.endpoint.api,

@@ -1,8 +1,8 @@
 """What every dialect's async client shares: the API key, the headers, the transport and the
 ``send`` that turns a ``RequestSpec`` into a timed record. A dialect (``OpenAIClient``,
-``AnthropicClient``, ``ResponsesClient``) subclasses ``StreamingClient`` and names its APIs,
-stream state (``API_PATHS`` has each API's URL path, ``loadlab.clients.bodies`` its body); the dialects are
-siblings, none knows another.
+``AnthropicClient``, ``ResponsesClient``) subclasses ``StreamingClient`` and names its APIs and
+its stream state (each API's URL path is in ``API_PATHS``, its body in
+``loadlab.clients.bodies``); the dialects are siblings, none knows another.
 
 Timing (docs/clients.md, "What is measured"): ``sent_ns`` is taken immediately before the
 request bytes are written to the socket (after the connection is made, so connection set-up is
@@ -154,17 +154,6 @@ class StreamingClient:
         """The headers that carry the API key (OpenAI's, which most servers take)."""
         return {"Authorization": f"Bearer {key}"}
 
-    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
-        """The request JSON (``loadlab.clients.bodies``)."""
-        return build_body(
-            spec,
-            self.endpoint,
-            history=history,
-            stream=self.stream,
-            include_usage=self.include_usage,
-            extra_body=self.extra_body,
-        )
-
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
         """The sans-IO state that interprets one response into ``rec``."""
         return self.STATE(
@@ -205,7 +194,14 @@ class StreamingClient:
         rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
         state = self._state(rec, t0_ns)
         state.token_ends = self.token_ends
-        body = self._body(spec, history)
+        body = build_body(
+            spec,
+            self.endpoint,
+            history=history,
+            stream=self.stream,
+            include_usage=self.include_usage,
+            extra_body=self.extra_body,
+        )
         attempt_ns = time.perf_counter_ns()
         try:
             await self._transport.exchange(dumps(body), spec.request_id, state)
