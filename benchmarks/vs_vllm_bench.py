@@ -38,10 +38,8 @@ from loadlab.testing.vllm_bench import (
     BenchLoad,
     bench_figures,
     loadlab_figures,
-    run_loadlab_on_trace,
-    run_vllm_bench,
+    run_round,
     text_token_ids,
-    write_lengths_trace,
 )
 from loadlab.testing.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
 
@@ -100,14 +98,8 @@ def main() -> int:
             )  # fmt: skip
             url = server.url
         for i in range(args.rounds):
-            bench = run_vllm_bench(
-                args.python, url, args.model_dir, load, work / f"b{i}.json", extra,
-                cpus=client_cpus,
-            )  # fmt: skip
-            trace = work / f"lengths-{i}.csv"
-            write_lengths_trace(bench, trace)
-            res = run_loadlab_on_trace(
-                url, args.model_dir, trace, load, work / f"l{i}.json", extra, cpus=client_cpus
+            bench, res = run_round(
+                args.python, url, args.model_dir, load, work, extra, f"-{i}", cpus=client_cpus
             )
             b, ll = bench_figures(bench), loadlab_figures(res)
             rounds.append({"vllm_bench": b, "loadlab": ll})

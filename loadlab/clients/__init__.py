@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 
 from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
-from loadlab.clients.openai import OpenAIClient, OpenAIStreamState, build_body
+from loadlab.clients.bodies import build_body
+from loadlab.clients.openai import OpenAIClient, OpenAIStreamState
 from loadlab.clients.responses import ResponsesClient, ResponsesStreamState
 from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient

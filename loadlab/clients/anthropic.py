@@ -36,69 +36,24 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.clients.base import Message
-from loadlab.clients.state import StreamState, dumps
-from loadlab.clients.streaming import StreamingClient, v1_url
+from loadlab.clients.state import dumps
+from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
-from loadlab.clients.tools import anthropic_messages, anthropic_tools
 from loadlab.config import EndpointConfig
-from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
-
-EXACT_OUTPUT_FIELDS = frozenset({"ignore_eos", "min_tokens"})
+from loadlab.records import OUTCOME_PROTOCOL_ERROR
 
 __all__ = [
     "ANTHROPIC_VERSION",
     "AnthropicClient",
     "AnthropicStreamState",
-    "build_messages_body",
-    "messages_url",
 ]
 
 ANTHROPIC_VERSION = "2023-06-01"
 _TOOL_BLOCKS = ("tool_use", "server_tool_use")
 # Prompt tokens Anthropic's usage counts apart from input_tokens (both null or absent: none)
 _CACHE_USAGE_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
-
-
-def messages_url(endpoint: EndpointConfig) -> str:
-    """The request URL: a base URL gets ``/v1/messages`` (``/v1`` is not doubled).
-
-    >>> messages_url(EndpointConfig("http://h:8000/v1", api="anthropic"))
-    'http://h:8000/v1/messages'
-    """
-    return v1_url(endpoint, "/messages")
-
-
-def build_messages_body(
-    spec: RequestSpec,
-    endpoint: EndpointConfig,
-    *,
-    history: Sequence[Message] = (),
-    stream: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The Messages request JSON; ``extra_body`` then ``spec.extra_body`` are merged last
-    (``{"temperature": 0}``, ``{"thinking": {...}}``, ``{"system": "..."}``). The session's
-    tool calls and results become ``tool_use`` and ``tool_result`` blocks; a
-    ``reasoning_effort`` is not sent (the Messages API asks for a thinking budget instead:
-    pass ``{"thinking": {"type": "enabled", "budget_tokens": N}}`` in ``extra_body``). A
-    workload's ``exact_output`` fields are not sent: the Messages API has no way to ignore EOS,
-    so answers that stop early are counted as short in the summary instead."""
-    body: dict[str, Any] = {
-        "model": endpoint.model,
-        "max_tokens": spec.max_tokens,
-        "messages": anthropic_messages([*history, *spec.new_messages()]),
-        "stream": stream,
-    }
-    if spec.tools:
-        body["tools"] = anthropic_tools(spec.tools)
-    body.update(extra_body or {})
-    # exact_output's ignore_eos/min_tokens are OpenAI-dialect fields the Messages API lacks
-    body.update((k, v) for k, v in spec.extra_body.items() if k not in EXACT_OUTPUT_FIELDS)
-    return body
 
 
 class AnthropicStreamState(TokenFrameState):
@@ -206,28 +161,12 @@ class AnthropicClient(StreamingClient):
     """
 
     APIS = ("anthropic",)
+    STATE = AnthropicStreamState
 
     def __init__(self, endpoint: EndpointConfig, **kw: Any) -> None:
         super().__init__(endpoint, **kw)
         if not any(k.lower() == "anthropic-version" for k in self._headers):  # a --header wins
             self._headers["anthropic-version"] = ANTHROPIC_VERSION
 
-    def _url(self) -> str:
-        return messages_url(self.endpoint)
-
     def _auth(self, key: str) -> dict[str, str]:
         return {"x-api-key": key}
-
-    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
-        return build_messages_body(
-            spec, self.endpoint, history=history, stream=self.stream, extra_body=self.extra_body
-        )
-
-    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
-        return AnthropicStreamState(
-            rec,
-            stream=self.stream,
-            t0_ns=t0_ns,
-            secrets=self._secrets,
-            max_event_bytes=self.max_event_bytes,
-        )

@@ -29,9 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadlab.clients.anthropic import build_messages_body, messages_url
-from loadlab.clients.openai import api_url, build_body
-from loadlab.clients.streaming import read_api_key
+from loadlab.clients.bodies import build_body
+from loadlab.clients.streaming import api_url, read_api_key
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads.params import WorkloadError
@@ -168,12 +167,8 @@ def calibrate(
     counts = []
     for i, chars in enumerate((short_chars, long_chars)):
         spec = RequestSpec(f"calibrate-{i}", text(chars), max_tokens=1)
-        if endpoint.api == "anthropic":
-            url, body = messages_url(endpoint), build_messages_body(spec, endpoint, stream=False)
-            usage_key = "input_tokens"
-        else:
-            url, body = api_url(endpoint), build_body(spec, endpoint, stream=False)
-            usage_key = "prompt_tokens"
+        url, body = api_url(endpoint), build_body(spec, endpoint, stream=False)
+        usage_key = "input_tokens" if endpoint.api == "anthropic" else "prompt_tokens"
         try:
             usage = post_json(url, body, _headers(endpoint)).get("usage") or {}
         except OSError as exc:

@@ -2,9 +2,10 @@
 
 Two layers, so the Locust user (gevent, no asyncio) shares every rule of interpretation:
 
-- sans-IO: ``build_body`` (the request JSON) and ``OpenAIStreamState`` (feed it the response
-  status, then bytes with the ``perf_counter_ns`` at which they were read; it decodes SSE,
-  finds token-carrying chunks, usage, finish reason and errors, and sets the outcome);
+- sans-IO: ``build_body`` (the request JSON, ``loadlab.clients.bodies``) and
+  ``OpenAIStreamState`` (feed it the response status, then bytes with the ``perf_counter_ns``
+  at which they were read; it decodes SSE, finds token-carrying chunks, usage, finish reason
+  and errors, and sets the outcome);
 - I/O: ``OpenAIClient`` (``loadlab.clients.streaming.StreamingClient`` with this dialect) over
   a transport (``loadlab.clients.transports``): ``"raw"``
   (default; a lean asyncio HTTP/1.1 protocol that stamps and interprets each chunk inside
@@ -24,56 +25,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.clients.base import Message
-from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient, v1_url
+from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
-from loadlab.config import EndpointConfig
-from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
+from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
 
-__all__ = ["OpenAIClient", "OpenAIStreamState", "api_url", "build_body"]
-
-
-def api_url(endpoint: EndpointConfig) -> str:
-    """The request URL: a base URL gets ``/v1/chat/completions`` or ``/v1/completions``.
-
-    >>> api_url(EndpointConfig("http://h:8000/v1", api="completions"))
-    'http://h:8000/v1/completions'
-    """
-    return v1_url(endpoint, "/chat/completions" if endpoint.api == "chat" else "/completions")
-
-
-def build_body(
-    spec: RequestSpec,
-    endpoint: EndpointConfig,
-    *,
-    history: Sequence[Message] = (),
-    stream: bool = True,
-    include_usage: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The request JSON. ``extra_body`` (the run's) then ``spec.extra_body`` are merged last,
-    so either can add or override fields (``{"ignore_eos": true}``)."""
-    body: dict[str, Any] = {"model": endpoint.model}
-    if endpoint.api == "chat":
-        body["messages"] = [*history, *spec.new_messages()]
-    else:
-        body["prompt"] = spec.prompt
-    body["max_tokens"] = spec.max_tokens
-    body["stream"] = stream
-    if stream and include_usage:
-        body["stream_options"] = {"include_usage": True}
-    if spec.tools and endpoint.api == "chat":
-        body["tools"] = list(spec.tools)
-    if spec.reasoning_effort:
-        body["reasoning_effort"] = spec.reasoning_effort
-    body.update(extra_body or {})
-    body.update(spec.extra_body)
-    return body
+__all__ = ["OpenAIClient", "OpenAIStreamState"]
 
 
 class OpenAIStreamState(TokenFrameState):
@@ -90,19 +49,8 @@ class OpenAIStreamState(TokenFrameState):
 
     INCOMPLETE = "stream ended before [DONE] or a finish_reason"
 
-    def __init__(
-        self,
-        record: RequestRecord,
-        api: str,
-        *,
-        stream: bool = True,
-        t0_ns: int = 0,
-        secrets: Sequence[str] = (),
-        max_event_bytes: int = MAX_EVENT_BYTES,
-    ) -> None:
-        super().__init__(
-            record, stream=stream, t0_ns=t0_ns, secrets=secrets, max_event_bytes=max_event_bytes
-        )
+    def __init__(self, record: RequestRecord, api: str, **kw: Any) -> None:
+        super().__init__(record, **kw)  # stream, t0_ns, secrets, max_event_bytes: StreamState's
         self.api = api
         self._chat = api == "chat"
         if not self._chat:
@@ -216,24 +164,10 @@ class OpenAIClient(StreamingClient):
     OpenAI dialect. Use as ``async with``."""
 
     APIS = ("chat", "completions")
-
-    def _url(self) -> str:
-        return api_url(self.endpoint)
-
-    def _auth(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
-
-    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
-        return build_body(
-            spec,
-            self.endpoint,
-            history=history,
-            stream=self.stream,
-            include_usage=self.include_usage,
-            extra_body=self.extra_body,
-        )
+    STATE = OpenAIStreamState
 
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
+        """``OpenAIStreamState`` also takes the API (chat or completions)."""
         return OpenAIStreamState(
             rec,
             self.endpoint.api,

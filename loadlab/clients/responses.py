@@ -37,56 +37,18 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadlab.clients.base import Message
-from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient, v1_url
+from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TokenFrameState
-from loadlab.clients.tools import responses_input, responses_tools
-from loadlab.config import EndpointConfig
-from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord, RequestSpec
+from loadlab.records import OUTCOME_PROTOCOL_ERROR
 
-__all__ = ["ResponsesClient", "ResponsesStreamState", "build_responses_body", "responses_url"]
+__all__ = ["ResponsesClient", "ResponsesStreamState"]
 
 _TEXT = "response.output_text.delta"
 _REASONING = ("response.reasoning_text.delta", "response.reasoning_summary_text.delta")
 _ARGS = "response.function_call_arguments.delta"
 _ENDS = ("response.completed", "response.incomplete")
-
-
-def responses_url(endpoint: EndpointConfig) -> str:
-    """The request URL: a base URL gets ``/v1/responses`` (``/v1`` is not doubled).
-
-    >>> responses_url(EndpointConfig("http://h:8000/v1", api="responses"))
-    'http://h:8000/v1/responses'
-    """
-    return v1_url(endpoint, "/responses")
-
-
-def build_responses_body(
-    spec: RequestSpec,
-    endpoint: EndpointConfig,
-    *,
-    history: Sequence[Message] = (),
-    stream: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The Responses request JSON; ``extra_body`` then ``spec.extra_body`` are merged last."""
-    body: dict[str, Any] = {
-        "model": endpoint.model,
-        "input": responses_input([*history, *spec.new_messages()]),
-        "max_output_tokens": spec.max_tokens,
-        "stream": stream,
-    }
-    if spec.tools:
-        body["tools"] = responses_tools(spec.tools)
-    if spec.reasoning_effort:
-        body["reasoning"] = {"effort": spec.reasoning_effort}
-    body.update(extra_body or {})
-    body.update(spec.extra_body)
-    return body
 
 
 class ResponsesStreamState(TokenFrameState):
@@ -185,17 +147,4 @@ class ResponsesClient(StreamingClient):
     """
 
     APIS = ("responses",)
-
-    def _url(self) -> str:
-        return responses_url(self.endpoint)
-
-    def _auth(self, key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
-
-    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
-        return build_responses_body(
-            spec, self.endpoint, history=history, stream=self.stream, extra_body=self.extra_body
-        )
-
-    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
-        return ResponsesStreamState(rec, stream=self.stream, t0_ns=t0_ns, secrets=self._secrets)
+    STATE = ResponsesStreamState

@@ -1,7 +1,8 @@
 """What every dialect's async client shares: the API key, the headers, the transport and the
 ``send`` that turns a ``RequestSpec`` into a timed record. A dialect (``OpenAIClient``,
-``AnthropicClient``) subclasses ``StreamingClient`` and supplies its URL, auth header, request
-body and stream state; the two are siblings, neither knows the other.
+``AnthropicClient``, ``ResponsesClient``) subclasses ``StreamingClient`` and names its APIs and
+its stream state (each API's URL path is in ``API_PATHS``, its body in
+``loadlab.clients.bodies``); the dialects are siblings, none knows another.
 
 Timing (docs/clients.md, "What is measured"): ``sent_ns`` is taken immediately before the
 request bytes are written to the socket (after the connection is made, so connection set-up is
@@ -23,10 +24,11 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
+from loadlab.clients.bodies import build_body
 from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, TransportSettings, make_transport
@@ -35,7 +37,15 @@ from loadlab.errors import ConfigError
 from loadlab.headers import is_credential
 from loadlab.records import OUTCOME_CANCELLED, RequestRecord, RequestSpec
 
-__all__ = ["StreamingClient", "read_api_key", "secret_values", "v1_url"]
+__all__ = ["API_PATHS", "StreamingClient", "api_url", "read_api_key", "secret_values", "v1_url"]
+
+# The path each API posts to (after the base URL's /v1)
+API_PATHS = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "anthropic": "/messages",
+    "responses": "/responses",
+}
 
 
 def v1_url(endpoint: EndpointConfig, path: str) -> str:
@@ -49,6 +59,17 @@ def v1_url(endpoint: EndpointConfig, path: str) -> str:
     if url.endswith(path):
         return url
     return url + path if url.endswith("/v1") else url + "/v1" + path
+
+
+def api_url(endpoint: EndpointConfig) -> str:
+    """The request URL of ``endpoint.api`` (``API_PATHS``), as ``v1_url`` makes it.
+
+    >>> api_url(EndpointConfig("http://h:8000/v1", api="completions"))
+    'http://h:8000/v1/completions'
+    >>> api_url(EndpointConfig("http://h:8000", api="anthropic"))
+    'http://h:8000/v1/messages'
+    """
+    return v1_url(endpoint, API_PATHS[endpoint.api])
 
 
 def read_api_key(endpoint: EndpointConfig) -> str | None:
@@ -72,11 +93,13 @@ class StreamingClient:
     (``loadlab.clients.transports``). A cancelled ``send`` records the request (outcome
     ``cancelled``) in ``cancelled_records`` and re-raises.
 
-    A dialect subclasses it and names ``APIS`` and ``_url``, ``_auth``, ``_body``, ``_state``
-    (``OpenAIClient``, ``AnthropicClient``).
+    A dialect subclasses it and names ``APIS`` and ``STATE`` (its stream state); one whose key
+    header is not ``Authorization: Bearer`` or whose state takes more arguments overrides
+    ``_auth`` or ``_state``. The body comes from ``loadlab.clients.bodies``.
     """
 
     APIS: tuple[str, ...] = ()
+    STATE: ClassVar[type[StreamState]]
 
     def __init__(
         self,
@@ -103,7 +126,7 @@ class StreamingClient:
                 f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}"
             )
         self.endpoint = endpoint
-        self.url = self._url()
+        self.url = api_url(endpoint)
         self.stream = stream
         self.include_usage = include_usage
         self.extra_body = dict(extra_body or {})
@@ -127,23 +150,19 @@ class StreamingClient:
         self._transport: Transport | None = None
         self.cancelled_records: list[RequestRecord] = []
 
-    def _url(self) -> str:  # pragma: no cover
-        """The request URL for ``self.endpoint``."""
-        raise NotImplementedError
+    def _auth(self, key: str) -> dict[str, str]:
+        """The headers that carry the API key (OpenAI's, which most servers take)."""
+        return {"Authorization": f"Bearer {key}"}
 
-    def _auth(self, key: str) -> dict[str, str]:  # pragma: no cover
-        """The headers that carry the API key."""
-        raise NotImplementedError
-
-    def _body(  # pragma: no cover
-        self, spec: RequestSpec, history: Sequence[Message]
-    ) -> dict[str, Any]:
-        """The request JSON."""
-        raise NotImplementedError
-
-    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:  # pragma: no cover
+    def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
         """The sans-IO state that interprets one response into ``rec``."""
-        raise NotImplementedError
+        return self.STATE(
+            rec,
+            stream=self.stream,
+            t0_ns=t0_ns,
+            secrets=self._secrets,
+            max_event_bytes=self.max_event_bytes,
+        )
 
     async def __aenter__(self) -> Self:
         settings = TransportSettings(
@@ -175,7 +194,14 @@ class StreamingClient:
         rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
         state = self._state(rec, t0_ns)
         state.token_ends = self.token_ends
-        body = self._body(spec, history)
+        body = build_body(
+            spec,
+            self.endpoint,
+            history=history,
+            stream=self.stream,
+            include_usage=self.include_usage,
+            extra_body=self.extra_body,
+        )
         attempt_ns = time.perf_counter_ns()
         try:
             await self._transport.exchange(dumps(body), spec.request_id, state)

@@ -40,10 +40,11 @@ import gevent.monkey
 from greenlet import GreenletExit, getcurrent
 
 from loadlab.clients.base import Completion, Message
+from loadlab.clients.bodies import build_body
 from loadlab.clients.http1 import Ended, Failure, ResponseReader, Target, frame_request
-from loadlab.clients.openai import OpenAIStreamState, api_url, build_body
+from loadlab.clients.openai import OpenAIStreamState
 from loadlab.clients.state import dumps
-from loadlab.clients.streaming import read_api_key, secret_values
+from loadlab.clients.streaming import api_url, read_api_key, secret_values
 from loadlab.clients.transports import settle
 from loadlab.config import EndpointConfig
 from loadlab.records import (

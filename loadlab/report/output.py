@@ -33,9 +33,7 @@ def write_output(path: str | os.PathLike[str], flag: str, writer: Callable[[Path
     try:
         writer(p)
     except OSError as exc:
-        raise OutputError(
-            f"{flag} {p}: cannot write: {exc.strerror or exc}; choose another path"
-        ) from exc
+        raise _cannot_write(flag, p, "", exc, "path") from exc
     return p
 
 
@@ -47,9 +45,7 @@ def check_folder(path: str | os.PathLike[str], flag: str) -> Path:
         with tempfile.NamedTemporaryFile(dir=p, prefix=".loadlab-probe-"):
             pass
     except OSError as exc:
-        raise OutputError(
-            f"{flag} {p}: cannot write there: {exc.strerror or exc}; choose another folder"
-        ) from exc
+        raise _cannot_write(flag, p, " there", exc, "folder") from exc
     return p
 
 
@@ -60,3 +56,9 @@ def check_output(path: str | os.PathLike[str], flag: str) -> Path:
         raise OutputError(f"{flag} {p}: is a directory; name a file, e.g. {p / 'report.out'}")
     check_folder(p.parent, flag)
     return p
+
+
+def _cannot_write(flag: str, p: Path, where: str, exc: OSError, other: str) -> OutputError:
+    return OutputError(
+        f"{flag} {p}: cannot write{where}: {exc.strerror or exc}; choose another {other}"
+    )

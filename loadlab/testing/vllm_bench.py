@@ -17,10 +17,11 @@ So both tools send the same ``allowed_token_ids``: the tokens that decode to who
 Usage::
 
     extra = {"allowed_token_ids": text_token_ids(model_dir)}
-    bench = run_vllm_bench(python, url, model_dir, BenchLoad(requests=64), out, extra)
-    write_lengths_trace(bench, trace)
-    res = run_loadlab_on_trace(url, model_dir, trace, BenchLoad(requests=64), out2, extra)
+    bench, res = run_round(python, url, model_dir, BenchLoad(requests=64), work_dir, extra)
     bench_figures(bench), loadlab_figures(res)
+
+(``run_round`` is ``run_vllm_bench``, ``write_lengths_trace`` and ``run_loadlab_on_trace`` in
+turn; call them one by one to look between the steps.)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "bench_figures",
     "loadlab_figures",
     "run_loadlab_on_trace",
+    "run_round",
     "run_vllm_bench",
     "text_token_ids",
     "write_lengths_trace",
@@ -186,3 +188,24 @@ def loadlab_figures(res: Results) -> dict[str, float]:
         "output_tokens": sum(r.output_tokens or 0 for r in res.records),
         "duration_s": res.duration_ns / 1e9,
     }
+
+
+def run_round(
+    python: str | Path,
+    url: str,
+    model_dir: str | Path,
+    load: BenchLoad,
+    work: Path,
+    extra_body: dict[str, Any],
+    tag: str = "",
+    cpus: str | None = None,
+) -> tuple[dict[str, Any], Results]:
+    """One round: ``vllm bench serve``, then ``loadlab run`` on the lengths vLLM counted for
+    it (both on ``cpus`` when given); vllm bench's saved result and loadlab's results. Files
+    go in ``work``, named with ``tag`` (one per round)."""
+    out = work / f"bench{tag}.json"
+    bench = run_vllm_bench(python, url, model_dir, load, out, extra_body, cpus=cpus)
+    trace = work / f"lengths{tag}.csv"
+    write_lengths_trace(bench, trace)
+    out = work / f"loadlab{tag}.json"
+    return bench, run_loadlab_on_trace(url, model_dir, trace, load, out, extra_body, cpus=cpus)

@@ -34,38 +34,20 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import (
-    COMMON_KEYS,
-    RequestStream,
-    caps,
-    check_common,
-    clamp,
-    common_extra_body,
-    open_loop_times,
-    rng_for,
-)
+from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_int
-from loadlab.workloads.prompts import prompt_text
+from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
 
 __all__ = ["KEYS", "agent_requests", "tool_definitions", "validate"]
 
-KEYS = COMMON_KEYS | {
-    "sessions",
-    "tool_rounds",
-    "tools",
-    "prompt_tokens",
-    "tool_result_tokens",
-    "output_tokens",
-    "think_time_s",
-}
+KEYS = SESSION_KEYS | {"tool_rounds", "tools", "tool_result_tokens"}
 _DEFAULTS = {
     "tool_rounds": 3,
     "prompt_tokens": 200,
@@ -123,21 +105,15 @@ def agent_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     max_prompt, max_output = caps(params)
     n_sessions = get_int(params, "sessions", None)
     cls = str(params.get("request_class", "agent"))
-    if cfg.rate_rps is not None and n_sessions is None and cfg.duration_s is None:
-        n_sessions = cfg.requests  # at most one session per request: an upper bound
-    starts = open_loop_times(cfg, n_sessions)
+    starts = session_starts(cfg, params, n_sessions)
     counts = {"sessions": 0, "turns_planned": 0}  # a tool turn is sent only if called
 
     def specs() -> Iterator[RequestSpec]:
         rng_turns, rng_think = rng_for(cfg.seed, "turns"), rng_for(cfg.seed, "think")
         rng_prompt, rng_output = rng_for(cfg.seed, "prompt"), rng_for(cfg.seed, "output")
-        rng_text = rng_for(cfg.seed, "text")
+        make = TurnMaker("agent", "a", params, cls, rng_for(cfg.seed, "text"), chars_per_token)
         emitted = 0
-        for s in itertools.count():
-            if (n_sessions is not None and s >= n_sessions) or (
-                starts is not None and s >= len(starts)
-            ):
-                return
+        for s, start in sessions(n_sessions, starts):
             rounds = int(d["tool_rounds"].sample_int(rng_turns, 1)[0])
             think = d["think_time_s"].sample(rng_think, rounds + 1)
             task = int(d["prompt_tokens"].sample_int(rng_prompt, 1)[0])
@@ -147,20 +123,16 @@ def agent_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
             for k in range(rounds + 1):
                 if cfg.requests is not None and emitted >= cfg.requests:
                     return
-                rid = f"agent-{s:05d}-{k}"
                 p_tok = clamp(task if k == 0 else int(results[k]), max_prompt)
                 out = clamp(int(outputs[k]), max_output)
-                yield RequestSpec(
-                    request_id=rid,
-                    prompt=prompt_text(p_tok, rng_text, tag=rid, chars_per_token=chars_per_token),
-                    max_tokens=out,
-                    intended_at_s=starts[s] if starts is not None and k == 0 else None,
-                    prompt_tokens=p_tok,
-                    session_id=f"a{s:05d}",
-                    turn=k,
-                    think_time_s=float(think[k]) if k > 0 else 0.0,
-                    request_class=cls,
-                    extra_body=common_extra_body(params, out),
+                think_s = float(think[k])
+                yield make.turn(
+                    s,
+                    k,
+                    p_tok,
+                    out,
+                    start=start,
+                    think_time_s=think_s,
                     tools=tools,
                     tool_turn=k > 0,
                 )

@@ -38,7 +38,6 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,35 +45,15 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import (
-    COMMON_KEYS,
-    RequestStream,
-    caps,
-    check_common,
-    clamp,
-    common_extra_body,
-    open_loop_times,
-    rng_for,
-)
+from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for
 from loadlab.workloads.lengths import Dist, parse_dist, sample_pairs
-from loadlab.workloads.params import (
-    WorkloadError,
-    check_keys,
-    get_bool,
-    get_float,
-    get_int,
-    trace_file,
-)
-from loadlab.workloads.prompts import prompt_text
+from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_float, get_int
+from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
 
 __all__ = ["DEFAULT_THINK", "KEYS", "chat_requests", "validate"]
 
-KEYS = COMMON_KEYS | {
-    "sessions",
+KEYS = SESSION_KEYS | {
     "turns",
-    "think_time_s",
-    "prompt_tokens",
-    "output_tokens",
     "divide_prompt_by_turns",
     "max_context_tokens",
     "arrival_trace",
@@ -114,24 +93,6 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         )
 
 
-def _session_starts(cfg: RunConfig, params: Mapping[str, Any], n: int | None) -> Any:
-    """Open-loop session start offsets (a list or a lazy iterator), or None in closed loop."""
-    if cfg.rate_rps is None:
-        return None
-    if n is None and cfg.duration_s is None:
-        n = cfg.requests  # at most one session per request: an upper bound on sessions
-    if "arrival_trace" not in params:
-        return open_loop_times(cfg, n)
-    from loadlab.workloads.trace import iter_trace  # only when used
-
-    scale = float(get_float(params, "arrival_time_scale", 1.0))
-    end = None if cfg.duration_s is None else cfg.duration_s * scale
-    path = trace_file(str(params["arrival_trace"]), "workload.arrival_trace")
-    rows = iter_trace(path, duration_s=end)
-    starts = (row.t_s / scale for row in rows)
-    return itertools.islice(starts, n) if n is not None else starts
-
-
 def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
     params = cfg.workload
     validate(cfg, params)
@@ -141,23 +102,16 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
     max_context = get_int(params, "max_context_tokens", None)
     n_sessions = get_int(params, "sessions", None)
     cls = str(params.get("request_class", "chat"))
-    starts = _session_starts(cfg, params, n_sessions)
+    starts = session_starts(cfg, params, n_sessions)
     counts = {"sessions": 0, "turns": 0, "sessions_cut_by_context": 0}
 
     def specs() -> Iterator[RequestSpec]:
         rng_turns, rng_think = rng_for(cfg.seed, "turns"), rng_for(cfg.seed, "think")
         rng_prompt, rng_output = rng_for(cfg.seed, "prompt"), rng_for(cfg.seed, "output")
-        rng_pairs, rng_text = rng_for(cfg.seed, "pairs"), rng_for(cfg.seed, "text")
-        start_iter = iter(starts) if starts is not None else None
+        rng_pairs = rng_for(cfg.seed, "pairs")
+        make = TurnMaker("chat", "s", params, cls, rng_for(cfg.seed, "text"), chars_per_token)
         emitted = 0
-        for s in itertools.count():
-            if n_sessions is not None and s >= n_sessions:
-                return
-            start = None
-            if start_iter is not None:
-                start = next(start_iter, None)
-                if start is None:
-                    return  # the arrival process (or trace) has no more sessions
+        for s, start in sessions(n_sessions, starts):
             n_turns = int(turns_d.sample_int(rng_turns, 1)[0])
             think = think_d.sample(rng_think, n_turns)
             if prompt_d is None or output_d is None:
@@ -178,19 +132,8 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
                     counts["sessions_cut_by_context"] += 1
                     break
                 context += p_tok + out
-                rid = f"chat-{s:05d}-{k}"
-                yield RequestSpec(
-                    request_id=rid,
-                    prompt=prompt_text(p_tok, rng_text, tag=rid, chars_per_token=chars_per_token),
-                    max_tokens=out,
-                    intended_at_s=start if k == 0 else None,
-                    prompt_tokens=p_tok,
-                    session_id=f"s{s:05d}",
-                    turn=k,
-                    think_time_s=float(think[k]) if k > 0 else 0.0,
-                    request_class=cls,
-                    extra_body=common_extra_body(params, out),
-                )
+                think_s = float(think[k])
+                yield make.turn(s, k, p_tok, out, start=start, think_time_s=think_s)
                 emitted += 1
                 counts["turns"] += 1
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from loadlab.clients import AnthropicClient, AnthropicStreamState
-from loadlab.clients.anthropic import build_messages_body, messages_url
+from loadlab.clients.bodies import build_body
+from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
@@ -32,7 +33,7 @@ def test_body_has_history_then_the_new_message_and_extra_fields() -> None:
     ep = EndpointConfig("http://127.0.0.1:1", model="claude-x", api="anthropic")
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     spec = RequestSpec("r", "next", 7, extra_body={"temperature": 1})
-    body = build_messages_body(spec, ep, history=history, extra_body={"temperature": 0, "a": 1})
+    body = build_body(spec, ep, history=history, extra_body={"temperature": 0, "a": 1})
     assert body == {
         "model": "claude-x",
         "max_tokens": 7,
@@ -52,7 +53,7 @@ def test_body_has_history_then_the_new_message_and_extra_fields() -> None:
     ],
 )
 def test_messages_url(url: str, expected: str) -> None:
-    assert messages_url(EndpointConfig(url, api="anthropic")) == expected
+    assert api_url(EndpointConfig(url, api="anthropic")) == expected
 
 
 def _state() -> AnthropicStreamState:
@@ -341,7 +342,7 @@ def test_prompt_cache_reads_and_writes() -> None:
 def test_exact_output_fields_are_openai_dialect_and_not_sent() -> None:
     ep = EndpointConfig("http://127.0.0.1:1", model="claude-x", api="anthropic")
     spec = RequestSpec("r", "x", 7, extra_body={"ignore_eos": True, "min_tokens": 7, "top_k": 5})
-    body = build_messages_body(spec, ep, extra_body={"ignore_eos": True})
+    body = build_body(spec, ep, extra_body={"ignore_eos": True})
     assert "min_tokens" not in body and body["top_k"] == 5
     assert body["ignore_eos"] is True  # the user's own --extra-body is sent as given
 

@@ -14,7 +14,7 @@ from loadlab.clients import (
     build_body,
     make_client,
 )
-from loadlab.clients.openai import api_url
+from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fixed_server import FixedScheduleServer

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from loadlab import metrics
-from loadlab.clients.anthropic import AnthropicStreamState, build_messages_body
-from loadlab.clients.openai import OpenAIStreamState, build_body
-from loadlab.clients.responses import ResponsesStreamState, build_responses_body
+from loadlab.clients.anthropic import AnthropicStreamState
+from loadlab.clients.bodies import build_body
+from loadlab.clients.openai import OpenAIStreamState
+from loadlab.clients.responses import ResponsesStreamState
 from loadlab.clients.state import StreamState
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import EndpointConfig
@@ -254,15 +255,15 @@ def test_each_dialect_sends_tools_history_and_effort_in_its_own_form() -> None:
     chat = build_body(spec, EndpointConfig("http://h", model="m"), history=history)
     assert chat["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert chat["tools"] == list(TOOLS) and chat["reasoning_effort"] == "low"
-    resp = build_responses_body(spec, EndpointConfig("http://h", model="m", api="responses"),
-                                history=history)  # fmt: skip
+    resp = build_body(spec, EndpointConfig("http://h", model="m", api="responses"),
+                      history=history)  # fmt: skip
     assert resp["input"][1:] == [
         {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{"q": 1}'},
         {"type": "function_call_output", "call_id": "c1", "output": "42"},
     ]
     assert resp["tools"][0]["name"] == "search" and resp["reasoning"] == {"effort": "low"}
-    msgs = build_messages_body(spec, EndpointConfig("http://h", model="m", api="anthropic"),
-                               history=history)  # fmt: skip
+    msgs = build_body(spec, EndpointConfig("http://h", model="m", api="anthropic"),
+                      history=history)  # fmt: skip
     assert msgs["messages"][1]["content"] == [
         {"type": "tool_use", "id": "c1", "name": "search", "input": {"q": 1}}
     ]

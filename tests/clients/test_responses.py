@@ -9,7 +9,7 @@ import time
 import pytest
 
 from loadlab.clients import ResponsesClient
-from loadlab.clients.responses import responses_url
+from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fault_server import FaultServer
@@ -28,7 +28,7 @@ TRANSPORTS = ["raw", "aiohttp"]
     ],
 )
 def test_responses_url(url: str, expected: str) -> None:
-    assert responses_url(EndpointConfig(url, api="responses")) == expected
+    assert api_url(EndpointConfig(url, api="responses")) == expected
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -116,11 +116,11 @@ def test_read_ahead_zero_builds_each_request_when_asked(monkeypatch):
     """Issue 17: a Locust user's stream (an endless closed-loop chat) read 2,048 requests ahead
     at start, ~80 ms on the gevent loop per user; with read_ahead=0 it builds none until
     asked, then one per request. A run still reads ahead by default."""
-    import loadlab.workloads.chat as chat
+    import loadlab.workloads.sessions as sessions  # chat's turns are built there
 
     built = []
-    real = chat.prompt_text
-    monkeypatch.setattr(chat, "prompt_text", lambda *a, **k: built.append(1) or real(*a, **k))
+    real = sessions.prompt_text
+    monkeypatch.setattr(sessions, "prompt_text", lambda *a, **k: built.append(1) or real(*a, **k))
     cfg = RunConfig(concurrency=1, duration_s=MAX_DURATION_S, workload={"kind": "chat", "turns": 3})
     lazy = build_requests(cfg, read_ahead=0)
     assert built == []
