@@ -5,7 +5,8 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/mess
 Responses API, ``reference_server.responses``), each ``stream`` or not; ``POST /tokenize``
 (vLLM's shape: ``prompt`` or ``messages`` in, ``count`` and ``tokens`` out) and ``POST
 /detokenize`` (``tokens`` in, ``prompt`` out); ``GET /v1/models``,
-``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``, ``/v1/request_log`` (each
+``/health``, ``/metrics`` (Prometheus text), ``/v1/server_info``, ``/v1/step_log`` (each
+recent step's wall time and shape: ``reference_server.metrics``), ``/v1/request_log`` (each
 recent request as it was framed: ``reference_server.answer``). Every route runs one loop over
 the engine's token events; a dialect's ``AnswerStream`` writes them, and ``answer.Answer``
 decides whether each token goes out as reasoning, answer text or a tool call's arguments.
@@ -295,6 +296,11 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     async def request_log() -> list[dict[str, Any]]:
         """The last requests as the server framed them (``reference_server.answer``)."""
         return book.to_list()
+
+    @app.get("/v1/step_log")
+    async def step_log() -> list[dict[str, Any]]:
+        """The last steps, their wall times and shapes (``ServerStats.step_log``)."""
+        return engine.stats.step_log()
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:

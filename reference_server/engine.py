@@ -175,11 +175,13 @@ class Engine:
 
     def step(self) -> bool:
         """One step; returns False when there was nothing to run."""
+        t_begin = self.clock()
         self._drain_inbox()
         batch = self.scheduler.schedule()
         if not batch:
             return False
         prefill, decode, padding = batch.token_counts()
+        shape = batch.step_shape()  # before the run advances num_computed_tokens
         waiting = self.scheduler.num_waiting > 0  # slots were all taken (or held): saturated
         t0 = self.clock()
         try:
@@ -193,6 +195,8 @@ class Engine:
         self.stats.record_step(phase, seconds, prefill_tokens=prefill, decode_tokens=decode,
                                padding_tokens=padding, waiting=waiting)  # fmt: skip
         self._emit(updated)
+        # the whole step, scheduling and hand-off included: what a simulated step stands for
+        self.stats.log_step("engine", 0, t_begin, self.clock(), shape)
         return True
 
     def _drain_inbox(self) -> None:

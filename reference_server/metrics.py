@@ -25,6 +25,12 @@ a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
     requests_total{finish_reason}     counter  finished requests: length|stop|abort|error
     rejected_requests_total{reason}   counter  refused before admission (queue_full, ...)
 
+Besides ``/metrics``: the step log (``GET /v1/step_log``), the last ``STEP_LOG_SIZE`` steps
+each with its wall time from the engine loop's start of the step (inbox drained, batch
+scheduled) to its tokens handed to the API, and its shape in the simulator's step features
+(``loadlab.simulate.steptime``): what a step-time model is fitted on (``loadlab simulate
+--fit-steps``). The histogram above times only the forward pass and postprocess.
+
 Usage::
 
     stats = ServerStats()
@@ -36,10 +42,10 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 
-__all__ = ["PHASES", "STEP_BUCKETS_S", "ServerStats"]
+__all__ = ["PHASES", "STEP_BUCKETS_S", "STEP_LOG_FIELDS", "STEP_LOG_SIZE", "ServerStats"]
 
 PHASES = ("prefill", "decode", "mixed")
 # Step times span ~1 ms (tiny model decode) to seconds (a 2k-token CPU prefill). Ten buckets a
@@ -47,6 +53,11 @@ PHASES = ("prefill", "decode", "mixed")
 # two scrapes: a coarser 1-2.5-5 ladder put every decode step of a run in one bucket.
 STEP_BUCKETS_S = tuple(round(10 ** (k / 10 - 3), 6) for k in range(41))  # 1 ms .. 10 s
 PREFIX = "loadlab_server_"
+STEP_LOG_SIZE = 8192  # steps kept for GET /v1/step_log (a few minutes of a busy CPU server)
+# One step-log entry: who stepped (engine, or a disaggregated worker's role and rank), when
+# (perf_counter_ns at the step's start and after its tokens were handed on), and its shape.
+STEP_LOG_FIELDS = ("role", "rank", "start_ns", "end_ns", "prefill_tokens", "decode_tokens",
+                   "attn_pairs", "kv_read_tokens")  # fmt: skip
 
 
 class ServerStats:
@@ -61,6 +72,19 @@ class ServerStats:
         self._rejected: Counter[str] = Counter()
         self._waiting_steps = 0
         self._waiting_decode_tokens = 0
+        self._step_log: deque[tuple[str, int, int, int, int, int, int, int]] = deque(
+            maxlen=STEP_LOG_SIZE
+        )
+
+    def log_step(
+        self, role: str, rank: int, start_ns: int, end_ns: int, shape: tuple[int, int, int, int]
+    ) -> None:
+        """One step for the step log (a deque append: atomic, no lock on the step path)."""
+        self._step_log.append((role, rank, start_ns, end_ns, *shape))
+
+    def step_log(self) -> list[dict[str, str | int]]:
+        """The logged steps, oldest first, as ``STEP_LOG_FIELDS`` dicts."""
+        return [dict(zip(STEP_LOG_FIELDS, e, strict=True)) for e in list(self._step_log)]
 
     def record_step(
         self,

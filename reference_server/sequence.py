@@ -120,6 +120,21 @@ class ScheduledBatch:
                 decode += n
         return prefill, decode, padding
 
+    def step_shape(self) -> tuple[int, int, int, int]:
+        """(prefill tokens of slices n > 1, single-token rows, causal attention pairs, cached
+        tokens read): ``loadlab.simulate.steptime``'s step features, for the step log. Call it
+        before the step runs (it reads ``num_computed_tokens``)."""
+        prefill = rows = pairs = kv = 0
+        for i in self.items:
+            n, start = i.num_new_tokens, i.seq.num_computed_tokens
+            if n > 1:
+                prefill += n
+            else:
+                rows += 1
+            pairs += start * n + n * (n + 1) // 2
+            kv += start
+        return prefill, rows, pairs, kv
+
     @property
     def num_prefill_tokens(self) -> int:
         return self.token_counts()[0]

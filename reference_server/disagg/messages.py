@@ -128,6 +128,12 @@ class Step:
     # Prefill side: (seq_id, prompt tokens served from the prefix cache) of each sequence
     # whose prefill this step finished with a hit; usage's cached_tokens. Empty on misses.
     cached: tuple[tuple[str, int], ...] = ()
+    # For the step log (``ServerStats.log_step``): the step's shape in the simulator's features
+    # and its wall clock (perf_counter_ns, one clock for every process on a host) from
+    # scheduling to this message.
+    shape: tuple[int, int, int, int] = (0, 0, 0, 0)
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 @dataclass(frozen=True)

@@ -345,6 +345,7 @@ class DisaggregatedEngine:
                 if msg.cached:
                     self._on_cached(msg.cached)
                 self._on_step(msg.seconds, msg.prefill_tokens, msg.decode_tokens, msg.tokens)
+                self.stats.log_step(msg.role, msg.rank, msg.start_ns, msg.end_ns, msg.shape)
             elif isinstance(msg, State):
                 self.blocks_used[msg.rank], self.preemptions[msg.rank] = (
                     msg.blocks_used,

@@ -267,10 +267,12 @@ class _Worker:
     def step(self) -> list[Sequence]:
         """One forward pass of this worker's scheduler; reports tokens and step time. The
         scheduler and block manager are touched under ``self.lock``, the forward pass not."""
+        t_begin = time.perf_counter_ns()
         with self.lock:
             batch = self.sched.schedule()
         if not batch:
             return []
+        shape = batch.step_shape()  # before the run advances num_computed_tokens
         t0 = time.perf_counter()
         tokens = self.runner.run(batch)
         with self.lock:
@@ -286,7 +288,8 @@ class _Worker:
             if s.num_cached_tokens and len(s.output_token_ids) == 1
         )
         self.outbox.put(Step(self.cfg.rank, self.cfg.role, seconds, batch.num_prefill_tokens,
-                             batch.num_decode_tokens, out, cached))  # fmt: skip
+                             batch.num_decode_tokens, out, cached, shape, t_begin,
+                             time.perf_counter_ns()))  # fmt: skip
         return updated
 
     def busy(self) -> bool:

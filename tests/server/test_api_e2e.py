@@ -4,6 +4,7 @@ concurrent requests, and clients that disconnect mid-stream freeing every KV blo
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -220,3 +221,26 @@ def test_a_repeated_prefix_is_served_from_the_cache(server: Any) -> None:
         assert (moved["cached_blocks"], moved["computed_blocks"]) == (4, 5 + 1)
         assert moved["cached_bytes"] * 84 == moved["computed_bytes"] * 64  # 64 of 148 tokens
         assert events[-2]["kv_transfer"]["cached_blocks"] == 4
+
+
+def test_step_log_has_each_step_of_a_request_with_its_shape(server: Any) -> None:
+    """GET /v1/step_log: a lone request's steps, whole prompt prefilled (in slices when
+    chunked) and one decode row per later token; disaggregated: each on its worker's role."""
+    prompt = uuid.uuid4().hex + "y" * 5  # 37 tokens, never seen before: no prefix-cache hit
+
+    async def go() -> list[dict[str, Any]]:
+        async with session() as s:
+            await wait_idle(s, server.url)
+            t0 = time.perf_counter_ns()
+            status, _, _ = await post(s, server.url + CHAT, _chat(prompt, 5))
+            assert status == 200
+            await wait_idle(s, server.url)
+            async with s.get(server.url + "/v1/step_log") as r:
+                return [e for e in await r.json() if e["start_ns"] >= t0]
+
+    log = asyncio.run(go())
+    assert sum(e["prefill_tokens"] for e in log) == 37
+    assert sum(e["decode_tokens"] for e in log) == 4  # the first token came with the prefill
+    assert all(e["end_ns"] > e["start_ns"] and e["attn_pairs"] > 0 for e in log)
+    roles = {e["role"] for e in log}
+    assert roles == ({"prefill", "decode"} if server.mode == "disaggregated" else {"engine"})
