@@ -15,6 +15,7 @@ Fit a step-time model (printing its residuals), then use it with ``--step-model`
 
     loadlab simulate --fit-reference cpu --threads 2 --fit-out reports/fit-cpu.json
     loadlab simulate --fit-results reports/sweep/*.json --fit-out reports/fit-endpoint.json
+    loadlab simulate --fit-steps http://127.0.0.1:8000 --fit-out reports/fit-steps.json
 
 A simulation whose steps go past 1.5x the range a fitted model was fitted on is refused
 (exit 2, naming what went past) unless ``--extrapolate`` is given.
@@ -47,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("fit a step-time model")
     f.add_argument("--fit-reference", metavar="PRESET", help="time the reference model here")
     f.add_argument("--fit-results", nargs="+", metavar="FILE", help="a sweep's results files")
+    f.add_argument("--fit-steps", metavar="URL|FILE",
+                   help="a reference server's step log (its URL, or a saved /v1/step_log)")  # fmt: skip
     f.add_argument("--fit-out", metavar="FILE", help="write the fitted model here (JSON)")
     f.add_argument("--threads", type=int, help="torch threads for --fit-reference")
     f.add_argument("--extrapolate", action="store_true",
@@ -65,21 +68,26 @@ def _fit(args: argparse.Namespace) -> StepTimeModel | int:
     from loadlab.results import ResultsError, read_results
     from loadlab.simulate.fit import (
         fit_linear,
+        fit_step_log,
         measure_reference,
         points_from_results,
+        read_step_log,
         residual_table,
     )
 
+    model: StepTimeModel
     try:
-        if args.fit_reference:
+        if args.fit_steps:
+            model = fit_step_log(read_step_log(args.fit_steps), f"step log of {args.fit_steps}")
+        elif args.fit_reference:
             print(f"timing the reference {args.fit_reference} model's steps ...", file=sys.stderr)
             points = measure_reference(args.fit_reference, threads=args.threads, log=sys.stderr)
             source = f"reference {args.fit_reference} preset, {args.threads or 'default'} threads"
+            model = fit_linear(points, source)
         else:
             points = points_from_results(read_results(f) for f in args.fit_results)
-            source = f"black box, {len(args.fit_results)} results files"
-        model = fit_linear(points, source)
-    except (ValueError, ResultsError) as exc:
+            model = fit_linear(points, f"black box, {len(args.fit_results)} results files")
+    except (ValueError, ResultsError, OSError) as exc:
         print(f"loadlab simulate: cannot fit: {exc}", file=sys.stderr)
         return 2
     print(residual_table(model))
@@ -99,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from loadlab.workloads import build_requests
     from loadlab.workloads.exact import without_asking
 
-    fitted = _fit(args) if args.fit_reference or args.fit_results else None
+    fitted = _fit(args) if args.fit_reference or args.fit_results or args.fit_steps else None
     if isinstance(fitted, int):
         return fitted
     try:

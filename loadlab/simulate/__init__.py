@@ -3,7 +3,7 @@
 Modules::
 
     policies.py   static, continuous, chunked scheduling on counters (reference_server/scheduler/)
-    steptime.py   step-time models: roofline (GPU presets, this machine), linear (fitted)
+    steptime.py   step-time models: roofline (GPU presets, this machine), linear (fitted), by role
     engine.py     the discrete-event loop, driven by the runner's workload objects
     output.py     a simulation as a normal results file, marked predicted
 
@@ -19,11 +19,17 @@ from __future__ import annotations
 from loadlab.simulate.engine import SimOutput, Simulator, simulate
 from loadlab.simulate.output import is_predicted, to_results
 from loadlab.simulate.server import MODES, ServerConfig
-from loadlab.simulate.steptime import LinearStepTime, RooflineStepTime, StepTimeModel
+from loadlab.simulate.steptime import (
+    LinearStepTime,
+    RoleStepTime,
+    RooflineStepTime,
+    StepTimeModel,
+)
 
 __all__ = [
     "MODES",
     "LinearStepTime",
+    "RoleStepTime",
     "RooflineStepTime",
     "ServerConfig",
     "SimOutput",

@@ -50,7 +50,7 @@ from loadlab.simulate.disagg import DecodePolicy, PrefillPolicy, make_workers
 from loadlab.simulate.policies import Policy, SimSeq, make_policy
 from loadlab.simulate.prefix import Content
 from loadlab.simulate.server import ServerConfig
-from loadlab.simulate.steptime import StepTimeModel
+from loadlab.simulate.steptime import RoleStepTime, StepTimeModel
 
 __all__ = ["Request", "SimOutput", "Simulator", "simulate"]
 
@@ -164,7 +164,10 @@ class Simulator:
         self.fast = fast
         if server.mode == "disaggregated":
             pre, dec = make_workers(server)
-            self.prefill = [Worker(p, step_model, i) for i, p in enumerate(pre)]
+            pre_model = step_model
+            if isinstance(step_model, RoleStepTime):  # each worker its role's model
+                pre_model, decode_model = step_model.prefill, decode_model or step_model.decode
+            self.prefill = [Worker(p, pre_model, i) for i, p in enumerate(pre)]
             self.decode = [Worker(d, decode_model or step_model, i) for i, d in enumerate(dec)]
             self.workers = self.prefill + self.decode
         else:

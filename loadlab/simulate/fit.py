@@ -16,6 +16,15 @@ Black box (``points_from_results``): from one results file per load level,
   their first and last token at its middle; for every such batch size seen by enough gaps,
   the median gap is that step, at the requests' mean context (prompt + half the output).
 
+Server steps (``points_from_step_log``): the reference server's own step log (``GET
+/v1/step_log``: each step's wall time from scheduling to its tokens handed to the API, and
+its shape) under a calibration load. Steps are grouped by shape (decode rows, prompt tokens
+in quarter-octave bins, cached tokens read in half-octave bins) and each group (of decode
+steps: with at least 3 steps) is one point: its median time at its mean shape. Unlike the
+model timed alone, these steps carry what the server adds on this machine: scheduling and
+token hand-off, the API thread and the load generator sharing the cores (and the GIL),
+disaggregated workers pinned and niced as they run.
+
 Example::
 
     points = measure_reference("cpu", batches=[1, 4, 16], contexts=[128, 512], prompts=[64, 512])
@@ -33,15 +42,18 @@ from typing import IO, Any
 
 import numpy as np
 
-from loadlab.simulate.steptime import LinearStepTime
+from loadlab.simulate.steptime import LinearStepTime, RoleStepTime, StepTimeModel
 
 __all__ = [
     "EXTRAPOLATION_FACTOR",
     "StepPoint",
     "extrapolation",
     "fit_linear",
+    "fit_step_log",
     "measure_reference",
     "points_from_results",
+    "points_from_step_log",
+    "read_step_log",
     "residual_table",
 ]
 
@@ -54,7 +66,7 @@ RANGE_KEYS = ("prompt_tokens", "decode_batch", "context_tokens")
 class StepPoint:
     """One measured step: its shape (``steptime`` features) and its seconds."""
 
-    kind: str  # "prefill" | "decode"
+    kind: str  # "prefill" | "decode" | "mixed" (both in one step: server step logs)
     prefill_tokens: float
     decode_tokens: float
     attn_pairs: float
@@ -75,13 +87,20 @@ class StepPoint:
         return cls("decode", 0, batch, batch * context_tokens, batch * (context_tokens - 1),
                    seconds, label)  # fmt: skip
 
+    @classmethod
+    def step(cls, prefill: float, decode: float, pairs: float, kv: float, seconds: float,
+             label: str = "") -> StepPoint:  # fmt: skip
+        """Any step by its four features; its kind from which tokens it has."""
+        kind = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        return cls(kind, prefill, decode, pairs, kv, seconds, label)
+
     def features(self) -> tuple[float, float, float, float]:
         return (self.prefill_tokens, self.decode_tokens, self.attn_pairs, self.kv_read_tokens)
 
     @property
     def size(self) -> float:
         """Prompt tokens (prefill) or batch (decode)."""
-        return self.prefill_tokens if self.kind == "prefill" else self.decode_tokens
+        return self.decode_tokens if self.kind == "decode" else self.prefill_tokens
 
 
 def fit_linear(points: Sequence[StepPoint], source: str) -> LinearStepTime:
@@ -125,19 +144,25 @@ def fit_linear(points: Sequence[StepPoint], source: str) -> LinearStepTime:
 
 def _range(points: Sequence[StepPoint]) -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
-    pre = [p.prefill_tokens for p in points if p.kind == "prefill"]
-    dec = [p for p in points if p.kind == "decode"]
+    pre = [p.prefill_tokens for p in points if p.prefill_tokens]
+    rows = [p.decode_tokens for p in points if p.decode_tokens]
     if pre:
         out["prompt_tokens"] = (min(pre), max(pre))
-    if dec:
-        out["decode_batch"] = (min(p.decode_tokens for p in dec), max(p.decode_tokens for p in dec))
-        ctx = [p.kv_read_tokens / p.decode_tokens + 1 for p in dec]
+    if rows:
+        out["decode_batch"] = (min(rows), max(rows))
+    ctx = [p.kv_read_tokens / p.decode_tokens + 1 for p in points if p.kind == "decode"]
+    if ctx:
         out["context_tokens"] = (min(ctx), max(ctx))
     return out
 
 
-def residual_table(model: LinearStepTime) -> str:
-    """The fit's points, measured against fitted, as text."""
+def residual_table(model: StepTimeModel) -> str:
+    """The fit's points, measured against fitted, as text (each role's, for a role model)."""
+    if isinstance(model, RoleStepTime):
+        return "\n".join(f"{role} workers: " + residual_table(m)
+                         for role, m in (("prefill", model.prefill), ("decode", model.decode)))  # fmt: skip
+    if not isinstance(model, LinearStepTime):
+        return model.describe()
     res = model.residuals
     lines = [model.describe(), f"{'kind':<8} {'size':>7} {'measured ms':>12} "
              f"{'fitted ms':>10} {'error':>7}  label"]  # fmt: skip
@@ -259,3 +284,65 @@ def _decode_steps(records: Sequence[Any], min_gaps: int) -> list[tuple[int, floa
         if b >= 1 and len(sel) >= min_gaps:
             out.append((int(b), float(np.median(sel)) / 1e9))
     return out
+
+
+def points_from_step_log(
+    entries: Iterable[dict[str, Any]],
+    role: str | None = None,
+    min_steps: int = 3,
+    min_prefill_steps: int = 1,
+) -> list[StepPoint]:
+    """Step points from a reference server's step log (see the module docstring); ``role``
+    keeps one kind of worker (``engine``, or disaggregated ``prefill`` / ``decode``). A group
+    of decode steps needs ``min_steps`` steps, one with prompt tokens ``min_prefill_steps``:
+    those are few (a batch's prompts vary) and long, so each is a measurement of its own."""
+    groups: dict[tuple[int, int, int], list[tuple[float, ...]]] = defaultdict(list)
+    for e in entries:
+        if role is not None and e["role"] != role:
+            continue
+        seconds = (e["end_ns"] - e["start_ns"]) / 1e9
+        pre, dec = int(e["prefill_tokens"]), int(e["decode_tokens"])
+        if seconds <= 0 or not (pre or dec):
+            continue
+        kv = int(e["kv_read_tokens"])
+        # quarter-octave bins of prompt tokens, half-octave bins of cached tokens read
+        key = (dec, round(4 * np.log2(pre)) if pre else -1, round(2 * np.log2(kv)) if kv else -1)
+        groups[key].append((pre, dec, e["attn_pairs"], kv, seconds))
+    points = []
+    for (dec, pre_bin, _), steps in sorted(groups.items()):
+        if len(steps) < (min_steps if pre_bin < 0 else min_prefill_steps):
+            continue
+        arr = np.array(steps, dtype=np.float64)
+        pre, _d, pairs, kv = arr[:, :4].mean(axis=0)
+        seconds = float(np.median(arr[:, 4]))
+        label = f"{len(steps)} steps" + (f", {pre:.0f} prompt tokens" if pre else "") + (
+            f", {dec} rows" if dec else "")  # fmt: skip
+        points.append(StepPoint.step(float(pre), float(dec), float(pairs), float(kv), seconds,
+                                     label))  # fmt: skip
+    return points
+
+
+def read_step_log(source: str) -> list[dict[str, Any]]:
+    """A step log from a reference server's URL (``GET <url>/v1/step_log``) or a JSON file
+    holding what that returned."""
+    import json
+    import urllib.request
+    from pathlib import Path
+
+    if source.startswith(("http://", "https://")):
+        url = source.rstrip("/") + "/v1/step_log"
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 (a URL the user gave)
+            return list(json.loads(r.read()))
+    return list(json.loads(Path(source).read_text(encoding="utf-8")))
+
+
+def fit_step_log(entries: Sequence[dict[str, Any]], source: str) -> StepTimeModel:
+    """``fit_linear`` on a server's step log; a disaggregated server's (prefill and decode
+    worker steps) gives a ``RoleStepTime``, each role fitted on its own workers' steps."""
+    roles = {e["role"] for e in entries}
+    if {"prefill", "decode"} <= roles:
+        return RoleStepTime(
+            fit_linear(points_from_step_log(entries, "prefill"), f"{source}, prefill workers"),
+            fit_linear(points_from_step_log(entries, "decode"), f"{source}, decode workers"),
+        )
+    return fit_linear(points_from_step_log(entries), source)

@@ -21,6 +21,9 @@ Models:
 - ``LinearStepTime``: ``c0 + c_pre prefill + c_dec decode + c_pair pairs + c_kv kv_read``,
   fitted to measured step times (``loadlab.simulate.fit``); it carries the range it was fitted
   on, so a caller can refuse to extrapolate silently.
+- ``RoleStepTime``: disaggregated mode's two kinds of worker, each its own model (fitted on
+  that worker's steps: a prefill worker pinned and niced beside the API process steps at
+  another pace than the decode worker); the simulator gives each worker its role's model.
 
 Example::
 
@@ -43,6 +46,7 @@ from loadlab.capacity.models import ModelSpec
 __all__ = [
     "FEATURES",
     "LinearStepTime",
+    "RoleStepTime",
     "RooflineStepTime",
     "StepTimeModel",
     "model_from_dict",
@@ -145,6 +149,41 @@ class LinearStepTime:
         return d
 
 
+@dataclass(frozen=True)
+class RoleStepTime:
+    """A prefill worker's model and a decode worker's (disaggregated mode). Asked directly,
+    as a single engine's model, a step with prompt tokens is priced by ``prefill``, any
+    other by ``decode``."""
+
+    prefill: StepTimeModel
+    decode: StepTimeModel
+
+    def step_s(
+        self, prefill_tokens: Num, decode_tokens: Num, attn_pairs: Num, kv_read_tokens: Num
+    ) -> Num:
+        args = (prefill_tokens, decode_tokens, attn_pairs, kv_read_tokens)
+        return np.where(np.asarray(prefill_tokens) > 0, self.prefill.step_s(*args),
+                        self.decode.step_s(*args))  # fmt: skip
+
+    @property
+    def fit_range(self) -> dict[str, tuple[float, float]]:
+        """Each key's range from the worker that meets it (prompts: prefill; batch: decode)."""
+        pre = getattr(self.prefill, "fit_range", None) or {}
+        dec = getattr(self.decode, "fit_range", None) or {}
+        out = {k: v for k, v in dec.items() if k != "prompt_tokens"}
+        if "prompt_tokens" in pre:
+            out["prompt_tokens"] = pre["prompt_tokens"]
+        return out
+
+    def describe(self) -> str:
+        return (
+            f"prefill workers: {self.prefill.describe()}; decode workers: {self.decode.describe()}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "role", "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict()}
+
+
 def model_from_dict(data: dict[str, Any]) -> StepTimeModel:
     """The inverse of ``to_dict`` (a step-time file written by ``loadlab simulate --fit``)."""
     kind = data.get("kind")
@@ -157,7 +196,11 @@ def model_from_dict(data: dict[str, Any]) -> StepTimeModel:
     if kind == "roofline":
         return RooflineStepTime(ModelSpec(**_known(ModelSpec, data["model"])),
                                 Hardware.from_dict(data["hardware"]))  # fmt: skip
-    raise ValueError(f"unknown step-time model kind {kind!r}; expected 'linear' or 'roofline'")
+    if kind == "role":
+        return RoleStepTime(model_from_dict(data["prefill"]), model_from_dict(data["decode"]))
+    raise ValueError(
+        f"unknown step-time model kind {kind!r}; expected 'linear', 'roofline' or 'role'"
+    )
 
 
 def _known(cls: Any, data: dict[str, Any]) -> dict[str, Any]:

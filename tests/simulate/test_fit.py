@@ -13,8 +13,15 @@ import pytest
 from loadlab.config import RunConfig
 from loadlab.results import write_results
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
-from loadlab.simulate.fit import StepPoint, extrapolation, fit_linear, points_from_results
-from loadlab.simulate.steptime import model_from_dict
+from loadlab.simulate.fit import (
+    StepPoint,
+    extrapolation,
+    fit_linear,
+    fit_step_log,
+    points_from_results,
+    points_from_step_log,
+)
+from loadlab.simulate.steptime import RoleStepTime, model_from_dict
 from loadlab.workloads import build_requests
 
 TRUTH = LinearStepTime(base_s=0.012, per_prefill_token_s=4e-4, per_decode_token_s=1.5e-3,
@@ -110,3 +117,69 @@ def test_fit_command_prints_residuals_and_writes_the_model(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     assert "residuals: max |error|" in done.stdout and "fitted on:" in done.stdout
     assert model_from_dict(json.loads(fit.read_text())).source == "black box, 2 results files"
+
+
+def _step_log(model: LinearStepTime, role: str = "engine", copies: int = 3) -> list[dict]:
+    """A server step log whose every step takes what ``model`` says (3 alike per shape)."""
+    shapes = [(p, 0, p * (p + 1) // 2, 0) for p in (16, 64, 256, 1024)]
+    shapes += [(0, b, b * c, b * (c - 1)) for b in (1, 4, 16) for c in (64, 512)]
+    shapes += [(p, b, p * (p + 1) // 2 + b * 100, b * 99) for p in (32, 200) for b in (2, 8)]
+    log, t = [], 0
+    for pre, dec, pairs, kv in shapes:
+        for _ in range(copies):
+            ns = round(float(model.step_s(pre, dec, pairs, kv)) * 1e9)
+            log.append({"role": role, "rank": 0, "start_ns": t, "end_ns": t + ns,
+                        "prefill_tokens": pre, "decode_tokens": dec, "attn_pairs": pairs,
+                        "kv_read_tokens": kv})  # fmt: skip
+            t += ns
+    return log
+
+
+def test_fit_from_a_server_step_log_recovers_its_model_mixed_steps_included() -> None:
+    log = _step_log(TRUTH)
+    points = points_from_step_log(log)
+    assert {p.kind for p in points} == {"prefill", "decode", "mixed"}
+    assert len(points) == 14  # one per shape
+    # a decode shape seen fewer than 3 times is no point; a step with prompt tokens is one
+    (one,) = points_from_step_log(log[:1])
+    assert (one.features(), one.seconds) == (points[0].features(), points[0].seconds)
+    decodes = [e for e in log if not e["prefill_tokens"]]
+    assert points_from_step_log(decodes[:2]) == []
+    model = fit_step_log(log, "synthetic")
+    assert isinstance(model, LinearStepTime)
+    for p, b in ((100, 0), (0, 8), (100, 8)):
+        args = (p, b, p * (p + 1) / 2 + b * 300, b * 299)
+        assert model.step_s(*args) == pytest.approx(TRUTH.step_s(*args), rel=1e-4)
+    assert model.fit_range["decode_batch"] == (1, 16)
+    assert model.fit_range["prompt_tokens"] == (16, 1024)
+
+
+def test_disaggregated_step_log_fits_each_role_and_the_simulator_gives_each_worker_its_own(
+    tmp_path: Path,
+) -> None:
+    slow = LinearStepTime(base_s=0.05, per_prefill_token_s=2e-3, per_decode_token_s=1e-3)
+    log = _step_log(slow, "prefill") + _step_log(TRUTH, "decode")
+    model = fit_step_log(log, "synthetic")
+    assert isinstance(model, RoleStepTime)
+    assert model.prefill.step_s(64, 0, 0, 0) == pytest.approx(slow.step_s(64, 0, 0, 0), rel=1e-4)
+    assert model.decode.step_s(0, 4, 400, 396) == pytest.approx(
+        TRUTH.step_s(0, 4, 400, 396), rel=1e-4
+    )
+    assert model_from_dict(json.loads(json.dumps(model.to_dict()))) == model
+    cfg = RunConfig(rate_rps=6, duration_s=4, prompt_tokens=64, max_tokens=16, seed=3)
+    server = ServerConfig(mode="disaggregated", num_kv_blocks=512, max_num_seqs=8)
+    both = Simulator(cfg, server, RoleStepTime(slow, TRUTH)).run(build_requests(cfg))
+    apart = Simulator(cfg, server, slow, decode_model=TRUTH).run(build_requests(cfg))
+    assert [r.end_s for r in both.requests] == [r.end_s for r in apart.requests]
+    assert both.requests[0].end_s != Simulator(cfg, server, TRUTH).run(
+        build_requests(cfg)).requests[0].end_s  # fmt: skip
+    # the command line: a saved step log in, the role model out
+    (tmp_path / "steps.json").write_text(json.dumps(log))
+    fit = tmp_path / "fit.json"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "loadlab", "simulate", "--fit-steps",
+                           str(tmp_path / "steps.json"), "--fit-out", str(fit)], text=True,
+                          capture_output=True, env=env, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "prefill workers: linear" in done.stdout and "decode workers: linear" in done.stdout
+    assert isinstance(model_from_dict(json.loads(fit.read_text())), RoleStepTime)
