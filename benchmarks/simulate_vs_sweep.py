@@ -1,9 +1,14 @@
 """The simulator held against measured sweeps of the reference server (issue 21's acceptance).
 
-For each mode: time the reference model's steps here and fit a step-time model (white box;
-once per mode, just before its sweep, so the fit sees the machine as the sweep will), start
-the reference server, and run ``loadlab sweep --predict`` against it with the simulated
-server set from its ``/v1/server_info``. Printed per mode: the measured and predicted SLO-max
+For each mode: start the reference server, warm it up, put a calibration load on it (closed
+loop, ``--calibrate``: a few seconds at a low and at a full batch), fit a step-time model to
+the server's own step log of that load (``GET /v1/step_log``: each whole step, scheduling to
+token hand-off, by shape; disaggregated: each worker role its own model; white box: step
+timings only), and run ``loadlab sweep --predict`` against it with the simulated server set
+from its ``/v1/server_info`` and that model. ``--fit reference`` instead times the model's
+steps alone in this process (the earlier method: no server, no load beside it); with
+``--also-reference`` (the default) that fit's predictions of the same sweeps are printed too,
+for comparison. Printed per mode: the measured and predicted SLO-max
 load (objectives on ``ttft_ms.p90`` and ``itl_ms.p99``) with the error (target: within 15 %),
 and TTFT and ITL p50 and p90, measured and predicted, at the three highest measured loads
 at or below the measured SLO-max (target: within 20 %).
@@ -14,8 +19,8 @@ second SLO, held against a measured sweep for that SLO on the same server (targe
 20 %).
 
 Nothing is tuned to the measurement: the fits never see the measured latencies they are
-compared with (the white box sees only the model's own step times; the black box only the
-first SLO's sweep). Expect noise on a shared machine: two measured sweeps minutes apart have
+compared with (the white box sees only step times, of the model alone or of the server under
+the calibration load, never the sweep's; the black box only the first SLO's sweep). Expect noise on a shared machine: two measured sweeps minutes apart have
 differed by 3-20 % here (docs/benchmarks.md, sweep repeatability).
 
 Usage::
@@ -28,11 +33,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +50,21 @@ from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
 from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
+from loadlab.simulate.engine import Simulator  # noqa: E402
 from loadlab.simulate.fit import (  # noqa: E402
     fit_linear,
+    fit_step_log,
     measure_reference,
     points_from_results,
+    read_step_log,
     residual_table,
 )
 from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
+from loadlab.simulate.versus import curves_of  # noqa: E402
 from loadlab.slo import load_slo  # noqa: E402
+from loadlab.sweep import level_config  # noqa: E402
+from loadlab.workloads import build_requests  # noqa: E402
+from loadlab.workloads.exact import without_asking  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 
@@ -66,9 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     # One torch thread: on a loaded 2-core machine two threads spin against each other (a
     # batch-1 decode step measured 270 ms with two, 31 ms with one, minutes apart).
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
-    p.add_argument("--rates", default="2,4,6,8,12", help="sweep levels, requests/s")
-    p.add_argument("--bisect-steps", type=int, default=1)
-    p.add_argument("--duration", type=float, default=8.0, help="seconds per level")
+    # 4 rps apart and bisected twice: 1 rps resolution, 5-10 % at the 10-20 rps limits here
+    p.add_argument("--rates", default="4,8,12,16,20,24,28,32", help="sweep levels, requests/s")
+    p.add_argument("--bisect-steps", type=int, default=2)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per level")
+    p.add_argument("--fit", choices=("steps", "reference"), default="steps",
+                   help="the sweep's model: the server's step log under the calibration load "
+                   "(steps), or the model's steps timed alone here (reference)")  # fmt: skip
+    p.add_argument("--calibrate", default="2:4,16:6",
+                   help="calibration load before each sweep: concurrency:seconds, ...")  # fmt: skip
+    p.add_argument("--also-reference", action=argparse.BooleanOptionalAction, default=True,
+                   help="also predict each sweep with the model timed alone (one fit, first)")  # fmt: skip
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=16)
@@ -86,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     # past the default 20 ms and every level would be invalid.
     p.add_argument("--saturation-lag-ms", type=float, default=50.0)
     p.add_argument("--blackbox-mode", default="continuous", help="'' to skip the black box")
+    p.add_argument("--rates2", default="1,2,4,6,8,12", help="the black box's sweep levels")
     # The median step, not the fastest: the server's steps share the machine as the fit's do.
     p.add_argument("--fastest", dest="typical", action="store_false",
                    help="fit the fastest of the repeats instead of their median")  # fmt: skip
@@ -94,13 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    slo1 = _slo_file(out / "slo1.toml", args.slo, args)
-    slo2 = _slo_file(out / "slo2.toml", args.slo2, args)
+    slo1 = _slo_file(out / "slo1.toml", args.slo, args, args.rates)
+    slo2 = _slo_file(out / "slo2.toml", args.slo2, args, args.rates2)
     t_start = time.monotonic()
     print(f"load average before: {_loadavg()}", flush=True)
     summary: dict[str, Any] = {"args": vars(args), "loadavg_before": _loadavg(), "modes": {}}
+    reference = None
+    if args.fit == "reference" or args.also_reference:
+        reference = _reference_fit(args, out / "fit-reference.json")
     for mode in [m for m in args.modes.split(",") if m]:
-        summary["modes"][mode] = _one_mode(mode, args, out, slo1, slo2)
+        summary["modes"][mode] = _one_mode(mode, args, out, slo1, slo2, reference)
         _print_mode(mode, summary["modes"][mode])
     summary["loadavg_after"] = _loadavg()
     summary["wall_s"] = round(time.monotonic() - t_start, 1)
@@ -111,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: Path) -> dict:
-    fit_path = out / f"fit-{mode}.json"
+def _reference_fit(args: argparse.Namespace, path: Path) -> Path:
+    """The reference model's steps timed alone in this process (median of the repeats)."""
     t0 = time.monotonic()
     grid = (
         {"batches": (1, 4, 16), "contexts": (160,), "prompts": (128, 512), "repeats": 1}
@@ -126,30 +152,118 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
     )
     points = measure_reference(args.preset, threads=args.threads, typical=args.typical, **grid)  # type: ignore[arg-type]
     model = fit_linear(points, f"reference {args.preset} preset, {args.threads} threads")
-    fit_path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
-    print(f"[{mode}] white-box fit in {time.monotonic() - t0:.0f} s", flush=True)
+    path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
+    print(f"model timed alone: fit in {time.monotonic() - t0:.0f} s", flush=True)
     print(residual_table(model), flush=True)
+    return path
+
+
+def _calibrate(url: str, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
+    """The calibration load; returns the step log of it and the KV transfers it made."""
+    before = _scrape(url)
+    t_begin = time.perf_counter_ns()
+    for i, part in enumerate(p for p in args.calibrate.split(",") if p):
+        conc, seconds = part.split(":")
+        cmd = [sys.executable, "-m", "loadlab", "run", "--endpoint", url, "--model", "loadlab-ref",
+               "--concurrency", conc, "--duration", seconds,
+               "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
+               "--seed", str(1000 + i), "--out", str(out / f"calibrate-{mode}-{i}.json")]  # fmt: skip
+        subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    after = _scrape(url)
+    steps = [e for e in read_step_log(url) if e["start_ns"] >= t_begin]
+    (out / f"steps-{mode}.json").write_text(json.dumps(steps), encoding="utf-8")
+    kv = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in
+          ("kv_transfers_total", "kv_transfer_seconds_total", "kv_transfer_bytes_total")}  # fmt: skip
+    return {"steps": steps, "kv": kv}
+
+
+def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: Path,
+              reference: Path | None) -> dict:  # fmt: skip
     config = ServerConfig(mode=mode, preset=args.preset, threads=args.threads, port=0,
                           max_num_seqs=args.max_num_seqs)  # fmt: skip
-    res: dict[str, Any] = {"fit": model.to_dict()}
+    res: dict[str, Any] = {}
     with start_server(config=config, timeout_s=300) as srv:
         url = str(srv.url)
         info = fetch_server_info(url)
         _warm_up(url, args, out / f"warmup-{mode}.json")
         flags = _sim_flags(mode, info)
+        if args.fit == "steps":
+            t0 = time.monotonic()
+            cal = _calibrate(url, args, out, mode)
+            model = fit_step_log(cal["steps"], f"{mode} server's steps, calibration load")
+            fit_path = out / f"fit-{mode}.json"
+            fit_path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
+            print(f"[{mode}] fit to {len(cal['steps'])} server steps in "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+            print(residual_table(model), flush=True)
+            kv = cal["kv"]
+            if kv["kv_transfers_total"] and kv["kv_transfer_seconds_total"] > 0:
+                # the transfers the calibration made, as one effective rate (their fixed
+                # cost included): what the decode worker measured from receive to import
+                gbps = kv["kv_transfer_bytes_total"] / kv["kv_transfer_seconds_total"] / 1e9
+                flags += ["--kv-transfer-gbps", f"{gbps:.4g}", "--kv-transfer-latency-ms", "0"]
+                res["kv_transfer"] = {**kv, "gbps": gbps}
+        else:
+            assert reference is not None  # main fits it for --fit reference
+            fit_path = reference
+        res["fit"] = json.loads(fit_path.read_text(encoding="utf-8"))
         res["server_info"] = {k: info.get(k) for k in ("num_kv_blocks", "max_model_len",
                               "max_num_batched_tokens", "block_size", "prefix_caching")}  # fmt: skip
         sweep_dir = out / mode
         _sweep(url, args, slo1, sweep_dir, ["--predict", "--step-model", str(fit_path), *flags])
         res.update(_read_versus(sweep_dir))
+        if reference is not None and args.fit == "steps":
+            res["reference"] = _versus_reference(sweep_dir, reference, args, info, mode, slo1)
         if mode == args.blackbox_mode:
             res["blackbox"] = _blackbox(url, args, slo2, out, sweep_dir, mode, info)
     return res
 
 
-def _sweep(url: str, args: argparse.Namespace, slo: Path, out_dir: Path, extra: list[str]) -> None:
+def _versus_reference(sweep_dir: Path, reference: Path, args: argparse.Namespace,
+                      info: dict[str, Any], mode: str, slo: Path,
+                      kv_gbps: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The same measured sweep predicted by another model (simulation only): by default the
+    model timed alone."""
+    if not (sweep_dir / "sweep.json").is_file():
+        return {}
+    from loadlab.simulate.steptime import model_from_dict
+
+    model = model_from_dict(json.loads(reference.read_text(encoding="utf-8")))
+    base = _base_config(args)
+    server = _sim_server(mode, info)
+    if kv_gbps:
+        server = dataclasses.replace(server, kv_transfer_bytes_per_s=kv_gbps * 1e9,
+                                     kv_transfer_latency_s=0.0)  # fmt: skip
+    rates = [float(x) for x in args.rates.split(",")]
+    predicted, runs = predicted_sweep(base, server, model, load_slo(slo), rates,
+                                      bisect_steps=args.bisect_steps,
+                                      inconclusive=args.inconclusive)  # fmt: skip
+    measured = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    m_max, q_max = measured.get("max_passing_load"), predicted.max_passing_load
+    out: dict[str, Any] = {"predicted_max": q_max, "max_error_pct": _err(q_max, m_max),
+                           "latency": []}  # fmt: skip
+    pred = json.loads((sweep_dir / "predicted.json").read_text(encoding="utf-8"))
+    below = [x for x in sorted(float(k) for k in pred["curves"]["measured"])
+             if m_max is not None and x <= m_max + 1e-9][-3:]  # fmt: skip
+    for load in below:
+        if load not in runs:
+            cfg = without_asking(level_config(base, load, "rate"))
+            runs[load] = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
+        curve = curves_of({load: runs[load]})[load]
+        row: dict[str, Any] = {"load": load}
+        for metric in ("ttft_ms", "itl_ms"):
+            for pct in ("p50", "p90"):
+                m = pred["curves"]["measured"][_key(pred["curves"]["measured"], load)][metric][pct]
+                q = curve[metric][pct]
+                row[f"{metric}.{pct}"] = {"measured": m, "predicted": q, "error_pct": _err(q, m)}
+        out["latency"].append(row)
+    return out
+
+
+def _sweep(url: str, args: argparse.Namespace, slo: Path, out_dir: Path, extra: list[str],
+           rates: str | None = None) -> None:  # fmt: skip
     cmd = [sys.executable, "-m", "loadlab", "sweep", "--endpoint", url, "--model", "loadlab-ref",
-           "--slo", str(slo), "--rates", args.rates, "--bisect-steps", str(args.bisect_steps),
+           "--slo", str(slo), "--rates", rates or args.rates, "--bisect-steps", str(args.bisect_steps),
            "--duration", str(args.duration), "--prompt-tokens", str(args.prompt_tokens),
            "--max-tokens", str(args.max_tokens), "--out-dir", str(out_dir),
            "--inconclusive", args.inconclusive, "--saturation-lag-ms", str(args.saturation_lag_ms),
@@ -218,32 +332,55 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
     model = fit_linear(points_from_results(read_results(f) for f in files),
                        f"black box, {len(files)} results files")  # fmt: skip
     print(f"[{mode}] black-box fit\n{residual_table(model)}", flush=True)
-    rates = [float(x) for x in args.rates.split(",")]
-    # the sweep's own load (the run command's defaults: a two-turn chat workload)
-    parser = argparse.ArgumentParser()
-    run_command.add_arguments(parser)
-    base = run_command.config_from_args(parser.parse_args([
-        "--rate", str(rates[0]), "--duration", str(args.duration),
-        "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
-    blocks = int(info["num_kv_blocks"])
-    server = SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
-                       max_model_len=int(info["max_model_len"]),
-                       max_num_batched_tokens=info.get("max_num_batched_tokens"),
-                       prefix_caching=bool(info.get("prefix_caching", True)))  # fmt: skip
+    rates = [float(x) for x in args.rates2.split(",")]
+    base = _base_config(args)
+    server = _sim_server(mode, info)
     predicted, _ = predicted_sweep(base, server, model, load_slo(slo2), rates,
                                    bisect_steps=args.bisect_steps,
                                    inconclusive=args.inconclusive)  # fmt: skip
     second = out / f"{mode}-slo2"
-    _sweep(url, args, slo2, second, [])
+    _sweep(url, args, slo2, second, [], args.rates2)
     path = second / "sweep.json"
     measured = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     m, q = measured.get("max_passing_load"), predicted.max_passing_load
     return {"fit": model.to_dict(), "measured_max": m, "predicted_max": q, "error_pct": _err(q, m)}
 
 
-def _slo_file(path: Path, objectives: str, args: argparse.Namespace) -> Path:
+def _base_config(args: argparse.Namespace) -> Any:
+    """The sweep's own load (the run command's defaults: a two-turn chat workload)."""
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    rate = args.rates.split(",")[0]
+    return run_command.config_from_args(parser.parse_args([
+        "--rate", rate, "--duration", str(args.duration),
+        "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
+
+
+def _sim_server(mode: str, info: dict[str, Any]) -> SimServer:
+    """The simulated server as the measured one reports itself (``_sim_flags`` in Python)."""
+    blocks = int(info["num_kv_blocks"]) // (2 if mode == "disaggregated" else 1)
+    return SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
+                     max_model_len=int(info["max_model_len"]),
+                     max_num_batched_tokens=info.get("max_num_batched_tokens"),
+                     prefix_caching=bool(info.get("prefix_caching", True)),
+                     kv_bytes_per_token=int(info.get("kv_bytes_per_token", 0)))  # fmt: skip
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """``/metrics`` as name -> value (the full name with labels, prefix dropped)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:  # noqa: S310 (our server)
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name.removeprefix("loadlab_server_")] = float(value)
+    return out
+
+
+def _slo_file(path: Path, objectives: str, args: argparse.Namespace, rates: str) -> Path:
     # A short level still decides: most of the lowest level's requests suffice.
-    low = float(args.rates.split(",")[0])
+    low = float(rates.split(",")[0])
     min_requests = max(3, int(low * args.duration * 0.5))
     body = ", ".join(json.dumps(o.strip()) for o in objectives.split(",") if o.strip())
     path.write_text(f'name = "simulate vs sweep"\nmin_requests = {min_requests}\n'
@@ -307,6 +444,16 @@ def _print_tables(summary: dict[str, Any]) -> None:
                              f"({_pct(e, LATENCY_TARGET_PCT)})")  # fmt: skip
             print(f"| {mode} | {row['load']:g} | " + " | ".join(cells) + " |")
     print(f"\nlatency cells within {LATENCY_TARGET_PCT:g} %: {n_in} of {n_all}")
+    ref = {mode: r["reference"] for mode, r in modes.items() if r.get("reference")}
+    if ref:
+        print("\nthe same measured sweeps predicted by the model timed alone (--fit reference):")
+        print("| mode | predicted SLO-max (rps) | error | latency cells within 20 % |")
+        print("| --- | --- | --- | --- |")
+        for mode, r in ref.items():
+            errs = [row[k]["error_pct"] for row in r["latency"] for k in row if k != "load"]
+            within = sum(e is not None and abs(e) <= LATENCY_TARGET_PCT for e in errs)
+            print(f"| {mode} | {_fmt(r['predicted_max'], 2)} | "
+                  f"{_pct(r['max_error_pct'], LOAD_TARGET_PCT)} | {within} of {len(errs)} |")  # fmt: skip
     for mode, r in modes.items():
         bb = r.get("blackbox")
         if bb:
