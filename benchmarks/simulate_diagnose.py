@@ -39,6 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from simulate_vs_sweep import _scrape  # noqa: E402 - this folder: the same /metrics reader
+
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
 from loadlab.metrics import itl_ms, ttft_ms  # noqa: E402
@@ -123,10 +125,10 @@ def _one_mode(mode: str, args: argparse.Namespace, model: StepTimeModel, out: Pa
         url = str(srv.url)
         info = fetch_server_info(url)
         _run(url, args, out / f"warmup-{mode}.json", ["--concurrency", "2", "--requests", "4"])
-        before, t_before = _metrics(url), time.perf_counter_ns()
+        before, t_before = _scrape(url), time.perf_counter_ns()
         _run(url, args, path, ["--rate", str(args.rate), "--duration", str(args.duration),
                                "--saturation-lag-ms", "50"])  # fmt: skip
-        after = _metrics(url)
+        after = _scrape(url)
         log = _get(url + "/v1/request_log")
         steps = [e for e in _get(url + "/v1/step_log") if e["start_ns"] >= t_before]
     (out / f"steps-{mode}.json").write_text(json.dumps(steps), encoding="utf-8")
@@ -196,18 +198,6 @@ def _run(url: str, args: argparse.Namespace, path: Path, extra: list[str]) -> No
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 (our loopback server)
         return json.loads(r.read())
-
-
-def _metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:  # noqa: S310
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        out[name.removeprefix("loadlab_server_")] = float(value)
-    return out
 
 
 def _phase_stats(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:

@@ -76,24 +76,9 @@ def test_engine_delivers_one_event_per_token_and_times_steps_by_phase() -> None:
     assert 'loadlab_server_tokens_total{phase="prefill"} 10' in text
     assert 'loadlab_server_tokens_total{phase="decode"} 3' in text
     assert 'loadlab_server_requests_total{finish_reason="length"} 2' in text
-
-
-def test_step_log_holds_each_step_whole_with_its_shape() -> None:
-    """Each step's wall time from its start (inbox, schedule) to its hand-off, and its shape
-    in the simulator's features: prefill slices, single-token rows, causal pairs, cached."""
-    clock = FakeClock()
-    engine, _ = _engine(clock)
-    loop = asyncio.new_event_loop()
-    try:
-        qa: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        qb: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=3)), loop, qa)
-        assert engine.step()
-        engine.submit(Sequence("b", [1] * 4, SamplingParams(max_tokens=2)), loop, qb)
-        _run_out(engine, loop, qa, qb)
-    finally:
-        loop.close()
-    log = engine.stats.step_log()
+    # The step log: each whole step (inbox, schedule, run, hand-off) and its shape in the
+    # simulator's features: prefill slices, single-token rows, causal pairs, cached tokens.
+    log = stats.step_log()
     # prefill(a:6) | mixed(a: 1 token at 6, b: 4 from 0) | decode(a at 7, b at 4)
     assert [(e["prefill_tokens"], e["decode_tokens"], e["attn_pairs"], e["kv_read_tokens"])
             for e in log] == [(6, 0, 21, 0), (4, 1, 7 + 10, 6), (0, 2, 8 + 5, 7 + 4)]  # fmt: skip
