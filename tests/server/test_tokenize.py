@@ -86,3 +86,25 @@ def test_dataset_prompts_cut_to_the_requested_length_as_the_server_counts(
     assert all(r.ok for r in results.records) and len(results.records) == 6
     match = prompt_match(results.records)
     assert match.compared == 6 and match.exact == 6, match
+
+
+def test_the_byte_tokenizer_as_a_hf_folder_counts_as_the_server(tmp_path: Any) -> None:
+    # What vllm bench serve, GuideLLM and AIPerf are pointed at (docs/tested-against.md): their
+    # prompts must hold, by their count, the tokens the server counts.
+    tokenizers = pytest.importorskip("tokenizers")
+    from loadlab.workloads.tokenizers import load_tokenizer
+    from reference_server.protocol import ChatMessage, chat_prompt
+    from reference_server.tokenizer import HF_EOS, ByteTokenizer, write_hf_tokenizer
+
+    folder = write_hf_tokenizer(tmp_path / "byte")
+    hf = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert hf.token_to_id(HF_EOS) == ByteTokenizer.eos_id
+    for text in ["hello world", "  two  spaces\n\ttab", "héllo ✓ 日本語", "~!@#$%^&*()_+{}|"]:
+        ids = hf.encode(text).ids
+        assert ids == ByteTokenizer().encode(text) and hf.decode(ids) == text
+    msgs = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "héllo"}]}]  # fmt: skip
+    tok = load_tokenizer(str(folder))  # renders the chat template as transformers does
+    served = chat_prompt([ChatMessage.model_validate(m) for m in msgs])
+    assert tok.render_chat(msgs) == served
+    assert tok.count_prompt("héllo", "chat") == tok.count_prompt("héllo", "completions") == 6
