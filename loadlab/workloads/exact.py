@@ -48,6 +48,7 @@ from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 __all__ = [
     "AsksServer",
     "Fit",
+    "FitTally",
     "PromptFitter",
     "Sizing",
     "exact_prompts",
@@ -69,6 +70,27 @@ class Fit:
     text: str
     counted: int  # the count of ``text`` (the requested count when exact)
     counts: int  # how many times ``count`` was called
+
+
+@dataclass
+class FitTally:
+    """What a fitter did, for ``results.extra["workload"]["prompt_fit"]`` (every fitter
+    reports these three): prompts fitted, how many of them count exactly as asked, and the
+    calls to ``count`` they took."""
+
+    fitted: int = 0
+    exact: int = 0
+    counts: int = 0
+
+    def add(self, fit: Fit, tokens: int) -> Fit:
+        """Tallies ``fit``, a fit to ``tokens``, and returns it."""
+        self.fitted += 1
+        self.exact += fit.counted == tokens
+        self.counts += fit.counts
+        return fit
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
 
 
 def _prefix(source: str, k: int) -> str:
@@ -159,9 +181,7 @@ class PromptFitter:
         self.token_ends = token_ends  # end offset of each token of a text: exact first guesses
         self.chars_per_token = chars_per_token  # of the message text, overhead excluded
         self._overhead: int | None = None  # the count of a one-character message, less one
-        self.fitted = 0
-        self.exact = 0
-        self.counts = 0
+        self.tally = FitTally()
         self.cut_only = 0
         self._asking = True
 
@@ -201,10 +221,7 @@ class PromptFitter:
             chars *= 2
         else:
             return spec  # the count does not grow with the text: leave it (the record shows)
-        fit = fit_prompt(source, n, count, guess, whole)
-        self.fitted += 1
-        self.exact += fit.counted == n
-        self.counts += fit.counts
+        fit = self.tally.add(fit_prompt(source, n, count, guess, whole), n)
         self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * len(fit.text) / body
         return dataclasses.replace(spec, prompt=fit.text)
 
@@ -214,12 +231,7 @@ class PromptFitter:
 
     def extra(self) -> dict[str, int]:
         """What the fitting did, for ``results.extra["workload"]["prompt_fit"]``."""
-        return {
-            "fitted": self.fitted,
-            "exact": self.exact,
-            "counts": self.counts,
-            "cut_by_chars": self.cut_only,
-        }
+        return {**self.tally.to_dict(), "cut_by_chars": self.cut_only}
 
 
 def _api(cfg: RunConfig) -> str:

@@ -78,7 +78,7 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
-from loadlab.workloads.exact import fit_prompt
+from loadlab.workloads.exact import FitTally, fit_prompt
 from loadlab.workloads.lengths import parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_int
 from loadlab.workloads.prompts import prompt_text, text_chars
@@ -247,7 +247,7 @@ class _TokenFit:
         opening = _common(a, b)  # the template's tokens before the message
         # after it (the generation prompt): a whole prompt less the opening and the text
         self.closing = max(0, len(a) - opening - len(tok.encode("Alpha one")))
-        self.fitted = self.exact = self.counts = 0
+        self.tally = FitTally()
 
     def ids(self, text: str) -> tuple[int, ...]:
         return tuple(self.tok.prompt_ids(text, self.api) or ())
@@ -259,10 +259,7 @@ class _TokenFit:
         """The shortest ``source[:k]`` whose prompt counts ``tokens`` (else the closest
         below); never shorter than ``start + 1`` characters (a suffix too short to fit keeps
         the newline after its prefix). ``source`` must count more."""
-        fit = fit_prompt(source, tokens, self.count, None)
-        self.fitted += 1
-        self.exact += fit.counted == tokens
-        self.counts += fit.counts
+        fit = self.tally.add(fit_prompt(source, tokens, self.count, None), tokens)
         return fit.text if len(fit.text) > start else source[: start + 1]
 
     def prefix(self, source: str, tokens: int) -> str:
@@ -272,9 +269,7 @@ class _TokenFit:
     def extra(self) -> dict[str, Any]:
         return {
             "method": f"tokenizer {self.tok.name} (prefixes and prompts fitted by the workload)",
-            "fitted": self.fitted,
-            "exact": self.exact,
-            "counts": self.counts,
+            **self.tally.to_dict(),
         }
 
 
