@@ -14,33 +14,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from loadlab.testing.vllm_bench import (
-    METRICS,
-    BenchLoad,
-    bench_figures,
-    loadlab_figures,
-    run_loadlab_on_trace,
-    run_vllm_bench,
-    text_token_ids,
-    write_lengths_trace,
-)
+from loadlab.testing import vllm_bench
 from tests.engines.conftest import Engine
 
 
 def test_same_workload_same_token_totals(vllm: Engine, tiny_model: Path, tmp_path: Path) -> None:
-    load = BenchLoad(requests=48)
-    extra = {"allowed_token_ids": text_token_ids(tiny_model)}
+    load = vllm_bench.BenchLoad(requests=48)
+    extra = {"allowed_token_ids": vllm_bench.text_token_ids(tiny_model)}
     python = os.environ["LOADLAB_VLLM_PYTHON"]
-    bench = run_vllm_bench(python, vllm.url, tiny_model, load, tmp_path / "bench.json", extra)
+    # the benchmark's round: vllm bench, the lengths it counted as a trace, loadlab on that
+    bench, res = vllm_bench.run_round(python, vllm.url, tiny_model, load, tmp_path, extra)
     assert set(bench["output_lens"]) == {64} and len(bench["input_lens"]) == 48
-    trace = tmp_path / "lengths.csv"
-    write_lengths_trace(bench, trace)
-    res = run_loadlab_on_trace(vllm.url, tiny_model, trace, load, tmp_path / "l.json", extra)
     # loadlab sent exactly the lengths vLLM counted for vllm bench, request by request
     recs = sorted(res.records, key=lambda r: int(r.request_id.rsplit("-", 1)[1]))  # trace-<line>
     assert [r.prompt_tokens_requested for r in recs] == bench["input_lens"]
     assert [r.prompt_tokens for r in recs] == bench["input_lens"]
-    b, ll = bench_figures(bench), loadlab_figures(res)
+    b, ll = vllm_bench.bench_figures(bench), vllm_bench.loadlab_figures(res)
     assert (ll["input_tokens"], ll["output_tokens"]) == (b["input_tokens"], b["output_tokens"])
-    assert set(METRICS) <= set(b) and set(METRICS) <= set(ll)
+    assert set(vllm_bench.METRICS) <= set(b) and set(vllm_bench.METRICS) <= set(ll)
     assert 0.2 <= ll["ttft_ms"] / b["ttft_ms"] <= 5.0, (b, ll)
