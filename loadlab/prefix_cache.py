@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loadlab.metrics import Distribution, distribution, latency_records, ttft_ms
+from loadlab.plain import pick
 from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -147,15 +148,11 @@ class PrefixCacheSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "expected_hit_rate": self.expected_hit_rate,
-            "block_size": self.block_size,
-            "basis": self.basis,
-            "cache_bust": self.cache_bust,
-            "usage_hit_rate": self.usage_hit_rate,
-            "server_hit_rate": self.server_hit_rate,
-            "server_queries": self.server_queries,
-            "server_source": self.server_source,
-            "difference_pp": self.difference_pp,
+            **pick(
+                self,
+                "expected_hit_rate block_size basis cache_bust usage_hit_rate "
+                "server_hit_rate server_queries server_source difference_pp",
+            ),
             "ttft_cached_ms": self.ttft_cached_ms.to_dict(),
             "ttft_uncached_ms": self.ttft_uncached_ms.to_dict(),
         }

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadlab.errors import ConfigError
+from loadlab.plain import pick
 
 if TYPE_CHECKING:
     from loadlab.config import EndpointConfig, RunConfig
@@ -100,10 +101,7 @@ class SweepResult:
             "version": 1,
             "mode": self.mode,
             "load_unit": self.unit,
-            "max_passing_load": self.max_passing_load,
-            "first_failing_load": self.first_failing_load,
-            "knee_load": self.knee_load,
-            "note": self.note,
+            **pick(self, "max_passing_load first_failing_load knee_load note"),
             "levels": [lv.to_dict() for lv in self.levels],
         }
 

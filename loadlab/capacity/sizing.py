@@ -39,6 +39,7 @@ from loadlab.capacity import roofline
 from loadlab.capacity.hardware import DEFAULT_MEMORY_RESERVE_FRACTION, Hardware
 from loadlab.capacity.models import ModelSpec
 from loadlab.errors import ConfigError
+from loadlab.plain import pick
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -131,12 +132,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": [s.__dict__ for s in self.steps],
-            "decode_gpus": self.decode_gpus,
-            "throughput_gpus": self.throughput_gpus,
-            "memory_gpus": self.memory_gpus,
-            "total_gpus": self.total_gpus,
-            "binding": self.binding,
-            "notes": self.notes,
+            **pick(self, "decode_gpus throughput_gpus memory_gpus total_gpus binding notes"),
         }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loadlab.errors import ConfigError
+from loadlab.plain import pick
 from loadlab.simulate.engine import Simulator
 from loadlab.sweep import Level, SweepResult, find_max_load, judge_level, level_config
 
@@ -136,15 +137,11 @@ class SimCapacity:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "max_rate_rps": self.max_rate_rps,
-            "binding_objective": self.binding_objective,
-            "peak_rps": self.peak_rps,
-            "replicas": self.replicas,
-            "gpus_per_replica": self.gpus_per_replica,
-            "gpus": self.gpus,
-            "gpu_hour_price": self.gpu_hour_price,
-            "output_tokens_per_s": self.output_tokens_per_s,
-            "cost_per_million_output_tokens": self.cost_per_million_output_tokens,
+            **pick(
+                self,
+                "max_rate_rps binding_objective peak_rps replicas gpus_per_replica gpus "
+                "gpu_hour_price output_tokens_per_s cost_per_million_output_tokens",
+            ),
             "sweep": self.sweep.to_dict(),
             "notes": self.notes,
         }

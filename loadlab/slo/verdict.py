@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loadlab import metrics
+from loadlab.plain import pick
 from loadlab.records import RequestRecord
 from loadlab.slo.intervals import (
     MAX_N,
@@ -86,19 +87,8 @@ class ObjectiveResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "objective": str(self.objective),
-            "metric": self.objective.metric,
-            "percentile": self.objective.percentile,
-            "request_class": self.objective.request_class,
-            "op": self.objective.op,
-            "threshold": self.objective.threshold,
-            "measured": self.measured,
-            "margin": self.margin,
-            "status": self.status,
-            "ci_low": self.ci_low,
-            "ci_high": self.ci_high,
-            "n": self.n,
-            "extra_requests": self.extra_requests,
-            "note": self.note,
+            **pick(self.objective, "metric percentile request_class op threshold"),
+            **pick(self, "measured margin status ci_low ci_high n extra_requests note"),
         }
 
 
@@ -146,11 +136,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "outcome": self.outcome,
-            "exit_code": self.exit_code,
-            "inconclusive_policy": self.inconclusive_policy,
-            "confidence": self.confidence,
+            **pick(self, "name outcome exit_code inconclusive_policy confidence"),
             "invalid_reasons": list(self.invalid_reasons),
             "rows": [r.to_dict() for r in self.rows],
         }
