@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reference_server import messages
 from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose_tool
+from reference_server.checks import at_least
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
 from reference_server.protocol import (
@@ -95,12 +96,10 @@ class ServerSettings:
     request_log_size: int = 1024  # requests kept for GET /v1/request_log
 
     def __post_init__(self) -> None:
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        at_least("max_queue", self.max_queue, 0)
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
-        if self.reasoning_tokens < 0:
-            raise ValueError(f"--reasoning-tokens must be >= 0, got {self.reasoning_tokens}")
+        at_least("--reasoning-tokens", self.reasoning_tokens, 0)
         if not 0.0 <= self.tool_call_rate <= 1.0:
             raise ValueError(f"--tool-call-rate must be in [0, 1], got {self.tool_call_rate}")
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from reference_server.checks import at_least
 from reference_server.model import ModelArgs
 from reference_server.model_runner import ModelRunner
 from reference_server.sequence import SamplingParams, ScheduledBatch, ScheduledSeq, Sequence
@@ -89,8 +90,7 @@ def _make_seqs(
 
 
 def _time_step(runner: ModelRunner, batch: ScheduledBatch, repeats: int, warmup: bool) -> float:
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    at_least("repeats", repeats, 1)
     if warmup:
         runner.run(batch)  # allocator, kernels, caches
     times = []

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence as Seq
 
+from reference_server.checks import at_least
 from reference_server.sequence import Sequence
 
 __all__ = ["BlockManager", "blocks_for_tokens"]
@@ -58,10 +59,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}; raise the KV budget")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        at_least("num_blocks", num_blocks, 1, "; raise the KV budget")
+        at_least("block_size", block_size, 1)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching

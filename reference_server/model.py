@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reference_server.checks import at_least
+
 __all__ = [
     "PRESETS",
     "AttentionFn",
@@ -59,8 +61,7 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelArgs.{name} must be >= 1, got {getattr(self, name)}")
+            at_least(f"ModelArgs.{name}", getattr(self, name), 1)
         if self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
@@ -69,8 +70,7 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        at_least("max_seq_len", self.max_seq_len, 2)
 
     @property
     def head_dim(self) -> int:

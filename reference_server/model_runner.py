@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reference_server.checks import at_least
 from reference_server.model import (
     PRESETS,
     ModelArgs,
@@ -88,15 +89,13 @@ class ModelRunner:
     ) -> None:
         self.args = resolve_args(preset)
         self.preset = preset if isinstance(preset, str) else "custom"
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        at_least("block_size", block_size, 1)
         if threads is None and self.args.num_params < _SMALL_MODEL_PARAMS:
             # A tiny model's ops are too small to split; on a busy machine OpenMP threads
             # waiting for each other made the tests 20x slower (measured, 2 cores, load 9).
             threads = 1
         if threads is not None:
-            if threads < 1:
-                raise ValueError(f"threads must be >= 1, got {threads}")
+            at_least("threads", threads, 1)
             torch.set_num_threads(threads)
         dev, dt = default_device_dtype()
         self.device = torch.device(device) if device is not None else dev
@@ -146,8 +145,7 @@ class ModelRunner:
     def _num_blocks(self, num_kv_blocks: int | None, kv_cache_bytes: int | None) -> int:
         block_bytes = self.kv_bytes_per_token * self.block_size
         if num_kv_blocks is not None:
-            if num_kv_blocks < 1:
-                raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
+            at_least("num_kv_blocks", num_kv_blocks, 1)
             return num_kv_blocks
         if kv_cache_bytes is None:
             kv_cache_bytes = self._default_kv_bytes()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from reference_server.checks import at_least
+
 __all__ = ["SamplingParams", "ScheduledBatch", "ScheduledSeq", "SeqStatus", "Sequence"]
 
 
@@ -31,10 +33,8 @@ class SamplingParams:
     ignore_eos: bool = True  # the default: generate exactly max_tokens, so workloads set lengths
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        at_least("max_tokens", self.max_tokens, 1)
+        at_least("temperature", self.temperature, 0)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

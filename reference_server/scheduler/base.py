@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 
+from reference_server.checks import at_least
 from reference_server.kv_cache import BlockManager
 from reference_server.sequence import ScheduledBatch, ScheduledSeq, SeqStatus, Sequence
 
@@ -56,16 +57,13 @@ class Scheduler(ABC):
         eos_id: int = 256,
         decode: Callable[[list[int]], str] = default_decode,
     ) -> None:
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        if max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        at_least("max_num_seqs", max_num_seqs, 1)
+        at_least("max_model_len", max_model_len, 2)
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens or max(max_model_len, 8192)
-        if self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
+        at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         self.eos_id = eos_id
         self.decode = decode
         self.waiting: deque[Sequence] = deque()

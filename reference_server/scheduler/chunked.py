@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+from reference_server.checks import at_least
 from reference_server.kv_cache import BlockManager
 from reference_server.scheduler.base import Scheduler
 from reference_server.sequence import ScheduledBatch, ScheduledSeq
@@ -33,8 +34,7 @@ class ChunkedScheduler(Scheduler):
         **kwargs: object,
     ) -> None:
         super().__init__(block_manager, max_num_batched_tokens=max_num_batched_tokens, **kwargs)  # type: ignore[arg-type]
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        at_least("chunk_size", chunk_size, 1)
         self.chunk_size = chunk_size
 
     def schedule(self) -> ScheduledBatch:
