@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from loadlab.checks import at_least
+
 __all__ = [
     "FAILED_OUTCOMES",
     "OUTCOME_CANCELLED",
@@ -127,17 +129,14 @@ class RequestSpec:
     shared_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens} ({self.request_id})")
+        at_least("max_tokens", self.max_tokens, 1, f" ({self.request_id})")
         if self.intended_at_s is not None and self.intended_at_s < 0:
             raise ValueError(
                 f"intended_at_s must be >= 0 (an offset from the run start), "
                 f"got {self.intended_at_s} ({self.request_id})"
             )
-        if self.think_time_s < 0:
-            raise ValueError(f"think_time_s must be >= 0, got {self.think_time_s}")
-        if self.turn < 0:
-            raise ValueError(f"turn must be >= 0, got {self.turn}")
+        at_least("think_time_s", self.think_time_s, 0)
+        at_least("turn", self.turn, 0)
 
 
 @dataclass

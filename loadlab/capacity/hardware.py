@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from loadlab.checks import at_least
 from loadlab.errors import ConfigError
 
 __all__ = [
@@ -67,8 +68,7 @@ class Hardware:
                 raise ConfigError(
                     f"{f} must be in (0, 1] (a fraction of peak), got {getattr(self, f)}"
                 )
-        if self.step_overhead_s < 0:
-            raise ConfigError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
+        at_least("step_overhead_s", self.step_overhead_s, 0, error=ConfigError)
 
     @property
     def achieved_flops_per_s(self) -> float:

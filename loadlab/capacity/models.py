@@ -22,6 +22,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from loadlab.checks import at_least
 from loadlab.errors import ConfigError
 
 __all__ = [
@@ -59,8 +60,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden_dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                   "vocab_size", "dtype_bytes"):  # fmt: skip
-            if getattr(self, f) < 1:
-                raise ConfigError(f"ModelSpec.{f} must be >= 1, got {getattr(self, f)}")
+            at_least(f"ModelSpec.{f}", getattr(self, f), 1, error=ConfigError)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"

@@ -38,6 +38,7 @@ from typing import Any
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import DEFAULT_MEMORY_RESERVE_FRACTION, Hardware
 from loadlab.capacity.models import ModelSpec
+from loadlab.checks import at_least
 from loadlab.errors import ConfigError
 from loadlab.plain import pick
 
@@ -92,12 +93,9 @@ class MemoryCheck:
                 f"--prefix-hit-rate is a fraction in [0, 1) (0.5 = half the prompt tokens "
                 f"cached), got {self.prefix_hit_rate}"
             )
-        if self.shared_prefixes < 1:
-            raise ConfigError(f"--shared-prefixes must be >= 1, got {self.shared_prefixes}")
-        if self.prompt_tokens < 1:
-            raise ConfigError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
-        if self.batch < 1:
-            raise ConfigError(f"--batch must be >= 1, got {self.batch}")
+        at_least("--shared-prefixes", self.shared_prefixes, 1, error=ConfigError)
+        at_least("--prompt-tokens", self.prompt_tokens, 1, error=ConfigError)
+        at_least("--batch", self.batch, 1, error=ConfigError)
         if not 0 <= self.reserve_fraction < 1:
             raise ConfigError(f"--reserve must be in [0, 1), got {self.reserve_fraction}")
 

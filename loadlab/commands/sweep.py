@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loadlab.checks import at_least
 from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
@@ -98,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("a sweep sets the load itself: use --rates / --concurrencies")
     if not args.slo:
         raise ConfigError("a sweep needs --slo FILE: the SLOs decide each level")
-    if args.bisect_steps < 0:
-        raise ConfigError(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
+    at_least("--bisect-steps", args.bisect_steps, 0, error=ConfigError)
     mode = "rate" if args.rates is not None else "concurrency"
     levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
     from loadlab.slo import load_slo  # scipy: only once the flags are right

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from loadlab.lab.machine import Placement
 
+from loadlab.checks import at_least
 from loadlab.errors import ConfigError
 
 __all__ = ["ALL_MODES", "PRESETS", "LabSettings", "settings_for"]
@@ -99,8 +100,7 @@ class LabSettings:
             "chunk_size",
             "max_batched_tokens",
         ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"lab setting {name} must be >= 1, got {getattr(self, name)}")
+            at_least(f"lab setting {name}", getattr(self, name), 1, error=ConfigError)
         for name in ("long_every_s", "duration_s", "baseline_s", "batch_length_scale"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"lab setting {name} must be > 0 s, got {getattr(self, name)}")

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from loadlab.checks import at_least
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import RunConfig
@@ -148,8 +149,7 @@ class Runner:
         kind: str = "run",
         journal: JournalWriter | None = None,
     ) -> None:
-        if late_tolerance_ms < 0:
-            raise ValueError(f"late_tolerance_ms must be >= 0, got {late_tolerance_ms}")
+        at_least("late_tolerance_ms", late_tolerance_ms, 0)
         self.cfg = cfg
         self.client = client
         self.endpoint = endpoint

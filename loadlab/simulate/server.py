@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadlab.checks import at_least
+
 __all__ = ["FINISHED_SLOTS", "MODES", "ServerConfig"]
 
 MODES = ("static", "continuous", "chunked", "disaggregated")
@@ -57,16 +59,13 @@ class ServerConfig:
             raise ValueError(f"static_finished must be pad or idle, got {self.static_finished!r}")
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "chunk_size",
                      "prefill_workers", "decode_workers"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+            at_least(name, getattr(self, name), 1)
+        at_least("max_model_len", self.max_model_len, 2)
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        if self.max_held is not None and self.max_held < 1:
-            raise ValueError(f"max_held must be >= 1, got {self.max_held}")
+        at_least("max_queue", self.max_queue, 0)
+        if self.max_held is not None:
+            at_least("max_held", self.max_held, 1)
         if self.kv_bytes_per_token < 0 or not self.kv_transfer_bytes_per_s > 0:
             raise ValueError("kv_bytes_per_token must be >= 0 and kv_transfer_bytes_per_s > 0")
         if self.kv_transfer_latency_s < 0:

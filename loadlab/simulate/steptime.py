@@ -42,6 +42,7 @@ import numpy as np
 
 from loadlab.capacity.hardware import Hardware
 from loadlab.capacity.models import ModelSpec
+from loadlab.checks import at_least
 
 __all__ = [
     "FEATURES",
@@ -120,8 +121,7 @@ class LinearStepTime:
     def __post_init__(self) -> None:
         for f in ("base_s", "per_prefill_token_s", "per_decode_token_s", "per_pair_s",
                   "per_kv_token_s"):  # fmt: skip
-            if getattr(self, f) < 0:
-                raise ValueError(f"LinearStepTime.{f} must be >= 0, got {getattr(self, f)}")
+            at_least(f"LinearStepTime.{f}", getattr(self, f), 0)
 
     def step_s(
         self, prefill_tokens: Num, decode_tokens: Num, attn_pairs: Num, kv_read_tokens: Num

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loadlab import metrics
+from loadlab.checks import at_least
 from loadlab.errors import SLOError
 
 __all__ = [
@@ -137,8 +138,7 @@ class SLOSpec:
     def __post_init__(self) -> None:
         if not self.objectives:
             raise ValueError("an SLO needs at least one objective")
-        if self.min_requests < 1:
-            raise ValueError(f"min_requests must be >= 1, got {self.min_requests}")
+        at_least("min_requests", self.min_requests, 1)
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), e.g. 0.95; got {self.confidence}")
 
