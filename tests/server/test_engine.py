@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Iterator
+
+import pytest
 
 from reference_server.engine import Engine, TextStream
 from reference_server.engine_like import TokenEvent
@@ -29,12 +32,22 @@ def test_text_stream_holds_back_a_possible_stop_string_and_cuts_it() -> None:
     assert got == "abxyq" and not ts2.stopped
 
 
-def _engine(clock: FakeClock) -> tuple[Engine, FakeModelRunner]:
+def _engine() -> tuple[Engine, FakeModelRunner]:
+    """Blocks of 4 (32 of them), 4 sequences, 8 tokens a step; each step takes 1 ms a token."""
+    clock = FakeClock()
     runner = FakeModelRunner(32, 4, clock=clock, step_ns=lambda b: 1_000_000 * b.num_tokens)
     sched = ChunkedScheduler(
         BlockManager(32, 4), max_num_seqs=4, max_num_batched_tokens=8, chunk_size=8
     )
     return Engine(runner, sched, clock=clock), runner
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A fresh event loop for the engine to deliver on, closed after the test."""
+    new = asyncio.new_event_loop()
+    yield new
+    new.close()
 
 
 def _run_out(
@@ -47,20 +60,17 @@ def _run_out(
     return [[q.get_nowait() for _ in range(q.qsize())] for q in queues]
 
 
-def test_engine_delivers_one_event_per_token_and_times_steps_by_phase() -> None:
-    clock = FakeClock()
-    engine, _ = _engine(clock)
-    loop = asyncio.new_event_loop()
-    try:
-        qa: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        qb: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=3)), loop, qa)
-        assert engine.queue_depth == 1
-        assert engine.step()  # a: 6-token prefill, samples "g" (position 6)
-        engine.submit(Sequence("b", [1] * 4, SamplingParams(max_tokens=2)), loop, qb)
-        events_a, events_b = _run_out(engine, loop, qa, qb)
-    finally:
-        loop.close()
+def test_engine_delivers_one_event_per_token_and_times_steps_by_phase(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    engine, _ = _engine()
+    qa: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    qb: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=3)), loop, qa)
+    assert engine.queue_depth == 1
+    assert engine.step()  # a: 6-token prefill, samples "g" (position 6)
+    engine.submit(Sequence("b", [1] * 4, SamplingParams(max_tokens=2)), loop, qb)
+    events_a, events_b = _run_out(engine, loop, qa, qb)
     assert [(e.text, e.completion_tokens, e.finish_reason) for e in events_a] == [
         ("g", 1, None), ("h", 2, None), ("i", 3, "length")]  # fmt: skip
     assert "".join(e.text for e in events_b) == "ef" and events_b[-1].finish_reason == "length"
@@ -88,27 +98,25 @@ def test_engine_delivers_one_event_per_token_and_times_steps_by_phase() -> None:
     assert all(b["start_ns"] >= a["end_ns"] for a, b in itertools.pairwise(log))
 
 
-def test_abort_through_the_inbox_frees_blocks_and_sends_nothing_more() -> None:
-    clock = FakeClock()
-    engine, _ = _engine(clock)
-    loop = asyncio.new_event_loop()
-    try:
-        q: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=50)), loop, q)
-        engine.step()
-        engine.abort("a")
-        assert not engine.step()  # drained: nothing left to run
-        loop.run_until_complete(asyncio.sleep(0))
-        assert q.qsize() == 1
-    finally:
-        loop.close()
+def test_abort_through_the_inbox_frees_blocks_and_sends_nothing_more(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    engine, _ = _engine()
+    q: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=50)), loop, q)
+    engine.step()
+    engine.abort("a")
+    assert not engine.step()  # drained: nothing left to run
+    loop.run_until_complete(asyncio.sleep(0))
+    assert q.qsize() == 1
     assert engine.scheduler.block_manager.num_used_blocks == 0
     assert 'requests_total{finish_reason="abort"} 1' in engine.stats.render(gauges={}, counters={})
 
 
-def test_a_failing_request_fails_alone_and_the_engine_goes_on() -> None:
-    clock = FakeClock()
-    engine, runner = _engine(clock)
+def test_a_failing_request_fails_alone_and_the_engine_goes_on(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    engine, runner = _engine()
     real_run = runner.run
 
     def run(batch: ScheduledBatch) -> list[int | None]:
@@ -117,35 +125,26 @@ def test_a_failing_request_fails_alone_and_the_engine_goes_on() -> None:
         return real_run(batch)
 
     runner.run = run  # type: ignore[method-assign]
-    loop = asyncio.new_event_loop()
-    try:
-        q_bad: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        q_ok: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        engine.submit(Sequence("bad", [1] * 3, SamplingParams(max_tokens=5)), loop, q_bad)
-        engine.submit(Sequence("ok", [1] * 3, SamplingParams(max_tokens=2)), loop, q_ok)
-        bad, ok = _run_out(engine, loop, q_bad, q_ok)
-    finally:
-        loop.close()
+    q_bad: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    q_ok: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    engine.submit(Sequence("bad", [1] * 3, SamplingParams(max_tokens=5)), loop, q_bad)
+    engine.submit(Sequence("ok", [1] * 3, SamplingParams(max_tokens=2)), loop, q_ok)
+    bad, ok = _run_out(engine, loop, q_bad, q_ok)
     assert len(bad) == 1 and bad[0].finish_reason == "error" and "RuntimeError" in str(bad[0].error)
     assert [e.completion_tokens for e in ok] == [1, 2] and ok[-1].finish_reason == "length"
     assert engine.scheduler.block_manager.num_used_blocks == 0 and not engine.scheduler.has_work
 
 
-def test_gauges_follow_the_scheduler_and_the_inbox() -> None:
-    clock = FakeClock()
-    engine, _ = _engine(clock)
-    loop = asyncio.new_event_loop()
-    try:
-        q: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
-        engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=50)), loop, q)
-        before = engine.gauges()
-        engine.step()  # a: prefill of 6 tokens into 2 blocks of 4
-        during = engine.gauges()
-        engine.abort("a")
-        engine.step()
-        after = engine.gauges()
-    finally:
-        loop.close()
+def test_gauges_follow_the_scheduler_and_the_inbox(loop: asyncio.AbstractEventLoop) -> None:
+    engine, _ = _engine()
+    q: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
+    engine.submit(Sequence("a", [1] * 6, SamplingParams(max_tokens=50)), loop, q)
+    before = engine.gauges()
+    engine.step()  # a: prefill of 6 tokens into 2 blocks of 4
+    during = engine.gauges()
+    engine.abort("a")
+    engine.step()
+    after = engine.gauges()
     assert (before.queue_depth, before.running_requests, before.kv_blocks_used) == (1, 0, 0)
     assert (during.queue_depth, during.running_requests, during.batch_slots) == (0, 1, 1)
     assert during.kv_blocks_used == 2 and during.kv_blocks_total == 32
@@ -153,7 +152,9 @@ def test_gauges_follow_the_scheduler_and_the_inbox() -> None:
     assert engine.max_num_seqs == 4 and engine.extra_metrics() == []
 
 
-def test_steps_while_requests_wait_count_static_batchings_useful_rows() -> None:
+def test_steps_while_requests_wait_count_static_batchings_useful_rows(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     """Static, 2 slots, answers of 1, 3 and 1 tokens: while c waits, a's finished row pads."""
     from reference_server.scheduler import StaticScheduler
 
@@ -161,15 +162,11 @@ def test_steps_while_requests_wait_count_static_batchings_useful_rows() -> None:
     runner = FakeModelRunner(32, 4, clock=clock, step_ns=lambda b: 1_000_000)
     sched = StaticScheduler(BlockManager(32, 4), max_num_seqs=2)
     engine = Engine(runner, sched, clock=clock)
-    loop = asyncio.new_event_loop()
-    try:
-        for name, n in (("a", 1), ("b", 3), ("c", 1)):
-            q: asyncio.Queue[TokenEvent] = asyncio.Queue()
-            engine.submit(Sequence(name, [1] * 4, SamplingParams(max_tokens=n)), loop, q)
-        while engine.step():
-            pass
-    finally:
-        loop.close()
+    for name, n in (("a", 1), ("b", 3), ("c", 1)):
+        q: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        engine.submit(Sequence(name, [1] * 4, SamplingParams(max_tokens=n)), loop, q)
+    while engine.step():
+        pass
     # prefill(a, b) | decode(b; a pads) | decode(b; a pads) | prefill(c): c waited through the
     # two decode steps, each with one useful row
     text = engine.stats.render(gauges={}, counters={})
