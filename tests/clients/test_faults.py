@@ -1,5 +1,6 @@
 """Every fault of a real misbehaving server becomes its outcome class; a run goes on past them;
-an API key never leaks into records, results or logs."""
+an API key never leaks into records, results or logs. What every dialect must do is checked here
+for each of them (``DIALECTS``); what a dialect adds is in its own module."""
 
 from __future__ import annotations
 
@@ -12,86 +13,70 @@ from typing import Any
 
 import pytest
 
-from loadlab.clients import OpenAIClient
+from loadlab.clients import AnthropicClient, OpenAIClient, ResponsesClient
+from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig
-from loadlab.records import RequestSpec
+from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
 from loadlab.testing.fault_server import FaultServer
-from tests.helpers.clients import CANARY
+from tests.helpers.clients import CANARY, assert_faults_classified, run_faults, send_one
 from tests.helpers.loopback import FAULT_OUTCOMES, free_port
 
 EXPECTED = FAULT_OUTCOMES
+TRANSPORTS = ["raw", "aiohttp"]
+DIALECTS = [  # each dialect's client and its api
+    pytest.param(OpenAIClient, "chat", id="chat"),
+    pytest.param(AnthropicClient, "anthropic", id="anthropic"),
+    pytest.param(ResponsesClient, "responses", id="responses"),
+]
+# The modes that mean something to a non-streamed request, and what each must become: a
+# stream's error event where JSON is expected is a protocol error, not a stream error.
+NON_STREAMING_FAULTS = {
+    "ok": "ok",
+    "non_json": "protocol_error",
+    "429": "http_429",
+    "stream_error": "protocol_error",
+}
 
 
-async def _send_one(url: str, api: str, *, stream: bool = True, **kw: float) -> object:
-    ep = EndpointConfig(url, api=api)
-    async with OpenAIClient(
-        ep, stream=stream, timeout_s=kw.get("timeout_s", 5.0), read_timeout_s=kw.get("read_s", 0.3)
-    ) as c:
-        return (await c.send(RequestSpec("f1", "hi", 3), t0_ns=time.perf_counter_ns())).record
-
-
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("api", ["chat", "completions"])
 def test_each_fault_becomes_its_outcome(
     fault_server: FaultServer, api: str, transport: str
 ) -> None:
-    async def main() -> dict[str, object]:
-        modes = list(EXPECTED)
-        kw = {"timeout_s": 0.6, "read_s": 0.3}
-        recs = await asyncio.gather(
-            *(
-                _send_one(f"{fault_server.url}/fault/{m}", api, transport=transport, **kw)
-                for m in modes
-            )
-        )
-        return dict(zip(modes, recs, strict=True))
-
-    records = asyncio.run(main())
-    assert {m: r.outcome for m, r in records.items()} == EXPECTED  # type: ignore[attr-defined]
-    r429 = records["429"]
-    assert r429.server["retry_after_s"] == 7.0  # type: ignore[attr-defined]
-    assert "model overloaded" in r429.error  # type: ignore[attr-defined]
-    assert "500 Internal Server Error" in records["500_html"].error  # type: ignore[attr-defined]
-    assert "model overloaded" in records["stream_error"].error  # type: ignore[attr-defined]
-    # tokens that arrived before the failure keep their times
-    assert len(records["reset"].chunk_ns) == 1  # type: ignore[attr-defined]
-    assert len(records["eof"].chunk_ns) == 2  # type: ignore[attr-defined]
-    for r in records.values():
-        assert r.sent_ns is not None and r.end_ns is not None  # type: ignore[attr-defined]
+    records = run_faults(OpenAIClient, fault_server.url, api, list(EXPECTED), transport=transport)
+    assert_faults_classified(records)
+    assert len(records["eof"].chunk_ns) == 2  # tokens before the failure keep their times
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-def test_non_streaming_faults(fault_server: FaultServer, transport: str) -> None:
-    async def main() -> list[str]:
-        modes = ["ok", "non_json", "429", "stream_error"]
-        recs = await asyncio.gather(
-            *(
-                _send_one(
-                    f"{fault_server.url}/fault/{m}", "chat", stream=False, transport=transport
-                )
-                for m in modes
-            )
-        )
-        return [r.outcome for r in recs]  # type: ignore[attr-defined]
-
-    assert asyncio.run(main()) == ["ok", "protocol_error", "http_429", "protocol_error"]
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(("client", "api"), DIALECTS)
+def test_non_streaming_faults(
+    fault_server: FaultServer, client: type[StreamingClient], api: str, transport: str
+) -> None:
+    modes = list(NON_STREAMING_FAULTS)
+    records = run_faults(client, fault_server.url, api, modes, stream=False, transport=transport)
+    assert {m: r.outcome for m, r in records.items()} == NON_STREAMING_FAULTS
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_connection_refused_is_connect_error(transport: str) -> None:
-    rec = asyncio.run(_send_one(f"http://127.0.0.1:{free_port()}", "chat", transport=transport))
-    assert rec.outcome == "connect_error"  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{free_port()}"
+    rec = asyncio.run(send_one(OpenAIClient, url, "chat", transport=transport))
+    assert rec.outcome == "connect_error"
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-def test_a_run_continues_past_faults(fault_server: FaultServer, transport: str) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(("client", "api"), DIALECTS)
+def test_a_run_continues_past_faults(
+    fault_server: FaultServer, client: type[StreamingClient], api: str, transport: str
+) -> None:
     """One client, requests in sequence over kept-alive connections, faults in between."""
     modes = ["ok", "429", "ok", "reset", "ok", "malformed", "ok", "500_html", "ok", "eof", "ok"]
 
     async def main() -> list[str]:
-        ep = EndpointConfig(fault_server.url)
-        async with OpenAIClient(ep, max_connections=2, transport=transport) as c:
+        ep = EndpointConfig(fault_server.url, api=api)
+        async with client(ep, max_connections=2, transport=transport) as c:
             t0 = time.perf_counter_ns()
             out = []
             for i, mode in enumerate(modes):
@@ -106,7 +91,7 @@ def test_a_run_continues_past_faults(fault_server: FaultServer, transport: str) 
     assert sent == ok + sum(1 for o in outcomes if o != "ok")
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_cancel_records_then_reraises(fault_server: FaultServer, transport: str) -> None:
     async def main() -> OpenAIClient:
         ep = EndpointConfig(fault_server.url + "/fault/stall")
@@ -126,8 +111,11 @@ def test_cancel_records_then_reraises(fault_server: FaultServer, transport: str)
     assert len(rec.chunk_ns) == 1 and rec.end_ns is not None
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(("client", "api"), DIALECTS)
 def test_canary_key_never_leaks(
+    client: type[StreamingClient],
+    api: str,
     transport: str,
     fault_server: FaultServer,
     monkeypatch: pytest.MonkeyPatch,
@@ -136,12 +124,14 @@ def test_canary_key_never_leaks(
 ) -> None:
     monkeypatch.setenv("LOADLAB_TEST_KEY", CANARY)
     caplog.set_level(logging.DEBUG)
+    modes = ["ok", "echo_auth", "429", "reset", "malformed", "stream_error"]
 
-    async def main() -> list[object]:
+    async def main() -> list[RequestRecord]:
         recs = []
-        for mode in ("ok", "echo_auth", "429", "reset", "malformed"):
-            ep = EndpointConfig(f"{fault_server.url}/fault/{mode}", api_key_env="LOADLAB_TEST_KEY")
-            async with OpenAIClient(ep, transport=transport) as c:
+        for mode in modes:
+            url = f"{fault_server.url}/fault/{mode}"
+            ep = EndpointConfig(url, api=api, api_key_env="LOADLAB_TEST_KEY")
+            async with client(ep, transport=transport) as c:
                 recs.append((await c.send(RequestSpec(mode, "hi", 3), t0_ns=0)).record)
         return recs
 
@@ -152,16 +142,20 @@ def test_canary_key_never_leaks(
         "http_429",
         "incomplete",
         "protocol_error",
-    ]  # type: ignore[attr-defined]
-    assert "bad key: Bearer ***" in records[1].error  # type: ignore[attr-defined]  # the server echoed it
+        "stream_error",
+    ]
+    # the server echoed the key back: OpenAI's dialects send "Authorization: Bearer <key>",
+    # Anthropic's the bare key as x-api-key
+    echoed = "bad key: ***" if api == "anthropic" else "bad key: Bearer ***"
+    assert echoed in (records[1].error or "")
     cfg = {"endpoints": [{"url": fault_server.url, "api_key_env": "LOADLAB_TEST_KEY"}]}
-    path = write_results(Results(records=records, config=cfg), tmp_path / "run.json")  # type: ignore[arg-type]
+    path = write_results(Results(records=records, config=cfg), tmp_path / "run.json")
     assert CANARY not in path.read_text()
     assert all(CANARY not in repr(r) for r in records)
     assert CANARY not in caplog.text
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_url_credentials_go_as_basic_auth_and_never_into_records(
     transport: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,7 +187,7 @@ def test_url_credentials_go_as_basic_auth_and_never_into_records(
     assert token not in repr(echoed) and "bad key: ***" in echoed.error
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_endless_sse_line_is_a_protocol_error_and_closes_the_connection(
     fault_server: FaultServer, transport: str
 ) -> None:
