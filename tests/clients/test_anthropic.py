@@ -19,6 +19,7 @@ from loadlab.testing.fixed_server import FixedScheduleServer
 from tests.helpers.clients import (
     assert_faults_classified,
     assert_matches_truth,
+    assert_protocol_error,
     run_faults,
 )
 from tests.helpers.loopback import FAULT_OUTCOMES as EXPECTED
@@ -63,6 +64,31 @@ def _ev(kind: str, data: str) -> bytes:
     return f"event: {kind}\ndata: {data}\n\n".encode()
 
 
+TEXT_A = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
+END_TURN = '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
+
+
+def _streamed_with_usage(usage: str) -> RequestRecord:
+    """A one-token streamed answer whose message_start carries ``usage``."""
+    s = _state()
+    start = '{"type":"message_start","message":{"usage":' + usage + "}}"
+    s.on_bytes(_ev("message_start", start) + _ev("content_block_delta", TEXT_A), 2000)
+    s.on_bytes(
+        _ev("message_delta", END_TURN) + _ev("message_stop", '{"type":"message_stop"}'), 3000
+    )
+    s.finish(4000)
+    return s.record
+
+
+def _whole_message(body: bytes) -> AnthropicStreamState:
+    """A non-streamed answer: headers at 10 ns, the whole JSON ``body`` at 20, the end at 30."""
+    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
+    s.on_headers(200, {"Content-Type": "application/json"}, 10)
+    s.on_bytes(body, 20)
+    s.finish(30)
+    return s
+
+
 def test_events_tokens_usage_and_stop_reason() -> None:
     s = _state()
     start = '{"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}'
@@ -103,11 +129,7 @@ def test_events_tokens_usage_and_stop_reason() -> None:
 
 def test_stop_reason_without_message_stop_is_incomplete() -> None:
     s = _state()
-    a = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
-    delta = (
-        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
-    )
-    s.on_bytes(_ev("content_block_delta", a) + _ev("message_delta", delta), 2000)
+    s.on_bytes(_ev("content_block_delta", TEXT_A) + _ev("message_delta", END_TURN), 2000)
     s.finish(3000)
     assert (s.record.outcome, s.record.error) == ("incomplete", "stream ended before message_stop")
     assert (s.record.output_tokens, s.record.output_tokens_source) == (1, "usage")
@@ -122,10 +144,7 @@ def test_odd_event_shapes_are_protocol_errors_not_exceptions() -> None:
         b'data: {"type":"message_start","message":[]}\n\n',
         b'data: {"type":"message_delta","delta":null}\n\n',
     ):
-        s = _state()
-        assert s.on_bytes(body, 2000) is True, body
-        s.finish(3000)
-        assert s.record.outcome == "protocol_error", body
+        assert_protocol_error(_state(), body)
     s = _state()  # an "event: error" line is an error whatever the data says
     s.on_bytes(b'event: error\ndata: {"error":{"message":"busy"}}\n\n', 2000)
     s.finish(3000)
@@ -133,15 +152,11 @@ def test_odd_event_shapes_are_protocol_errors_not_exceptions() -> None:
 
 
 def test_non_streaming_message_body() -> None:
-    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
-    s.on_headers(200, {"Content-Type": "application/json"}, 10)
-    s.on_bytes(
+    s = _whole_message(
         b'{"type":"message","content":[{"type":"thinking","thinking":"."},{"type":"text",'
         b'"text":"Hi"},{"type":"text","text":" there"}],"stop_reason":"end_turn",'
-        b'"usage":{"input_tokens":3,"output_tokens":5}}',
-        20,
+        b'"usage":{"input_tokens":3,"output_tokens":5}}'
     )
-    s.finish(30)
     r = s.record
     assert (r.outcome, s.text, r.chunk_ns, r.chunk_tokens) == ("ok", "Hi there", [30], [5])
     assert (r.prompt_tokens, r.output_tokens, r.finish_reason) == (3, 5, "end_turn")
@@ -150,28 +165,14 @@ def test_non_streaming_message_body() -> None:
 def test_prompt_tokens_include_the_cached_part_which_is_also_kept_apart() -> None:
     """Anthropic's input_tokens excludes cache reads and writes (vLLM reports prefix-cache hits
     as cache_read_input_tokens): the whole prompt is the sum."""
-    s = _state()
     usage = '{"input_tokens":7,"cache_read_input_tokens":96,"cache_creation_input_tokens":null}'
-    start = '{"type":"message_start","message":{"usage":' + usage + "}}"
-    a = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
-    delta = (
-        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
-    )
-    stop = _ev("message_stop", '{"type":"message_stop"}')
-    s.on_bytes(_ev("message_start", start) + _ev("content_block_delta", a), 2000)
-    s.on_bytes(_ev("message_delta", delta) + stop, 3000)
-    s.finish(4000)
-    r = s.record
+    r = _streamed_with_usage(usage)
     assert (r.outcome, r.prompt_tokens, r.server) == ("ok", 103, {"cache_read_input_tokens": 96})
-    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
-    s.on_headers(200, {"Content-Type": "application/json"}, 10)
-    s.on_bytes(
+    s = _whole_message(
         b'{"type":"message","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn",'
         b'"usage":{"input_tokens":3,"output_tokens":1,"cache_read_input_tokens":0,'
-        b'"cache_creation_input_tokens":40}}',
-        20,
+        b'"cache_creation_input_tokens":40}}'
     )
-    s.finish(30)
     assert (s.record.prompt_tokens, s.record.server) == (
         43,
         {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 40},
@@ -255,16 +256,11 @@ def test_sse_event_plus_data_fast_path_matches_the_spec() -> None:
 def test_prompt_cache_reads_and_writes() -> None:
     """Anthropic's input_tokens leaves the prompt cache out: the prompt is all three counts,
     the reads are the cached tokens, the writes are kept apart."""
-    s = AnthropicStreamState(RequestRecord("r"), stream=False, t0_ns=0)
-    s.on_headers(200, {"Content-Type": "application/json"}, 10)
-    s.on_bytes(
+    r = _whole_message(
         b'{"type":"message","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn",'
         b'"usage":{"input_tokens":3,"cache_read_input_tokens":64,'
-        b'"cache_creation_input_tokens":16,"output_tokens":5}}',
-        20,
-    )
-    s.finish(30)
-    r = s.record
+        b'"cache_creation_input_tokens":16,"output_tokens":5}}'
+    ).record
     assert (r.prompt_tokens, r.cached_prompt_tokens) == (83, 64)
     assert r.server["cache_creation_input_tokens"] == 16
 
@@ -279,15 +275,7 @@ def test_exact_output_fields_are_openai_dialect_and_not_sent() -> None:
 
 def test_prompt_tokens_include_the_prompt_cache() -> None:
     # Anthropic (and vLLM's /v1/messages on a prefix-cache hit) count cached input apart
-    s = _state()
     usage = '{"input_tokens":2,"cache_read_input_tokens":768,"cache_creation_input_tokens":7}'
-    start = '{"type":"message_start","message":{"usage":' + usage + "}}"
-    delta = (
-        '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}'
-    )
-    text = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}'
-    s.on_bytes(_ev("message_start", start) + _ev("content_block_delta", text), 2000)
-    s.on_bytes(_ev("message_delta", delta) + _ev("message_stop", '{"type":"message_stop"}'), 3000)
-    s.finish(4000)
-    assert s.record.prompt_tokens == 777
-    assert s.record.cached_prompt_tokens == 768
+    r = _streamed_with_usage(usage)
+    assert r.prompt_tokens == 777
+    assert r.cached_prompt_tokens == 768

@@ -18,7 +18,7 @@ from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fixed_server import FixedScheduleServer
-from tests.helpers.clients import assert_matches_truth
+from tests.helpers.clients import assert_matches_truth, assert_protocol_error
 
 SPEC = RequestSpec("r1", "hello there", 4, prompt_tokens=2, extra_body={"ignore_eos": True})
 
@@ -149,10 +149,7 @@ def test_odd_chunk_shapes_are_protocol_errors_not_exceptions() -> None:
         b"data: [1, 2]\n\n",
         b'data: {"choices": [{"delta": "x"}]}\n\n',
     ):
-        s = _chat_state()
-        assert s.on_bytes(body, 2000) is True
-        s.finish(3000)
-        assert s.record.outcome == "protocol_error", body
+        assert_protocol_error(_chat_state(), body)
     s = _chat_state()
     s.on_bytes(b'data: {"choices": [{"delta": {"content": 5}}]}\n\ndata: [DONE]\n\n', 2000)
     s.finish(3000)

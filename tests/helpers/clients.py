@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loadlab.clients.state import StreamState
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
@@ -17,6 +18,7 @@ __all__ = [
     "Sink",
     "assert_faults_classified",
     "assert_matches_truth",
+    "assert_protocol_error",
     "run_faults",
     "send_one",
 ]
@@ -77,6 +79,14 @@ def assert_faults_classified(records: Mapping[str, RequestRecord]) -> None:
     assert len(records["reset"].chunk_ns) == 1  # tokens before the failure keep their times
     for r in records.values():
         assert r.sent_ns is not None and r.end_ns is not None
+
+
+def assert_protocol_error(state: StreamState, body: bytes) -> None:
+    """``body``, the whole stream, ends ``state`` as a protocol error, not an exception: its
+    ``on_bytes`` asks to stop reading, and the record's outcome says why."""
+    assert state.on_bytes(body, 2000) is True, body
+    state.finish(3000)
+    assert state.record.outcome == "protocol_error", body
 
 
 def assert_matches_truth(r: RequestRecord, truth: dict[str, Any], t0: int, chunks: int) -> None:
