@@ -1,5 +1,5 @@
-"""Helpers for the reference server's tests: the API key every test server requires, and small
-aiohttp helpers (SSE parsing, metrics scraping)."""
+"""Helpers for the reference server's tests: the API key every test server requires, small
+aiohttp helpers (SSE parsing, metrics scraping), and the server run as a tool-calling agent."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -79,3 +80,15 @@ def label(name: str, **labels: str) -> str:
 
 
 ASCII = re.compile(r"^[\x00-\x7f]*$")
+
+
+def serve_agent(reasoning_tokens: int) -> Iterator[str]:
+    """A fixture's body: the reference server (fake preset) as an agent that thinks
+    ``reasoning_tokens`` tokens, then calls a tool in every answer that may (``--tool-call-rate
+    1``); yields its URL and stops it. The caller skips where the server's extra is missing."""
+    from reference_server import launch
+
+    flags = ["--reasoning-tokens", str(reasoning_tokens), "--tool-call-rate", "1"]
+    with launch.start_server(mode="continuous", preset="fake", extra_args=flags,
+                             timeout_s=60) as server:  # fmt: skip
+        yield server.url

@@ -14,17 +14,15 @@ import pytest
 from loadlab.results import read_results
 from tests.helpers.locust import finish, spawn
 from tests.helpers.loopback import ROOT
+from tests.helpers.server import serve_agent
 
 pytestmark = pytest.mark.locust
-launch = pytest.importorskip("reference_server.launch")
+pytest.importorskip("reference_server.launch")
 
 
 @pytest.fixture(scope="module")
 def agent_server() -> Iterator[str]:
-    flags = ["--reasoning-tokens", "2", "--tool-call-rate", "1"]
-    with launch.start_server(mode="continuous", preset="fake", extra_args=flags,
-                             timeout_s=60) as server:  # fmt: skip
-        yield server.url
+    yield from serve_agent(reasoning_tokens=2)
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ from loadlab.config import EndpointConfig, RunConfig
 from loadlab.runner.workers import run_load
 from loadlab.slo import evaluate, parse_slo
 from loadlab.workloads import WorkloadError, build_requests
+from tests.helpers.server import serve_agent
 
-launch = pytest.importorskip("reference_server.launch")
+pytest.importorskip("reference_server.launch")
 
 AGENT = {"kind": "agent", "sessions": 4, "tool_rounds": 3, "tools": ["search", "read"],
          "prompt_tokens": 30, "tool_result_tokens": 20, "output_tokens": 12,
@@ -77,10 +78,7 @@ def test_a_mix_keeps_sessions_whole_and_ids_unique() -> None:
 
 @pytest.fixture(scope="module")
 def reasoning_agent_server() -> Iterator[str]:
-    flags = ["--reasoning-tokens", "4", "--tool-call-rate", "1"]
-    with launch.start_server(mode="continuous", preset="fake", extra_args=flags,
-                             timeout_s=60) as server:  # fmt: skip
-        yield server.url
+    yield from serve_agent(reasoning_tokens=4)
 
 
 @pytest.mark.parametrize("api", ["chat", "anthropic", "responses"])
