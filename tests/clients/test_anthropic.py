@@ -11,7 +11,6 @@ import pytest
 
 from loadlab.clients import AnthropicClient, AnthropicStreamState
 from loadlab.clients.bodies import build_body
-from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.testing.fault_server import FaultServer
@@ -40,18 +39,6 @@ def test_body_has_history_then_the_new_message_and_extra_fields() -> None:
         "temperature": 1,  # the request's own extra_body wins over the run's
         "a": 1,
     }
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("http://h:1", "http://h:1/v1/messages"),
-        ("http://h:1/v1/", "http://h:1/v1/messages"),
-        ("http://h:1/v1/messages", "http://h:1/v1/messages"),
-    ],
-)
-def test_messages_url(url: str, expected: str) -> None:
-    assert api_url(EndpointConfig(url, api="anthropic")) == expected
 
 
 def _state() -> AnthropicStreamState:

@@ -50,9 +50,16 @@ def test_build_body_completions_without_stream() -> None:
         ("http://h:1", "chat", "http://h:1/v1/chat/completions"),
         ("http://h:1/v1/", "completions", "http://h:1/v1/completions"),
         ("http://h:1/v1/chat/completions", "chat", "http://h:1/v1/chat/completions"),
+        ("http://h:1", "anthropic", "http://h:1/v1/messages"),
+        ("http://h:1/v1/", "anthropic", "http://h:1/v1/messages"),
+        ("http://h:1/v1/messages", "anthropic", "http://h:1/v1/messages"),
+        ("http://h:8000", "responses", "http://h:8000/v1/responses"),
+        ("http://h:8000/v1/", "responses", "http://h:8000/v1/responses"),
+        ("http://h/v1/responses", "responses", "http://h/v1/responses"),
     ],
 )
 def test_api_url(url: str, api: str, expected: str) -> None:
+    """Every dialect's path (one table, ``API_PATHS``): added to a base URL, kept when given."""
     assert api_url(EndpointConfig(url, api=api)) == expected
 
 

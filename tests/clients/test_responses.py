@@ -7,25 +7,11 @@ from __future__ import annotations
 import pytest
 
 from loadlab.clients import ResponsesClient
-from loadlab.clients.streaming import api_url
-from loadlab.config import EndpointConfig
 from loadlab.testing.fault_server import FaultServer
 from tests.helpers.clients import assert_faults_classified, run_faults
 from tests.helpers.loopback import FAULT_OUTCOMES
 
 TRANSPORTS = ["raw", "aiohttp"]
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("http://h:8000", "http://h:8000/v1/responses"),
-        ("http://h:8000/v1/", "http://h:8000/v1/responses"),
-        ("http://h/v1/responses", "http://h/v1/responses"),
-    ],
-)
-def test_responses_url(url: str, expected: str) -> None:
-    assert api_url(EndpointConfig(url, api="responses")) == expected
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
