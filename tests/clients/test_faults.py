@@ -85,10 +85,7 @@ def test_a_run_continues_past_faults(
             return out
 
     outcomes = asyncio.run(main())
-    assert outcomes == [EXPECTED[m] for m in modes]
-    sent = len(outcomes)
-    ok = outcomes.count("ok")
-    assert sent == ok + sum(1 for o in outcomes if o != "ok")
+    assert outcomes == [EXPECTED[m] for m in modes]  # every ok after a fault is still ok
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
