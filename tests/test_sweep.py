@@ -117,3 +117,29 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     # the answer line, or on a machine too loaded for the level to pass, the lowest-tried one
     assert f"4 sessions/s ({lv.sent_rps:.3g} requests/s sent)" in text
     assert r.to_dict()["load_unit"] == "sessions/s"
+
+
+def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeypatch) -> None:
+    """The endpoint is asked how it counts tokens once for the whole sweep; each level's
+    ``run_load`` reuses that answer (it asked again before every level)."""
+    from loadlab import sizing
+    from loadlab.cli import main
+    from loadlab.testing.fixed_server import FixedServerProcess
+
+    asked: list[str] = []
+    real = sizing.ask_endpoint
+
+    def counting(ep, method):  # type: ignore[no-untyped-def]
+        asked.append(method)
+        return real(ep, method)
+
+    monkeypatch.setattr(sizing, "ask_endpoint", counting)
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p90 <= 60000"]\nmin_requests = 1\n')
+    with FixedServerProcess(ttft_ms=5, itl_ms=2, tokens=4) as url:
+        code = main(["sweep", "--endpoint", url, "--rates", "2,4", "--duration", "1",
+                     "--prompt-tokens", "8", "--max-tokens", "4", "--slo", str(slo),
+                     "--inconclusive", "pass", "--out-dir", str(tmp_path / "s"),
+                     "--no-progress"])  # fmt: skip
+    assert code in (0, 1)  # the verdicts do not matter here
+    assert asked == ["auto"]  # once, for two levels

@@ -34,6 +34,7 @@ from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError
 from loadlab.extras import require
 from loadlab.report.output import check_folder, write_output
+from loadlab.sizing import prepared_sizing
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
@@ -129,9 +130,14 @@ def run(args: argparse.Namespace) -> int:
                 print(f"     {why}", file=sys.stderr)
             return lv
 
-        result = find_max_load(
-            evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
-        )
+        # The prompt sizing (a tokenizer, or asking the server) is resolved once for every
+        # level, not probed again before each (run_load reuses an outer resolution).
+        with prepared_sizing(base.replace(endpoints=(endpoint,))) as warnings:
+            for w in warnings:
+                print(f"loadlab sweep: {w}", file=sys.stderr)
+            result = find_max_load(
+                evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
+            )
         summary = out_dir / "sweep.json"
         write_output(
             summary, "--out-dir", lambda p: p.write_text(json.dumps(result.to_dict(), indent=2))
