@@ -92,7 +92,7 @@ class DecodePolicy(ContinuousPolicy):
         pulled: list[SimSeq] = []
         while self.offers and len(self.pulling) < MAX_PULLS_IN_FLIGHT:
             seq = self.offers[0]
-            if len(self.running) + len(self.waiting) + len(self.pulling) >= self.max_num_seqs:
+            if not self._slots_free():
                 break
             if not self._can_allocate(seq, seq.prompt + 1):
                 break
@@ -125,12 +125,23 @@ class DecodePolicy(ContinuousPolicy):
     def decode_stretch(self) -> tuple[int, bool]:
         if self.offers and self.pull_possible():
             return 0, True
-        return super().decode_stretch()
+        k, matter = super().decode_stretch()
+        # A pulled offer joins ``running`` without passing the waiting queue, so a preempted
+        # head stuck there on blocks (which makes the base policy say arrivals cannot matter)
+        # does not stop it: a new request, an offer once prefilled, can still be pulled while
+        # a slot and a pull are free. (Behind an offer that cannot be pulled it waits in FIFO
+        # order, and nothing in a stretch frees a slot or a block.)
+        if not matter and not self.offers:
+            matter = len(self.pulling) < MAX_PULLS_IN_FLIGHT and self._slots_free()
+        return k, matter
+
+    def _slots_free(self) -> bool:
+        return len(self.running) + len(self.waiting) + len(self.pulling) < self.max_num_seqs
 
     def pull_possible(self) -> bool:
         if not self.offers or len(self.pulling) >= MAX_PULLS_IN_FLIGHT:
             return False
-        if len(self.running) + len(self.waiting) + len(self.pulling) >= self.max_num_seqs:
+        if not self._slots_free():
             return False
         return self._can_allocate(self.offers[0], self.offers[0].prompt + 1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadlab.config import RunConfig
@@ -94,6 +94,11 @@ def test_two_prefill_workers_share_arrivals() -> None:
     closed=st.booleans(),
     seed=st.integers(0, 10_000),
 )
+# CI derandomizes Hypothesis; a case random runs found: the decode worker's preempted head
+# waits on blocks, so the base rule said arrivals could not matter and the stretch ran past a
+# request that, prefilled and pulled, joins the running set without passing that queue
+@example(mode="disaggregated", blocks=46, seqs=13, budget=290, timeout=100.0, closed=False,
+         seed=7381)  # fmt: skip
 def test_shortcut_equals_step_by_step(
     mode: str, blocks: int, seqs: int, budget: int, timeout: float, closed: bool, seed: int
 ) -> None:
