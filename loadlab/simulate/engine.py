@@ -179,6 +179,8 @@ class Simulator:
         self._events: list[tuple[float, int, Callable[[float], None]]] = []  # heap
         self._deadlines: list[tuple[float, int, Request]] = []  # heap: timeouts
         self._order = itertools.count()
+        # workers that could not run and have not seen anything happen since (see _wait)
+        self._stalled: set[Worker] = set()
         self._in_server = 0  # requests the API has admitted and not yet answered
         self._owner: dict[SimSeq, Request] = {}  # server-side state -> request, while in flight
         self._prefill_load = [0] * len(self.prefill)  # requests not yet decoding, per worker
@@ -211,9 +213,12 @@ class Simulator:
                 if t_event == INF:
                     break
                 self._handle_event()
+                self._stalled.clear()
                 continue
             assert worker is not None  # noqa: S101 - t_step < INF
-            if not (self.fast and self._stretch(worker)) and not self._step(worker):
+            if (self.fast and self._stretch(worker)) or self._step(worker):
+                self._stalled.clear()
+            else:
                 self._wait(worker)
         return SimOutput(
             cfg=self.cfg,
@@ -231,10 +236,16 @@ class Simulator:
 
     def _wait(self, w: Worker) -> None:
         """``w`` has work that cannot run yet (no blocks until a pull frees some): it waits
-        for the next event or another worker's next step."""
+        for the next event or another worker's next step. A worker that is itself waiting
+        does not count until something happens: two workers each waiting for the other
+        would otherwise take turns one float step at a time, for ever in effect (a prefill
+        worker short of blocks and a decode worker whose preempted head is, both until a
+        KV transfer arrives)."""
+        stalled = self._stalled
+        stalled.add(w)
         t = self._next_event_s()
         for other in self.workers:
-            if other is not w and other.policy.has_work:
+            if other not in stalled and other.policy.has_work:
                 t = min(t, other.now)
         if t == INF:
             raise RuntimeError("simulated server stuck: work waiting, nothing can run")

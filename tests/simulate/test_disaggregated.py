@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
+from loadlab.simulate import LinearStepTime, ServerConfig, SimOutput, Simulator
 
 MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)
 DISAGG = dict(mode="disaggregated", kv_bytes_per_token=1000, kv_transfer_bytes_per_s=1e6,
@@ -104,6 +104,25 @@ def test_shortcut_equals_step_by_step(
 ) -> None:
     """Whatever the mode, load shape, preemption and timeouts: the decode shortcut gives the
     same token times as stepping one by one."""
+    shortcut_against_steps(mode, blocks, seqs, budget, timeout, closed, seed)
+
+
+@pytest.mark.timeout(60)
+def test_two_waiting_workers_wait_for_the_next_event() -> None:
+    """A prefill worker short of blocks and a decode worker whose preempted head is short of
+    blocks, one KV transfer in flight: each used to wait for the other's next step, taking
+    turns one float step at a time (for ever in effect); both now wait for the transfer."""
+    slow = shortcut_against_steps("disaggregated", 48, 13, 44, 100.0, False, 4843)
+    assert slow.preemptions > 0
+    # none timed out (a 400: a chat history grown past max_model_len)
+    assert {r.outcome for r in slow.requests} == {"ok", "http_400"}
+
+
+def shortcut_against_steps(
+    mode: str, blocks: int, seqs: int, budget: int, timeout: float, closed: bool, seed: int
+) -> SimOutput:
+    """Chat sessions against a small server, with and without the decode shortcut: checks
+    that both give the same outcomes and token times; returns the step-by-step run."""
     server = ServerConfig(mode=mode, num_kv_blocks=blocks, block_size=4, max_num_seqs=seqs,
                           max_num_batched_tokens=budget, chunk_size=max(1, budget // 2),
                           kv_bytes_per_token=64, max_model_len=160)  # fmt: skip
@@ -114,9 +133,11 @@ def test_shortcut_equals_step_by_step(
     cfg = RunConfig(requests=24, timeout_s=timeout, seed=seed, workload=wl, **load)  # type: ignore[arg-type]
     from loadlab.workloads import build_requests
 
+    slow_out = Simulator(cfg, server, MODEL, fast=False).run(build_requests(cfg))
     fast = Simulator(cfg, server, MODEL, fast=True).run(build_requests(cfg)).to_results()
-    slow = Simulator(cfg, server, MODEL, fast=False).run(build_requests(cfg)).to_results()
+    slow = slow_out.to_results()
     assert [r.outcome for r in fast.records] == [r.outcome for r in slow.records]
     for f, s in zip(fast.records, slow.records, strict=True):
         assert len(f.chunk_ns) == len(s.chunk_ns), f.request_id
         np.testing.assert_allclose(f.chunk_ns, s.chunk_ns, rtol=0, atol=5)
+    return slow_out
