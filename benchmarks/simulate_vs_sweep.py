@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
+from loadlab.scrape import parse_prometheus_text  # noqa: E402
 from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
 from loadlab.simulate.engine import Simulator  # noqa: E402
 from loadlab.simulate.fit import (  # noqa: E402
@@ -370,12 +371,8 @@ def _scrape(url: str) -> dict[str, float]:
     """``/metrics`` as name -> value (the full name with labels, prefix dropped)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:  # noqa: S310 (our server)
         text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name.removeprefix("loadlab_server_")] = float(value)
-    return out
+    parsed = parse_prometheus_text(text)
+    return {name.removeprefix("loadlab_server_"): value for name, value in parsed.items()}
 
 
 def _slo_file(path: Path, objectives: str, args: argparse.Namespace, rates: str) -> Path:
