@@ -143,3 +143,45 @@ def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeyp
                      "--no-progress"])  # fmt: skip
     assert code in (0, 1)  # the verdicts do not matter here
     assert asked == ["auto"]  # once, for two levels
+
+
+def test_each_level_has_its_own_seed_and_prompts() -> None:
+    """Levels of one sweep draw different prompts (a prefix cache would otherwise serve each
+    level from the one before); the same sweep seed and load give the same level."""
+    from loadlab.config import RunConfig
+    from loadlab.sweep import level_config
+    from loadlab.workloads import build_requests
+    from loadlab.workloads.exact import without_asking
+
+    base = RunConfig(rate_rps=1.0, duration_s=4.0, prompt_tokens=64, max_tokens=4)
+    cfgs = [level_config(base, load, "rate") for load in (1.0, 2.0, 2)]
+    assert cfgs[0].seed != cfgs[1].seed and cfgs[1].seed == cfgs[2].seed
+    assert level_config(base.replace(seed=1), 1.0, "rate").seed != cfgs[0].seed
+    one, two = ([s.prompt for s in build_requests(without_asking(c))] for c in cfgs[:2])
+    assert len(one) >= 1 and len(two) >= 2
+    # no 16-character block (one KV block of the byte tokenizer) of level 2 begins as level 1's
+    assert not {p[:16] for p in one} & {p[:16] for p in two}
+
+
+@pytest.mark.slow
+def test_a_later_level_starts_as_cold_as_the_first_on_a_prefix_cache(tmp_path) -> None:
+    """Against the reference server with its prefix cache on: the second level of a sweep of
+    synthetic prompts finds nothing of the first level's prompts cached (with one seed for
+    every level it found 48 of 64 tokens cached in each of its first requests)."""
+    launch = pytest.importorskip("reference_server.launch")
+    from loadlab.cli import main
+    from loadlab.results import read_results
+
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p90 <= 600000"]\nmin_requests = 1\n')
+    out = tmp_path / "s"
+    with launch.start_server(mode="continuous", preset="fake", timeout_s=90) as server:
+        code = main(["sweep", "--endpoint", server.url, "--api", "completions", "--rates",
+                     "2,4", "--duration", "2", "--prompt-tokens", "64", "--max-tokens", "4",
+                     "--slo", str(slo), "--inconclusive", "pass", "--saturation-lag-ms",
+                     "100000", "--bisect-steps", "0", "--out-dir", str(out), "--no-progress"])  # fmt: skip
+    assert code in (0, 1)
+    for name in ("level-rate-2.json", "level-rate-4.json"):
+        records = read_results(out / name).records
+        assert records and all(r.outcome == "ok" for r in records), name
+        assert sum(r.cached_prompt_tokens or 0 for r in records) == 0, name
