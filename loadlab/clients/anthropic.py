@@ -40,7 +40,7 @@ from typing import Any
 
 from loadlab.clients.state import dumps
 from loadlab.clients.streaming import StreamingClient
-from loadlab.clients.token_frame import TokenFrameState
+from loadlab.clients.token_frame import TypedEventState
 from loadlab.config import EndpointConfig
 from loadlab.records import OUTCOME_PROTOCOL_ERROR
 
@@ -56,7 +56,7 @@ _TOOL_BLOCKS = ("tool_use", "server_tool_use")
 _CACHE_USAGE_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
-class AnthropicStreamState(TokenFrameState):
+class AnthropicStreamState(TypedEventState):
     """Interprets one Messages API response; no I/O (``StreamState`` has the protocol, ``TokenFrameState`` the per-read path)."""
 
     __slots__ = ()
@@ -82,51 +82,44 @@ class AnthropicStreamState(TokenFrameState):
         read = usage.get("cache_read_input_tokens")
         return prompt, read if isinstance(read, int) else None
 
-    def _event(self, data: str, event: str, t_rel: int) -> bool:
-        """One SSE event; True when it decided a failure."""
-        obj = self._json_event(data)
-        if obj is None:
-            return True
-        kind = obj.get("type")
-        try:
-            if kind == "content_block_delta":  # first: nearly every event is one
-                d = obj["delta"]
-                text = d.get("text")
-                if text:
-                    self._stamps.append(t_rel)
-                    self._parts.append(text)
-                    if self.record.answer_ns is None:
-                        self.record.answer_ns = t_rel
-                elif delta := d.get("type"):
-                    if delta == "thinking_delta":
-                        if d.get("thinking"):
-                            self._reasoning(t_rel)
-                    elif delta == "input_json_delta" and (part := d.get("partial_json")):
-                        self._tool_args(obj.get("index"), part, t_rel)
-            elif event == "error" or kind == "error":
-                return self._error(obj, data)
-            elif kind == "content_block_start":
-                block = obj["content_block"]
-                if block.get("type") in _TOOL_BLOCKS:
-                    self._tool_start(obj.get("index"), block.get("id"), block.get("name"))
-            elif kind == "message_start":
-                message = obj["message"]
-                self.record.response_id = message.get("id")
-                usage = message.get("usage")
-                if isinstance(usage, dict):
-                    self.usage = {**(self.usage or {}), **usage}
-            elif kind == "message_delta":
-                if sr := obj["delta"].get("stop_reason"):
-                    self.record.finish_reason = sr
-                usage = obj.get("usage")
-                if isinstance(usage, dict):  # output_tokens is cumulative: the last one wins
-                    self.usage = {**(self.usage or {}), **usage}
-                    self._note_usage(usage)
-            elif kind == "message_stop":
-                self.done = True
-            # ping, content_block_start/stop and unknown future types carry nothing we time
-        except (AttributeError, KeyError, TypeError):
-            return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
+    def _typed(self, obj: dict[str, Any], kind: Any, event: str, data: str, t_rel: int) -> bool:
+        """One event (``TypedEventState`` parsed it); True when it decided a failure."""
+        if kind == "content_block_delta":  # first: nearly every event is one
+            d = obj["delta"]
+            text = d.get("text")
+            if text:
+                self._stamps.append(t_rel)
+                self._parts.append(text)
+                if self.record.answer_ns is None:
+                    self.record.answer_ns = t_rel
+            elif delta := d.get("type"):
+                if delta == "thinking_delta":
+                    if d.get("thinking"):
+                        self._reasoning(t_rel)
+                elif delta == "input_json_delta" and (part := d.get("partial_json")):
+                    self._tool_args(obj.get("index"), part, t_rel)
+        elif event == "error" or kind == "error":
+            return self._error(obj, data)
+        elif kind == "content_block_start":
+            block = obj["content_block"]
+            if block.get("type") in _TOOL_BLOCKS:
+                self._tool_start(obj.get("index"), block.get("id"), block.get("name"))
+        elif kind == "message_start":
+            message = obj["message"]
+            self.record.response_id = message.get("id")
+            usage = message.get("usage")
+            if isinstance(usage, dict):
+                self.usage = {**(self.usage or {}), **usage}
+        elif kind == "message_delta":
+            if sr := obj["delta"].get("stop_reason"):
+                self.record.finish_reason = sr
+            usage = obj.get("usage")
+            if isinstance(usage, dict):  # output_tokens is cumulative: the last one wins
+                self.usage = {**(self.usage or {}), **usage}
+                self._note_usage(usage)
+        elif kind == "message_stop":
+            self.done = True
+        # ping, content_block_start/stop and unknown future types carry nothing we time
         return False
 
     def _answer(self, obj: dict[str, Any], raw: bytes, t_ns: int) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadlab.clients.streaming import StreamingClient
-from loadlab.clients.token_frame import TokenFrameState
+from loadlab.clients.token_frame import TypedEventState
 from loadlab.records import OUTCOME_PROTOCOL_ERROR
 
 __all__ = ["ResponsesClient", "ResponsesStreamState"]
@@ -51,7 +51,7 @@ _ARGS = "response.function_call_arguments.delta"
 _ENDS = ("response.completed", "response.incomplete")
 
 
-class ResponsesStreamState(TokenFrameState):
+class ResponsesStreamState(TypedEventState):
     """Interprets one Responses API response; no I/O (``StreamState`` has the protocol,
     ``TokenFrameState`` the per-read path)."""
 
@@ -63,42 +63,35 @@ class ResponsesStreamState(TokenFrameState):
     OUTPUT_DETAILS_KEY = "output_tokens_details"
     INCOMPLETE = "stream ended before response.completed"
 
-    def _event(self, data: str, event: str, t_rel: int) -> bool:
-        """One SSE event; True when it decided a failure."""
-        obj = self._json_event(data)
-        if obj is None:
-            return True
-        kind = obj.get("type")
-        try:
-            if kind == _TEXT:  # first: nearly every event of an answer is one
-                if text := obj["delta"]:
-                    self._stamps.append(t_rel)
-                    self._parts.append(text)
-                    if self.record.answer_ns is None:
-                        self.record.answer_ns = t_rel
-            elif kind in _REASONING:
-                if obj["delta"]:
-                    self._reasoning(t_rel)
-            elif kind == _ARGS:
-                if args := obj["delta"]:
-                    self._tool_args(obj.get("item_id") or obj.get("output_index"), args, t_rel)
-            elif event == "error" or kind == "error":
-                return self._error(obj, data)
-            elif kind == "response.output_item.added":
-                item = obj["item"]
-                if item.get("type") == "function_call":
-                    key = item.get("id") or obj.get("output_index")
-                    self._tool_start(key, item.get("call_id"), item.get("name"))
-            elif kind == "response.created":
-                self.record.response_id = obj["response"].get("id")
-            elif kind in _ENDS:
-                self.done = True
-                self._ended(obj["response"])
-            elif kind == "response.failed":
-                err = obj["response"].get("error") or {}
-                return self._error({"error": err}, data, "response failed")
-        except (AttributeError, KeyError, TypeError):
-            return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
+    def _typed(self, obj: dict[str, Any], kind: Any, event: str, data: str, t_rel: int) -> bool:
+        """One event (``TypedEventState`` parsed it); True when it decided a failure."""
+        if kind == _TEXT:  # first: nearly every event of an answer is one
+            if text := obj["delta"]:
+                self._stamps.append(t_rel)
+                self._parts.append(text)
+                if self.record.answer_ns is None:
+                    self.record.answer_ns = t_rel
+        elif kind in _REASONING:
+            if obj["delta"]:
+                self._reasoning(t_rel)
+        elif kind == _ARGS:
+            if args := obj["delta"]:
+                self._tool_args(obj.get("item_id") or obj.get("output_index"), args, t_rel)
+        elif event == "error" or kind == "error":
+            return self._error(obj, data)
+        elif kind == "response.output_item.added":
+            item = obj["item"]
+            if item.get("type") == "function_call":
+                key = item.get("id") or obj.get("output_index")
+                self._tool_start(key, item.get("call_id"), item.get("name"))
+        elif kind == "response.created":
+            self.record.response_id = obj["response"].get("id")
+        elif kind in _ENDS:
+            self.done = True
+            self._ended(obj["response"])
+        elif kind == "response.failed":
+            err = obj["response"].get("error") or {}
+            return self._error({"error": err}, data, "response failed")
         return False
 
     def _ended(self, response: dict[str, Any]) -> None:

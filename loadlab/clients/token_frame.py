@@ -9,7 +9,9 @@ way: the SSE decoder and the dialect's ``_event``. Behaviour is the same either 
 compare both paths on every split of generated streams); only the cost differs.
 
 The dialect states (``OpenAIStreamState``, ``AnthropicStreamState``) subclass ``TokenFrameState``
-and name where their token text starts (``TEXT_KEYS``). ``on_bytes`` is one function, fast path
+and name where their token text starts (``TEXT_KEYS``). The dialects whose every event is a
+JSON object named by its ``type`` (Messages, Responses) subclass ``TypedEventState``, which
+checks that shape once for both and hands the dialect the object and its type. ``on_bytes`` is one function, fast path
 and full way together, because it runs once per read: a call more would cost every chunk.
 
 Example::
@@ -29,7 +31,7 @@ from loadlab.clients.sse import RawEvent, SSEDecoder, SSELimitError
 from loadlab.clients.state import StreamState
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
 
-__all__ = ["TokenFrameState"]
+__all__ = ["TokenFrameState", "TypedEventState"]
 
 _LEARN_TRIES = 3  # token frames learned per stream (see TokenFrameState._learn_frame)
 # a JSON string's body that needs no unescaping: no quote, backslash or control character
@@ -183,3 +185,29 @@ class TokenFrameState(StreamState):
             and not scratch.record.server
             and scratch.usage is self.usage
         )
+
+
+class TypedEventState(TokenFrameState):
+    """``TokenFrameState`` for the dialects whose every event is a JSON object named by its
+    ``type`` field (Anthropic Messages, OpenAI Responses): ``_event`` parses it and turns an
+    event of the wrong shape (a missing key, a list where an object belongs) into a protocol
+    error; the dialect's ``_typed`` reads the event."""
+
+    __slots__ = ()
+
+    def _event(self, data: str, event: str, t_rel: int) -> bool:
+        """One SSE event; True when it decided a failure."""
+        obj = self._json_event(data)
+        if obj is None:
+            return True
+        try:  # free unless raised (zero-cost try, Python 3.11+)
+            return self._typed(obj, obj.get("type"), event, data, t_rel)
+        except (AttributeError, KeyError, TypeError):
+            return self._set(OUTCOME_PROTOCOL_ERROR, "unexpected event shape: " + data)
+
+    def _typed(  # pragma: no cover
+        self, obj: dict[str, Any], kind: Any, event: str, data: str, t_rel: int
+    ) -> bool:
+        """One event's JSON object and its ``type`` (``event``: the SSE event line; ``data``:
+        the raw text, for error messages); True when it decided a failure."""
+        raise NotImplementedError
