@@ -18,7 +18,6 @@ token write - request arrival. Their difference is what the generator adds (send
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -30,28 +29,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.locust_timing import get_json, pct, reset  # noqa: E402
+from benchmarks.locust_timing import get_json, pct, reset, run_locust  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "chat.py"
-
-
-def run_locust(
-    url: str, users: int, spawn_rate: float, duration_s: int, tree: Path = ROOT
-) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "ramp.json"
-        scenario = tree / SCENARIO.relative_to(ROOT)
-        cmd = [sys.executable, "-m", "locust", "-f", str(scenario), "--headless",
-               "-u", str(users), "-r", str(spawn_rate), "-t", f"{duration_s}s", "--host", url,
-               "--loadlab-out", str(out), "--only-summary"]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env,
-                              timeout=duration_s + 180, check=False)  # fmt: skip
-        if not out.exists():
-            raise RuntimeError(
-                f"locust wrote no results:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-            )
-        return dict(json.loads(out.read_text()))
 
 
 def per_second(results: dict[str, Any], truth: dict[str, Any]) -> list[dict[str, float]]:
@@ -103,7 +83,9 @@ def main() -> int:
         for _ in range(args.rounds):
             for name, tree in trees:
                 reset(url)
-                res = run_locust(url, args.users, args.spawn_rate, args.duration, tree)
+                scenario = tree / SCENARIO.relative_to(ROOT)
+                res = run_locust(url, scenario, args.users, args.spawn_rate, args.duration,
+                                 tree=tree, slack_s=180)  # fmt: skip
                 print(f"\n== {name}")
                 code |= report(args, res, per_second(res, get_json(url + "/truth")))
     return code

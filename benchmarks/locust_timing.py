@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,49 +207,38 @@ def row(label: str, reads: dict[str, Any], truth: dict[str, Any], cpu_s: float) 
 # ---------------------------------------------------------------- part 2: LLMUser in Locust
 
 
-def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[str, Any]:
-    reset(url)
+def run_locust(
+    url: str,
+    locustfile: Path,
+    users: int,
+    spawn_rate: float,
+    duration_s: float,
+    extra: Sequence[str] = (),
+    *,
+    tree: Path = ROOT,
+    slack_s: float = 120,
+) -> dict[str, Any]:
+    """One headless Locust process running ``locustfile`` (``extra``: its own options) with
+    ``tree``'s loadlab; the results file loadlab's hooks wrote (``--loadlab-out``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            str(LOCUSTFILE),
-            "--headless",
-            "-u",
-            str(users),
-            "-r",
-            str(max(users, 1)),
-            "-t",
-            f"{int(duration_s)}s",
-            "--host",
-            url,
-            "--turns",
-            "1",
-            "--max-tokens",
-            str(tokens),
-            "--loadlab-out",
-            str(out),
-            "--only-summary",
-            "--itl-rows",
-            "gaps",
-        ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=duration_s + 120,
-            cwd=ROOT,
-            env=env,
-        )
+        cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless",
+               "-u", str(users), "-r", str(spawn_rate), "-t", f"{int(duration_s)}s", "--host", url,
+               "--loadlab-out", str(out), "--only-summary", *extra]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env,
+                              timeout=duration_s + slack_s, check=False)  # fmt: skip
         if not out.exists():
             raise RuntimeError(
                 f"locust wrote no results:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             )
-        res = json.loads(out.read_text())
+        return dict(json.loads(out.read_text()))
+
+
+def locust_level(url: str, users: int, duration_s: float, tokens: int) -> dict[str, Any]:
+    reset(url)
+    opts = ["--turns", "1", "--max-tokens", str(tokens), "--itl-rows", "gaps"]
+    res = run_locust(url, LOCUSTFILE, users, max(users, 1), duration_s, opts)
     truth = get_json(url + "/truth")
     t0 = res["extra"]["locust"]["t0_perf_ns"]
     c_ttft, s_ttft, paired, lag, send, first = [], [], [], [], [], []
