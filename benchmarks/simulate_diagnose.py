@@ -46,7 +46,7 @@ from loadlab.commands import run as run_command  # noqa: E402
 from loadlab.metrics import itl_ms, ttft_ms  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
 from loadlab.simulate.engine import Simulator  # noqa: E402
-from loadlab.simulate.fit import fit_linear, measure_reference, points_from_step_log  # noqa: E402
+from loadlab.simulate.fit import fit_reference, points_from_step_log  # noqa: E402
 from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
 from loadlab.simulate.steptime import StepTimeModel, model_from_dict  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
@@ -101,10 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_model:
         model = model_from_dict(json.loads(Path(args.step_model).read_text(encoding="utf-8")))
     else:
-        points = measure_reference(args.preset, threads=args.threads, typical=True,
-                                   batches=(1, 2, 4, 8, 16), contexts=(64, 128),
-                                   prompts=(32, 64, 128, 256), repeats=3)  # fmt: skip
-        model = fit_linear(points, f"reference {args.preset} preset, {args.threads} threads")
+        model = fit_reference(args.preset, threads=args.threads, typical=True,
+                              batches=(1, 2, 4, 8, 16), contexts=(64, 128),
+                              prompts=(32, 64, 128, 256), repeats=3)  # fmt: skip
         (out / "fit.json").write_text(json.dumps(model.to_dict(), indent=2), encoding="utf-8")
     print(model.describe(), flush=True)
     report: dict[str, Any] = {"args": vars(args), "model": model.to_dict(), "modes": {}}

@@ -53,18 +53,10 @@ sys.path.insert(0, str(ROOT))
 
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
-from loadlab.results import read_results  # noqa: E402
 from loadlab.scrape import parse_prometheus_text  # noqa: E402
+from loadlab.simulate import fit  # noqa: E402
 from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
 from loadlab.simulate.engine import Simulator  # noqa: E402
-from loadlab.simulate.fit import (  # noqa: E402
-    fit_linear,
-    fit_step_log,
-    measure_reference,
-    points_from_results,
-    read_step_log,
-    residual_table,
-)
 from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
 from loadlab.simulate.versus import curves_of  # noqa: E402
 from loadlab.slo import load_slo  # noqa: E402
@@ -165,11 +157,10 @@ def _reference_fit(args: argparse.Namespace, path: Path) -> Path:
             "repeats": 3,
         }
     )
-    points = measure_reference(args.preset, threads=args.threads, typical=args.typical, **grid)  # type: ignore[arg-type]
-    model = fit_linear(points, f"reference {args.preset} preset, {args.threads} threads")
+    model = fit.fit_reference(args.preset, threads=args.threads, typical=args.typical, **grid)
     path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
     print(f"model timed alone: fit in {time.monotonic() - t0:.0f} s", flush=True)
-    print(residual_table(model), flush=True)
+    print(fit.residual_table(model), flush=True)
     return path
 
 
@@ -187,7 +178,7 @@ def _calibrate(url: str, args: argparse.Namespace, out: Path, mode: str,
                "--out", str(out / f"calibrate-{mode}{tag}-{i}.json")]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     after = _scrape(url)
-    steps = [e for e in read_step_log(url) if e["start_ns"] >= t_begin]
+    steps = [e for e in fit.read_step_log(url) if e["start_ns"] >= t_begin]
     (out / f"steps-{mode}{tag}.json").write_text(json.dumps(steps), encoding="utf-8")
     kv = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _KV_KEYS}
     return {"steps": steps, "kv": kv}
@@ -206,12 +197,12 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
         if args.fit == "steps":
             t0 = time.monotonic()
             cal = _calibrate(url, args, out, mode)
-            model = fit_step_log(cal["steps"], f"{mode} server's steps, calibration load")
+            model = fit.fit_step_log(cal["steps"], f"{mode} server's steps, calibration load")
             fit_path = out / f"fit-{mode}.json"
             fit_path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
             print(f"[{mode}] fit to {len(cal['steps'])} server steps in "
                   f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
-            print(residual_table(model), flush=True)
+            print(fit.residual_table(model), flush=True)
             # the transfers the calibration made, as one effective rate (their fixed cost
             # included): what the decode worker measured from receive to import
             gbps = _kv_rate(cal["kv"])
@@ -257,17 +248,17 @@ def _own_steps(url: str, args: argparse.Namespace, out: Path, mode: str, t_sweep
     took during that very sweep (step times only, never a latency). What is left of the error
     then is the simulator's scheduling and queueing, not the step prices: it separates the
     two, where the calibrations cannot follow a machine whose speed drifts."""
-    steps = [e for e in read_step_log(url) if e["start_ns"] >= t_sweep]
+    steps = [e for e in fit.read_step_log(url) if e["start_ns"] >= t_sweep]
     (out / f"steps-{mode}-sweep.json").write_text(json.dumps(steps), encoding="utf-8")
     try:
-        model = fit_step_log(steps, f"{mode} server's steps during the measured sweep")
+        model = fit.fit_step_log(steps, f"{mode} server's steps during the measured sweep")
     except ValueError as exc:  # too few step shapes (a short sweep of one prompt length)
         print(f"[{mode}] no fit to the sweep's own steps: {exc}", flush=True)
         return {}
     path = out / f"fit-{mode}-own.json"
     path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
     print(f"[{mode}] fit to the sweep's own {len(steps)} steps (a check, not a prediction)\n"
-          f"{residual_table(model)}", flush=True)  # fmt: skip
+          f"{fit.residual_table(model)}", flush=True)  # fmt: skip
     res = _versus_reference(url, sweep_dir, path, args, info, mode, slo, kv_gbps=kv_gbps)
     return {**res, "steps": len(steps), "kv_gbps": kv_gbps}
 
@@ -280,13 +271,13 @@ def _bracket(url: str, args: argparse.Namespace, out: Path, mode: str, before: d
     after-fit's price of a few step shapes against the before-fit's."""
     after = _calibrate(url, args, out, mode, tag="-after")
     source = f"{mode} server's steps, calibration loads before and after the sweep"
-    model = fit_step_log(before["steps"] + after["steps"], source)
+    model = fit.fit_step_log(before["steps"] + after["steps"], source)
     path = out / f"fit-{mode}-bracket.json"
     path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
     print(f"[{mode}] fit to {len(before['steps'])} + {len(after['steps'])} server steps "
-          f"(before and after the sweep)\n{residual_table(model)}", flush=True)  # fmt: skip
-    one = fit_step_log(before["steps"], "before")
-    two = fit_step_log(after["steps"], "after")
+          f"(before and after the sweep)\n{fit.residual_table(model)}", flush=True)  # fmt: skip
+    one = fit.fit_step_log(before["steps"], "before")
+    two = fit.fit_step_log(after["steps"], "after")
     drift = {}
     # (prefill tokens, decode rows, attention pairs, KV tokens read): one 64-token prompt,
     # one decode row at context 80, 16 rows at context 80 (the default load's shapes)
@@ -438,9 +429,8 @@ def _blackbox(url: str, args: argparse.Namespace, slo2: Path, out: Path, sweep_d
     """Fit from the first sweep's results only; predict the second SLO's SLO-max load; then
     measure it with a second sweep on the same server."""
     files = sorted(sweep_dir.glob("level-*.json"))
-    model = fit_linear(points_from_results(read_results(f) for f in files),
-                       f"black box, {len(files)} results files")  # fmt: skip
-    print(f"[{mode}] black-box fit\n{residual_table(model)}", flush=True)
+    model = fit.fit_results(files)
+    print(f"[{mode}] black-box fit\n{fit.residual_table(model)}", flush=True)
     rates = [float(x) for x in args.rates2.split(",")]
     base = _base_config(args, url)
     server = _sim_server(mode, info)

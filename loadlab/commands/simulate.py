@@ -65,12 +65,11 @@ def _fit(args: argparse.Namespace) -> StepTimeModel | int:
     """The fitted model (its residuals printed, written to --fit-out), or an exit code."""
     import json
 
-    from loadlab.results import ResultsError, read_results
+    from loadlab.results import ResultsError
     from loadlab.simulate.fit import (
-        fit_linear,
+        fit_reference,
+        fit_results,
         fit_step_log,
-        measure_reference,
-        points_from_results,
         read_step_log,
         residual_table,
     )
@@ -81,12 +80,9 @@ def _fit(args: argparse.Namespace) -> StepTimeModel | int:
             model = fit_step_log(read_step_log(args.fit_steps), f"step log of {args.fit_steps}")
         elif args.fit_reference:
             print(f"timing the reference {args.fit_reference} model's steps ...", file=sys.stderr)
-            points = measure_reference(args.fit_reference, threads=args.threads, log=sys.stderr)
-            source = f"reference {args.fit_reference} preset, {args.threads or 'default'} threads"
-            model = fit_linear(points, source)
+            model = fit_reference(args.fit_reference, threads=args.threads, log=sys.stderr)
         else:
-            points = points_from_results(read_results(f) for f in args.fit_results)
-            model = fit_linear(points, f"black box, {len(args.fit_results)} results files")
+            model = fit_results(args.fit_results)
     except (ValueError, ResultsError, OSError) as exc:
         print(f"loadlab simulate: cannot fit: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,8 @@ __all__ = [
     "StepPoint",
     "extrapolation",
     "fit_linear",
+    "fit_reference",
+    "fit_results",
     "fit_step_log",
     "measure_reference",
     "points_from_results",
@@ -332,6 +334,22 @@ def points_from_step_log(
         points.append(StepPoint.step(float(pre), float(dec), float(pairs), float(kv), seconds,
                                      label))  # fmt: skip
     return points
+
+
+def fit_reference(preset: str, *, threads: int | None = None, **grid: Any) -> LinearStepTime:
+    """``fit_linear`` on the reference model's steps timed alone here (``measure_reference``
+    with ``grid``: batches, contexts, prompts, repeats, typical, log)."""
+    points = measure_reference(preset, threads=threads, **grid)
+    return fit_linear(points, f"reference {preset} preset, {threads or 'default'} threads")
+
+
+def fit_results(paths: Sequence[Any]) -> LinearStepTime:
+    """The black box: ``fit_linear`` on what one sweep's results files show
+    (``points_from_results``), nothing else."""
+    from loadlab.results import read_results
+
+    points = points_from_results(read_results(p) for p in paths)
+    return fit_linear(points, f"black box, {len(paths)} results files")
 
 
 def read_step_log(source: str) -> list[dict[str, Any]]:
