@@ -1,7 +1,7 @@
 """Where the simulator's prediction of one load level parts from the server's: step by step.
 
 ``simulate_vs_sweep.py`` compares latencies; this looks under them. For each mode it runs one
-open-loop level of ``loadlab run``'s default load against the reference server and the same
+open-loop level of the comparison's load (synthetic prompts) against the reference server and the same
 level through the simulator (same arrivals: the same seed), and prints side by side:
 
 - per step phase (prefill, decode, mixed; disaggregated: the prefill worker's steps are
@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulate_vs_sweep import _scrape  # noqa: E402 - this folder: the same /metrics reader
+from simulate_vs_sweep import _scrape, add_setup_arguments  # noqa: E402 - this folder
 
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
@@ -50,6 +50,7 @@ from loadlab.simulate.fit import fit_reference, points_from_step_log  # noqa: E4
 from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
 from loadlab.simulate.steptime import StepTimeModel, model_from_dict  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
+from loadlab.workloads.exact import without_asking  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 
@@ -84,14 +85,8 @@ class Recording:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--modes", default="static,continuous,chunked,disaggregated")
-    p.add_argument("--preset", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
+    add_setup_arguments(p)  # the comparison's server and load
     p.add_argument("--rate", type=float, default=8.0)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--step-model", help="a fitted step-time model (default: fit one here)")
     p.add_argument("--out-dir", default="reports/simulate-diagnose")
     args = p.parse_args(argv)
@@ -154,8 +149,10 @@ def _one_mode(mode: str, args: argparse.Namespace, model: StepTimeModel, out: Pa
     # the same level simulated, one step at a time
     parser = argparse.ArgumentParser()
     run_command.add_arguments(parser)
+    # with --endpoint, as the measured run had: without one, run takes its demo load (chat)
     cfg = run_command.config_from_args(parser.parse_args([
-        "--rate", str(args.rate), "--duration", str(args.duration),
+        "--endpoint", url, "--model", "loadlab-ref", "--rate", str(args.rate),
+        "--duration", str(args.duration),
         "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
     blocks = int(info["num_kv_blocks"]) // (2 if mode == "disaggregated" else 1)
     server = SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
@@ -164,6 +161,7 @@ def _one_mode(mode: str, args: argparse.Namespace, model: StepTimeModel, out: Pa
                        prefix_caching=bool(info.get("prefix_caching", True)),
                        kv_bytes_per_token=int(info.get("kv_bytes_per_token", 0)))  # fmt: skip
     rec = Recording(model)
+    cfg = without_asking(cfg)  # the byte tokenizer, as the server counts (no server asked)
     sim = Simulator(cfg, server, rec, fast=False).run(build_requests(cfg)).to_results()
     res["predicted"] = {
         "steps": {ph: {"steps": t[0], "mean_ms": t[1] / t[0] * 1e3, "prefill_per_step": t[2] / t[0],

@@ -73,15 +73,10 @@ BLACKBOX_TARGET_PCT = 20.0
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--modes", default="static,continuous,chunked,disaggregated")
-    p.add_argument("--preset", default="cpu")
-    # One torch thread: on a loaded 2-core machine two threads spin against each other (a
-    # batch-1 decode step measured 270 ms with two, 31 ms with one, minutes apart).
-    p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
+    add_setup_arguments(p)
     # 4 rps apart and bisected twice: 1 rps resolution, 5-10 % at the 10-20 rps limits here
     p.add_argument("--rates", default="4,8,12,16,20,24,28,32", help="sweep levels, requests/s")
     p.add_argument("--bisect-steps", type=int, default=2)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per level")
     p.add_argument("--fit", choices=("steps", "reference"), default="steps",
                    help="the sweep's model: the server's step log under the calibration load "
                    "(steps), or the model's steps timed alone here (reference)")  # fmt: skip
@@ -95,9 +90,6 @@ def main(argv: list[str] | None = None) -> int:
                    "prediction, a check of the scheduling apart from the step prices")  # fmt: skip
     p.add_argument("--also-reference", action=argparse.BooleanOptionalAction, default=True,
                    help="also predict each sweep with the model timed alone (one fit, first)")  # fmt: skip
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--max-num-seqs", type=int, default=16)
     # TTFT p90 loose enough for static batching (a request waits for the running batch).
     # The second SLO binds earlier, on queueing (TTFT p90 four times tighter). Not on the
     # ITL tail: "itl_ms.p99 <= 100" sat between the measured and the priced cost of a
@@ -182,6 +174,20 @@ def _calibrate(url: str, args: argparse.Namespace, out: Path, mode: str,
     (out / f"steps-{mode}{tag}.json").write_text(json.dumps(steps), encoding="utf-8")
     kv = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _KV_KEYS}
     return {"steps": steps, "kv": kv}
+
+
+def add_setup_arguments(p: argparse.ArgumentParser) -> None:
+    """The server and load options, shared with ``simulate_diagnose.py`` (which looks at one
+    level of this very setup, so the two must not drift apart)."""
+    p.add_argument("--modes", default="static,continuous,chunked,disaggregated")
+    p.add_argument("--preset", default="cpu")
+    # One torch thread: on a loaded 2-core machine two threads spin against each other (a
+    # batch-1 decode step measured 270 ms with two, 31 ms with one, minutes apart).
+    p.add_argument("--threads", type=int, default=1, help="torch threads (server and fit)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per level")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-num-seqs", type=int, default=16)
 
 
 def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: Path,
