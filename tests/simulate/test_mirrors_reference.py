@@ -6,7 +6,9 @@ does, on a simulated clock priced by the same step-time model. Every request's t
 must equal the simulator's, with and without its decode shortcut, in every mode, including
 runs that preempt, with prefix caching on (prompts sharing prefixes, repeated whole, chat
 sessions whose later turns carry their history) and off. The fake runner checks the K/V it
-is asked to read was written by the same prefix (``check_kv``).
+is asked to read was written by the same prefix (``check_kv``). Each reference step is
+priced from ``ScheduledBatch.step_shape`` (the server's step log), the simulator's from its
+own count of the same four features.
 """
 
 from __future__ import annotations
@@ -68,11 +70,9 @@ def reference_token_times(server: ServerConfig, specs: list[RequestSpec]) -> dic
         if not batch:
             now = pending[0][0]
             continue
-        starts = np.array([i.seq.num_computed_tokens for i in batch.items], dtype=np.int64)
-        ns = np.array([i.num_new_tokens for i in batch.items], dtype=np.int64)
-        prefill, decode = int(ns[ns > 1].sum()), int((ns == 1).sum())
-        pairs = int((starts * ns + ns * (ns + 1) // 2).sum())
-        dt = MODEL.step_s(prefill, decode, pairs, int(starts.sum()))
+        # the server's own step shape (what its step log records), priced as the simulator
+        # prices its steps: so the two shape computations are held to each other here too
+        dt = MODEL.step_s(*batch.step_shape())
         tokens = runner.run(batch)
         now += dt
         for seq in sched.postprocess(batch, tokens):
