@@ -11,8 +11,9 @@ compare both paths on every split of generated streams); only the cost differs.
 The dialect states (``OpenAIStreamState``, ``AnthropicStreamState``) subclass ``TokenFrameState``
 and name where their token text starts (``TEXT_KEYS``). The dialects whose every event is a
 JSON object named by its ``type`` (Messages, Responses) subclass ``TypedEventState``, which
-checks that shape once for both and hands the dialect the object and its type. ``on_bytes`` is one function, fast path
-and full way together, because it runs once per read: a call more would cost every chunk.
+checks that shape once for both and hands the dialect the object and its type. ``on_bytes``
+is one function, fast path and full way together, because it runs once per read: a call
+more would cost every chunk.
 
 Example::
 
