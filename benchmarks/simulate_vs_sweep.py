@@ -232,7 +232,7 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
         if args.fit == "steps" and args.recalibrate:
             res["bracket"] = _bracket(url, args, out, mode, cal, sweep_dir, info, slo1)
         if reference is not None and args.fit == "steps":
-            res["reference"] = _versus_reference(
+            res["reference"] = _predict_with(
                 url,
                 sweep_dir,
                 reference,
@@ -265,7 +265,7 @@ def _own_steps(url: str, args: argparse.Namespace, out: Path, mode: str, t_sweep
     path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
     print(f"[{mode}] fit to the sweep's own {len(steps)} steps (a check, not a prediction)\n"
           f"{fit.residual_table(model)}", flush=True)  # fmt: skip
-    res = _versus_reference(url, sweep_dir, path, args, info, mode, slo, kv_gbps=kv_gbps)
+    res = _predict_with(url, sweep_dir, path, args, info, mode, slo, kv_gbps=kv_gbps)
     return {**res, "steps": len(steps), "kv_gbps": kv_gbps}
 
 
@@ -296,7 +296,7 @@ def _bracket(url: str, args: argparse.Namespace, out: Path, mode: str, before: d
         for k, v in drift.items()), flush=True)  # fmt: skip
     kv = {k: before["kv"][k] + after["kv"][k] for k in before["kv"]}
     gbps = _kv_rate(kv)
-    res = _versus_reference(url, sweep_dir, path, args, info, mode, slo, kv_gbps=gbps)
+    res = _predict_with(url, sweep_dir, path, args, info, mode, slo, kv_gbps=gbps)
     return {**res, "fit": model.to_dict(), "drift": drift}
 
 
@@ -314,16 +314,16 @@ def _kv_rate(kv: dict[str, float]) -> float | None:
     return None
 
 
-def _versus_reference(url: str, sweep_dir: Path, reference: Path, args: argparse.Namespace,
-                      info: dict[str, Any], mode: str, slo: Path,
-                      kv_gbps: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """The same measured sweep predicted by another model (simulation only): by default the
-    model timed alone."""
+def _predict_with(url: str, sweep_dir: Path, model_path: Path, args: argparse.Namespace,
+                  info: dict[str, Any], mode: str, slo: Path,
+                  kv_gbps: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The same measured sweep predicted by another step-time model (simulation only): the
+    model timed alone, the fit to both calibrations, or the fit to the sweep's own steps."""
     if not (sweep_dir / "sweep.json").is_file():
         return {}
     from loadlab.simulate.steptime import model_from_dict
 
-    model = model_from_dict(json.loads(reference.read_text(encoding="utf-8")))
+    model = model_from_dict(json.loads(model_path.read_text(encoding="utf-8")))
     base = _base_config(args, url)
     server = _sim_server(mode, info)
     if kv_gbps:
