@@ -226,6 +226,10 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
         kv_before = _scrape(url)
         _sweep(url, args, slo1, sweep_dir, ["--predict", "--step-model", str(fit_path), *flags])
         res.update(_read_versus(sweep_dir))
+        if args.fit == "steps":  # the same fit, every step at its median (no measured spread)
+            res["median"] = _predict_with(url, sweep_dir, fit_path, args, info, mode, slo1,
+                                          kv_gbps=res.get("kv_transfer", {}).get("gbps"),
+                                          jitter=False)  # fmt: skip
         if args.own_steps:
             sweep_kv = _kv_gbps(kv_before, _scrape(url))
             res["own"] = _own_steps(url, args, out, mode, t_sweep, sweep_dir, info, slo1, sweep_kv)
@@ -266,7 +270,49 @@ def _own_steps(url: str, args: argparse.Namespace, out: Path, mode: str, t_sweep
     print(f"[{mode}] fit to the sweep's own {len(steps)} steps (a check, not a prediction)\n"
           f"{fit.residual_table(model)}", flush=True)  # fmt: skip
     res = _predict_with(url, sweep_dir, path, args, info, mode, slo, kv_gbps=kv_gbps)
-    return {**res, "steps": len(steps), "kv_gbps": kv_gbps}
+    return {**res, "steps": len(steps), "kv_gbps": kv_gbps,
+            "levels": _level_own(steps, sweep_dir, args, info, mode, url, kv_gbps)}  # fmt: skip
+
+
+def _level_own(steps: list[dict[str, Any]], sweep_dir: Path, args: argparse.Namespace,
+               info: dict[str, Any], mode: str, url: str,
+               kv_gbps: float | None) -> dict[str, Any]:  # fmt: skip
+    """Not a prediction: each compared level simulated with a fit to the steps the server
+    took during that level alone (its results file's ``t0_ns`` is on the step log's clock).
+    The step prices then cannot have drifted since they were measured, so what is left of
+    the error is the simulator's scheduling and the spread it draws."""
+    if not (sweep_dir / "predicted.json").is_file():
+        return {}
+    from loadlab.results import read_results
+
+    measured = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    curve = json.loads((sweep_dir / "predicted.json").read_text(encoding="utf-8"))["curves"]
+    loads = _compared_loads(measured, curve["measured"])["latency"]
+    by_load = {}
+    for path in sweep_dir.glob("level-*.json"):
+        res = read_results(path)
+        by_load[float(res.config.get("rate_rps") or 0)] = res
+    base = _base_config(args, url)
+    server = _sim_server(mode, info)
+    if kv_gbps:
+        server = dataclasses.replace(server, kv_transfer_bytes_per_s=kv_gbps * 1e9,
+                                     kv_transfer_latency_s=0.0)  # fmt: skip
+    rows = []
+    for load in loads:
+        level = by_load.get(load)
+        if level is None or "t0_ns" not in level.extra:
+            continue
+        t0 = int(level.extra["t0_ns"])
+        mine = [e for e in steps if t0 <= e["start_ns"] <= t0 + level.duration_ns]
+        try:
+            model = fit.fit_step_log(mine, f"{mode} server's steps at {load:g} rps")
+        except ValueError:  # too few shapes at a low level
+            continue
+        cfg = without_asking(level_config(base, load, "rate"))
+        sim = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
+        rows.append(_cells(load, curve["measured"][_key(curve["measured"], load)],
+                           curves_of({load: sim})[load]))  # fmt: skip
+    return {"predicted_max": None, "max_error_pct": None, "latency": rows}
 
 
 def _bracket(url: str, args: argparse.Namespace, out: Path, mode: str, before: dict[str, Any],
@@ -316,14 +362,17 @@ def _kv_rate(kv: dict[str, float]) -> float | None:
 
 def _predict_with(url: str, sweep_dir: Path, model_path: Path, args: argparse.Namespace,
                   info: dict[str, Any], mode: str, slo: Path,
-                  kv_gbps: float | None = None) -> dict[str, Any]:  # fmt: skip
+                  kv_gbps: float | None = None, jitter: bool = True) -> dict[str, Any]:  # fmt: skip
     """The same measured sweep predicted by another step-time model (simulation only): the
-    model timed alone, the fit to both calibrations, or the fit to the sweep's own steps."""
+    model timed alone, the fit to both calibrations, or the fit to the sweep's own steps;
+    ``jitter=False``: every step at its shape's median (``--step-jitter off``)."""
     if not (sweep_dir / "sweep.json").is_file():
         return {}
-    from loadlab.simulate.steptime import model_from_dict
+    from loadlab.simulate.steptime import model_from_dict, without_jitter
 
     model = model_from_dict(json.loads(model_path.read_text(encoding="utf-8")))
+    if not jitter:
+        model = without_jitter(model)
     base = _base_config(args, url)
     server = _sim_server(mode, info)
     if kv_gbps:
@@ -561,11 +610,17 @@ def _print_tables(summary: dict[str, Any]) -> None:
               f"{_fmt(r['predicted_max'], 2)} | {_pct(r['max_error_pct'], LOAD_TARGET_PCT)} |")  # fmt: skip
     _print_latency(modes)
     for key, title in (
+        ("median", "the same fit with every step at its shape's median (--step-jitter off)"),
         ("bracket", "one fit to the calibrations before and after each sweep (--recalibrate)"),
         ("own", "a fit to each sweep's own steps (--own-steps; a check, not a prediction)"),
+        ("levels", "a fit to each level's own steps (--own-steps; a check: no drift)"),
         ("reference", "the model timed alone (--fit reference)"),
     ):
-        other = {mode: r[key] for mode, r in modes.items() if r.get(key)}
+        if key == "levels":
+            other = {m: r["own"]["levels"] for m, r in modes.items()
+                     if (r.get("own") or {}).get("levels")}  # fmt: skip
+        else:
+            other = {mode: r[key] for mode, r in modes.items() if r.get(key)}
         if not other:
             continue
         print(f"\nthe same measured sweeps predicted by {title}:")
@@ -576,8 +631,10 @@ def _print_tables(summary: dict[str, Any]) -> None:
             within = sum(e is not None and abs(e) <= LATENCY_TARGET_PCT for e in errs)
             print(f"| {mode} | {_fmt(r['predicted_max'], 2)} | "
                   f"{_pct(r['max_error_pct'], LOAD_TARGET_PCT)} | {within} of {len(errs)} |")  # fmt: skip
-        if key in ("bracket", "own"):
+        if key in ("bracket", "own", "median"):
             _print_latency(other)
+        elif key == "levels":
+            _print_cells(other, "latency", "the three highest loads at or below the knee")
     for mode, r in modes.items():
         bb = r.get("blackbox")
         if bb:

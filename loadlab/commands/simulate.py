@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from loadlab.results import write_results
     from loadlab.simulate import Simulator
     from loadlab.simulate.fit import extrapolation
-    from loadlab.simulate.setup import server_from_args, step_model_from_args
+    from loadlab.simulate.setup import jitter_as_asked, server_from_args, step_model_from_args
     from loadlab.workloads import build_requests
     from loadlab.workloads.exact import without_asking
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = run_cmd.config_from_args(args)
         run_cmd._check(cfg)
-        step_model = fitted or step_model_from_args(args)
+        step_model = jitter_as_asked(args, fitted) if fitted else step_model_from_args(args)
         server = server_from_args(args, step_model)
     except ValueError as exc:
         print(f"loadlab simulate: {exc}", file=sys.stderr)

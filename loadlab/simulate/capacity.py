@@ -195,7 +195,7 @@ def _most_violated(verdict: Any) -> str | None:
 
 def add_capacity_arguments(p: Any) -> None:
     """``loadlab capacity --simulate``'s flags (the server's come from ``setup``)."""
-    from loadlab.simulate.setup import add_server_arguments
+    from loadlab.simulate.setup import add_jitter_argument, add_server_arguments
 
     g = p.add_argument_group("the SLO bound by simulation (--simulate)")
     g.add_argument("--simulate", action="store_true", help="find the SLO-max rate by simulation")
@@ -206,6 +206,7 @@ def add_capacity_arguments(p: Any) -> None:
                    help="simulated seconds per level (default 300)")  # fmt: skip
     g.add_argument("--scenario", metavar="FILE", help="the workload (default: fixed lengths)")
     g.add_argument("--step-model", metavar="FILE", help="a fitted step-time model (JSON)")
+    add_jitter_argument(g)
     g.add_argument("--extrapolate", action="store_true", help="allow past a fit's range")
     add_server_arguments(p)
 
@@ -217,7 +218,7 @@ def run_capacity(args: Any, model_spec: Any, hardware: Any) -> dict[str, Any]:
 
     from loadlab.capacity import roofline
     from loadlab.config import RunConfig
-    from loadlab.simulate.setup import server_from_args
+    from loadlab.simulate.setup import jitter_as_asked, server_from_args
     from loadlab.simulate.steptime import RooflineStepTime, model_from_dict
     from loadlab.slo import load_slo
 
@@ -225,7 +226,8 @@ def run_capacity(args: Any, model_spec: Any, hardware: Any) -> dict[str, Any]:
         raise ConfigError("--simulate needs --slo FILE: the objectives a level must meet")
     spec, dropped = ceilings_only(load_slo(args.slo))
     if args.step_model:
-        step: StepTimeModel = model_from_dict(json.loads(Path(args.step_model).read_text()))
+        data = json.loads(Path(args.step_model).read_text())
+        step: StepTimeModel = jitter_as_asked(args, model_from_dict(data))
     elif model_spec is not None:
         step = RooflineStepTime(model_spec, hardware)
     else:

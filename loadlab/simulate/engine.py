@@ -102,13 +102,42 @@ class _Unit:
 class Worker:
     """One engine loop: a policy, its step-time model, and its clock (when it is next free)."""
 
-    __slots__ = ("model", "now", "policy", "rank")
+    __slots__ = ("jitter", "model", "now", "policy", "rank")
 
-    def __init__(self, policy: Policy, model: StepTimeModel, rank: int = 0) -> None:
+    def __init__(
+        self, policy: Policy, model: StepTimeModel, rank: int = 0, seed: Any = None
+    ) -> None:
         self.policy = policy
         self.model = model
         self.rank = rank
         self.now = 0.0
+        factors = getattr(model, "jitter", ())
+        self.jitter = StepJitter(factors, seed) if factors else None
+
+
+class StepJitter:
+    """Each step's factor (``LinearStepTime.jitter``), drawn from a seeded stream that is
+    indexed by the worker's step count: the n-th step of a worker gets the same factor
+    whether it was taken alone or inside a decode stretch (which prices more steps than it
+    may take), so the shortcut and stepping one at a time still agree."""
+
+    __slots__ = ("drawn", "factors", "rng")
+
+    def __init__(self, factors: Iterable[float], seed: Any) -> None:
+        self.factors = np.asarray(tuple(factors), dtype=np.float64)
+        self.rng = np.random.default_rng(seed)
+        self.drawn = np.empty(0, dtype=np.float64)  # the factors of the steps to come
+
+    def peek(self, k: int) -> np.ndarray:
+        """The factors of the worker's next ``k`` steps (not yet taken)."""
+        if k > len(self.drawn):
+            more = self.factors[self.rng.integers(0, len(self.factors), max(k, 4096))]
+            self.drawn = np.concatenate((self.drawn, more))
+        return self.drawn[:k]
+
+    def take(self, k: int) -> None:
+        """The worker took ``k`` steps."""
+        self.drawn = self.drawn[k:]
 
 
 @dataclass
@@ -162,17 +191,19 @@ class Simulator:
         self.model = step_model
         self.join = chat_join_tokens
         self.fast = fast
+        seed = int(cfg.seed or 0) & (2**63 - 1)  # each worker's step jitter stream
         if server.mode == "disaggregated":
             pre, dec = make_workers(server)
             pre_model = step_model
             if isinstance(step_model, RoleStepTime):  # each worker its role's model
                 pre_model, decode_model = step_model.prefill, decode_model or step_model.decode
-            self.prefill = [Worker(p, pre_model, i) for i, p in enumerate(pre)]
-            self.decode = [Worker(d, decode_model or step_model, i) for i, d in enumerate(dec)]
+            self.prefill = [Worker(p, pre_model, i, (seed, 1, i)) for i, p in enumerate(pre)]
+            self.decode = [Worker(d, decode_model or step_model, i, (seed, 2, i))
+                           for i, d in enumerate(dec)]  # fmt: skip
             self.workers = self.prefill + self.decode
         else:
             self.prefill, self.decode = [], []
-            self.workers = [Worker(make_policy(server), step_model)]
+            self.workers = [Worker(make_policy(server), step_model, 0, (seed, 0, 0))]
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.requests: list[Request] = []
@@ -313,7 +344,11 @@ class Simulator:
                 ctx = start + n
         self._see(prefill, decode, ctx)
         self.starts.append(w.now)
-        w.now += float(w.model.step_s(prefill, decode, pairs, kv))
+        dt = float(w.model.step_s(prefill, decode, pairs, kv))
+        if w.jitter is not None:
+            dt *= float(w.jitter.peek(1)[0])
+            w.jitter.take(1)
+        w.now += dt
         self.ends.append(w.now)
         for seq in policy.postprocess(items, step):
             self._at(w.now, self._finished(self._owner[seq]))
@@ -339,6 +374,8 @@ class Simulator:
         pairs = total + j * b + pad_pairs
         kv = pairs - (b + p)
         dts = np.broadcast_to(w.model.step_s(0, b + p, pairs, kv), (k,))
+        if w.jitter is not None:
+            dts = dts * w.jitter.peek(k)
         # summed from w.now one step at a time, as stepping does: the same floats, so a tie
         # with a deadline or an arrival goes the same way with and without the shortcut
         ends = np.cumsum(np.concatenate(([w.now], dts)))[1:]
@@ -354,6 +391,8 @@ class Simulator:
         self.starts.extend(ends[: k - 1].tolist())
         self.ends.extend(ends[:k].tolist())
         w.now = float(ends[k - 1])
+        if w.jitter is not None:
+            w.jitter.take(k)
         policy.advance_decode(k, step)
         self.stretch_steps += k
         return True

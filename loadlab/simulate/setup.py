@@ -5,7 +5,9 @@
 Server flags carry ``loadlab-server``'s names and defaults, so a simulated server is set up
 exactly like the real one. The step time comes from, in this order: ``--step-model FILE`` (a
 fitted model, ``loadlab.simulate.fit``), else the roofline of ``--sim-model`` on
-``--hardware`` (a GPU preset, or ``this-machine``: its cached calibration).
+``--hardware`` (a GPU preset, or ``this-machine``: its cached calibration). A model fitted to a
+server's step log carries the spread of its steps; ``--step-jitter off`` prices every step at
+its median instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from loadlab.capacity.hardware import (
     DEFAULT_MEMORY_RESERVE_FRACTION,
@@ -25,12 +28,19 @@ from loadlab.capacity.hardware import (
 from loadlab.capacity.models import MODELS, REFERENCE_PREFIX, ModelSpec, get_model
 from loadlab.errors import ConfigError
 from loadlab.simulate.server import FINISHED_SLOTS, MODES, ServerConfig
-from loadlab.simulate.steptime import RooflineStepTime, StepTimeModel, model_from_dict
+from loadlab.simulate.steptime import (
+    RooflineStepTime,
+    StepTimeModel,
+    model_from_dict,
+    without_jitter,
+)
 
 __all__ = [
+    "add_jitter_argument",
     "add_server_arguments",
     "add_step_arguments",
     "default_kv_blocks",
+    "jitter_as_asked",
     "server_from_args",
     "step_model_from_args",
 ]
@@ -74,6 +84,19 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compute-efficiency", type=float, help="achieved / peak FLOP/s")
     g.add_argument("--bandwidth-efficiency", type=float, help="achieved / peak bytes/s")
     g.add_argument("--step-overhead-ms", type=float, help="fixed cost of every step (ms)")
+    add_jitter_argument(g)
+
+
+def add_jitter_argument(g: Any) -> None:
+    """``--step-jitter``: whether a fitted model's measured step spread is used."""
+    g.add_argument("--step-jitter", choices=("on", "off"), default="on",
+                   help="draw each step's time from the spread a fitted model measured (on), "
+                        "or price every step at its shape's median (off)")  # fmt: skip
+
+
+def jitter_as_asked(args: argparse.Namespace, model: StepTimeModel) -> StepTimeModel:
+    """``model``, without its step spread where ``--step-jitter off`` says so."""
+    return without_jitter(model) if getattr(args, "step_jitter", "on") == "off" else model
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:
@@ -104,7 +127,7 @@ def step_model_from_args(args: argparse.Namespace) -> StepTimeModel:
             data = json.loads(Path(args.step_model).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--step-model {args.step_model}: cannot read it ({exc})") from exc
-        return model_from_dict(data)
+        return jitter_as_asked(args, model_from_dict(data))
     hw = _hardware(args)
     return RooflineStepTime(_model_spec(args, hw), hw)
 

@@ -20,7 +20,10 @@ Models:
   + K/V read + K/V written; a GPU preset or this machine's calibration.
 - ``LinearStepTime``: ``c0 + c_pre prefill + c_dec decode + c_pair pairs + c_kv kv_read``,
   fitted to measured step times (``loadlab.simulate.fit``); it carries the range it was fitted
-  on, so a caller can refuse to extrapolate silently.
+  on, so a caller can refuse to extrapolate silently, and, fitted to a server's step log, the
+  spread of those steps about their shape's median (``jitter``: the simulator draws each
+  step's factor from it, so a percentile above the median sees the steps a server takes,
+  not only their typical price).
 - ``RoleStepTime``: disaggregated mode's two kinds of worker, each its own model (fitted on
   that worker's steps: a prefill worker pinned and niced beside the API process steps at
   another pace than the decode worker); the simulator gives each worker its role's model.
@@ -35,6 +38,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +55,7 @@ __all__ = [
     "RooflineStepTime",
     "StepTimeModel",
     "model_from_dict",
+    "without_jitter",
 ]
 
 # The StepShape's fields, in the order LinearStepTime's coefficients use them.
@@ -106,7 +111,9 @@ class LinearStepTime:
 
     ``fit_range`` maps ``prompt_tokens``, ``decode_batch`` and ``context_tokens`` to the
     ``(low, high)`` it saw; empty when the coefficients were set by hand. ``residuals``
-    describes the fit (``loadlab.simulate.fit``).
+    describes the fit (``loadlab.simulate.fit``). ``jitter``: equally likely factors (each a
+    measured step's time over its shape's median, as quantiles) by which the simulator
+    multiplies each step's price; empty: every step at its price.
     """
 
     base_s: float = 0.0
@@ -117,11 +124,15 @@ class LinearStepTime:
     source: str = "by hand"
     fit_range: dict[str, tuple[float, float]] = field(default_factory=dict)
     residuals: dict[str, Any] = field(default_factory=dict)
+    jitter: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for f in ("base_s", "per_prefill_token_s", "per_decode_token_s", "per_pair_s",
                   "per_kv_token_s"):  # fmt: skip
             at_least(f"LinearStepTime.{f}", getattr(self, f), 0)
+        for x in self.jitter:
+            if not (math.isfinite(x) and x > 0):
+                raise ValueError(f"LinearStepTime.jitter: every factor must be > 0, got {x!r}")
 
     def step_s(
         self, prefill_tokens: Num, decode_tokens: Num, attn_pairs: Num, kv_read_tokens: Num
@@ -135,17 +146,23 @@ class LinearStepTime:
         )
 
     def describe(self) -> str:
+        spread = ""
+        if self.jitter:
+            q = np.quantile(self.jitter, [0.1, 0.9])
+            spread = f"; each step x {q[0]:.2f}-{q[1]:.2f} (p10-p90 of the measured spread)"
         return (
             f"linear ({self.source}): {self.base_s * 1e3:.3g} ms + "
             f"{self.per_prefill_token_s * 1e6:.3g} us/prefill token + "
             f"{self.per_decode_token_s * 1e6:.3g} us/decode row + "
             f"{self.per_pair_s * 1e9:.3g} ns/attn pair + {self.per_kv_token_s * 1e9:.3g} ns/KV token"
+            + spread
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["kind"] = "linear"
         d["fit_range"] = {k: list(v) for k, v in self.fit_range.items()}
+        d["jitter"] = [round(x, 4) for x in self.jitter]
         return d
 
 
@@ -192,6 +209,7 @@ def model_from_dict(data: dict[str, Any]) -> StepTimeModel:
         values = {k: v for k, v in data.items() if k in names}
         values["fit_range"] = {k: (float(v[0]), float(v[1])) for k, v in
                                (values.get("fit_range") or {}).items()}  # fmt: skip
+        values["jitter"] = tuple(float(x) for x in values.get("jitter") or ())
         return LinearStepTime(**values)
     if kind == "roofline":
         return RooflineStepTime(ModelSpec(**_known(ModelSpec, data["model"])),
@@ -201,6 +219,15 @@ def model_from_dict(data: dict[str, Any]) -> StepTimeModel:
     raise ValueError(
         f"unknown step-time model kind {kind!r}; expected 'linear', 'roofline' or 'role'"
     )
+
+
+def without_jitter(model: StepTimeModel) -> StepTimeModel:
+    """``model`` with every step at its price (``--step-jitter off``)."""
+    if isinstance(model, LinearStepTime) and model.jitter:
+        return dataclasses.replace(model, jitter=())
+    if isinstance(model, RoleStepTime):
+        return RoleStepTime(without_jitter(model.prefill), without_jitter(model.decode))
+    return model
 
 
 def _known(cls: Any, data: dict[str, Any]) -> dict[str, Any]:

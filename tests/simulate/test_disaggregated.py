@@ -119,7 +119,14 @@ def test_two_waiting_workers_wait_for_the_next_event() -> None:
 
 
 def shortcut_against_steps(
-    mode: str, blocks: int, seqs: int, budget: int, timeout: float, closed: bool, seed: int
+    mode: str,
+    blocks: int,
+    seqs: int,
+    budget: int,
+    timeout: float,
+    closed: bool,
+    seed: int,
+    model: LinearStepTime = MODEL,
 ) -> SimOutput:
     """Chat sessions against a small server, with and without the decode shortcut: checks
     that both give the same outcomes and token times; returns the step-by-step run."""
@@ -133,8 +140,8 @@ def shortcut_against_steps(
     cfg = RunConfig(requests=24, timeout_s=timeout, seed=seed, workload=wl, **load)  # type: ignore[arg-type]
     from loadlab.workloads import build_requests
 
-    slow_out = Simulator(cfg, server, MODEL, fast=False).run(build_requests(cfg))
-    fast = Simulator(cfg, server, MODEL, fast=True).run(build_requests(cfg)).to_results()
+    slow_out = Simulator(cfg, server, model, fast=False).run(build_requests(cfg))
+    fast = Simulator(cfg, server, model, fast=True).run(build_requests(cfg)).to_results()
     slow = slow_out.to_results()
     assert [r.outcome for r in fast.records] == [r.outcome for r in slow.records]
     for f, s in zip(fast.records, slow.records, strict=True):
