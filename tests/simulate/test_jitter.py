@@ -1,5 +1,6 @@
 """The step-time spread (``LinearStepTime.jitter``): measured from a step log, drawn per step
-by the simulator, the same with and without the decode shortcut, and off on request."""
+by the simulator, and off on request (the same with and without the decode shortcut:
+``test_disaggregated.test_shortcut_equals_step_by_step``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from loadlab.config import RunConfig
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
@@ -20,11 +19,7 @@ from loadlab.simulate.steptime import RoleStepTime, model_from_dict, without_jit
 from loadlab.simulate.versus import curves_of
 from loadlab.workloads import build_requests
 
-from .test_disaggregated import shortcut_against_steps
-
-MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)
-# four steps in five at 0.9 of the price, one at 1.6: a skewed spread, like a loaded server's
-SKEWED = dataclasses.replace(MODEL, jitter=(0.9,) * 80 + (1.6,) * 20)
+from .test_disaggregated import MODEL, SKEWED
 
 
 def entry(role: str, pre: int, dec: int, kv: int, ms: float, t: list[int]) -> dict[str, int | str]:
@@ -104,26 +99,9 @@ def test_factors_of_one_change_nothing_and_the_seed_decides_the_draws() -> None:
     assert itl(cfg, server, ones) == itl(cfg, server, MODEL)
     assert itl(cfg, server, SKEWED) == itl(cfg, server, SKEWED)  # same seed, same draws
     other = dataclasses.replace(cfg, seed=cfg.seed + 1)
-    same_load = build_requests(cfg)
-    a = Simulator(cfg, server, SKEWED).run(same_load).to_results()
+    a = Simulator(cfg, server, SKEWED).run(build_requests(cfg)).to_results()
     b = Simulator(other, server, SKEWED).run(build_requests(cfg)).to_results()
     assert [r.chunk_ns for r in a.records] != [r.chunk_ns for r in b.records]
-
-
-@settings(max_examples=15, deadline=None)
-@given(
-    mode=st.sampled_from(["static", "continuous", "chunked", "disaggregated"]),
-    blocks=st.integers(40, 300),
-    seqs=st.integers(1, 16),
-    budget=st.integers(8, 300),
-    closed=st.booleans(),
-    seed=st.integers(0, 10_000),
-)
-def test_shortcut_equals_step_by_step_with_a_spread(
-    mode: str, blocks: int, seqs: int, budget: int, closed: bool, seed: int
-) -> None:
-    """The n-th step of a worker gets the same factor inside a decode stretch as alone."""
-    shortcut_against_steps(mode, blocks, seqs, budget, 100.0, closed, seed, model=SKEWED)
 
 
 def test_step_jitter_off_prices_every_step_at_its_median(tmp_path) -> None:  # type: ignore[no-untyped-def]
