@@ -104,16 +104,9 @@ def test_two_prefill_workers_share_arrivals() -> None:
 # request that, prefilled and pulled, joins the running set without passing that queue
 @example(mode="disaggregated", blocks=46, seqs=13, budget=290, timeout=100.0, closed=False,
          seed=7381, spread=False)  # fmt: skip
-def test_shortcut_equals_step_by_step(
-    mode: str,
-    blocks: int,
-    seqs: int,
-    budget: int,
-    timeout: float,
-    closed: bool,
-    seed: int,
-    spread: bool,
-) -> None:
+def test_shortcut_equals_step_by_step(mode: str, blocks: int, seqs: int, budget: int,
+                                      timeout: float, closed: bool, seed: int,
+                                      spread: bool) -> None:  # fmt: skip
     """Whatever the mode, load shape, preemption and timeouts: the decode shortcut gives the
     same token times as stepping one by one; with a step spread (``LinearStepTime.jitter``)
     too, as the n-th step of a worker gets the same factor inside a decode stretch as alone."""
@@ -132,16 +125,9 @@ def test_two_waiting_workers_wait_for_the_next_event() -> None:
     assert {r.outcome for r in slow.requests} == {"ok", "http_400"}
 
 
-def shortcut_against_steps(
-    mode: str,
-    blocks: int,
-    seqs: int,
-    budget: int,
-    timeout: float,
-    closed: bool,
-    seed: int,
-    model: LinearStepTime = MODEL,
-) -> SimOutput:
+def shortcut_against_steps(mode: str, blocks: int, seqs: int, budget: int, timeout: float,
+                           closed: bool, seed: int,
+                           model: LinearStepTime = MODEL) -> SimOutput:  # fmt: skip
     """Chat sessions against a small server, with and without the decode shortcut: checks
     that both give the same outcomes and token times; returns the step-by-step run."""
     server = ServerConfig(mode=mode, num_kv_blocks=blocks, block_size=4, max_num_seqs=seqs,
