@@ -24,7 +24,7 @@ from loadlab.testing.fault_server import MODES  # noqa: E402
 
 
 def one(conn: StreamConnection, rid: str) -> dict[str, object]:
-    rec = conn.send(RequestSpec(rid, "hi", 3), t0_ns=time.perf_counter_ns(), timeout_s=0.6).record
+    rec = conn.send(RequestSpec(rid, "hi", 3), t0_ns=time.perf_counter_ns(), timeout_s=2.0).record
     return {
         "outcome": rec.outcome,
         "chunks": len(rec.chunk_ns),
@@ -39,18 +39,18 @@ def main(url: str) -> None:
     out: dict[str, object] = {}
 
     def mode(m: str) -> None:
-        conn = StreamConnection(EndpointConfig(f"{url}/fault/{m}"), read_timeout_s=0.3)
+        conn = StreamConnection(EndpointConfig(f"{url}/fault/{m}"), read_timeout_s=1.0)
         out[m] = one(conn, f"p-{m}")
         conn.close()
 
     gevent.joinall([gevent.spawn(mode, m) for m in MODES if m != "echo_auth"])
-    keep = StreamConnection(EndpointConfig(f"{url}/fault/ok"), read_timeout_s=0.3)
+    keep = StreamConnection(EndpointConfig(f"{url}/fault/ok"), read_timeout_s=1.0)
     first = one(keep, "k1")
     sock = keep._sock
     second = one(keep, "k2")
     out["keep_alive"] = {"both_ok": first["outcome"] == second["outcome"] == "ok",
                          "same_socket": sock is not None and keep._sock is sock}  # fmt: skip
-    refused = StreamConnection(EndpointConfig(sys.argv[2]), read_timeout_s=0.3)
+    refused = StreamConnection(EndpointConfig(sys.argv[2]), read_timeout_s=1.0)
     out["refused"] = one(refused, "r1")
     print(json.dumps(out))
 
