@@ -68,7 +68,7 @@ def test_a_run_mixing_faults_completes_and_keeps_every_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LOADLAB_CANARY_KEY", CANARY)
-    cfg = RunConfig(concurrency=5, requests=20, read_timeout_s=0.5, timeout_s=5.0)
+    cfg = RunConfig(concurrency=5, requests=20, read_timeout_s=1.0, timeout_s=5.0)
     specs = (RequestSpec(str(i), "hello", 4) for i in itertools.count())
 
     async def go() -> object:
