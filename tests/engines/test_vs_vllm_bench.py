@@ -3,10 +3,12 @@
 
 Here: both tools complete every request, loadlab sends exactly the per-request lengths vLLM
 counted for vllm bench, and both record the same input and output token totals from the
-server's usage; their TTFT medians agree within a factor of five (a unit or origin slip shows
+server's usage; their TTFT medians agree within a factor of fifty (a unit or origin slip shows
 as 1000x; on a loaded 2-core machine one round's medians move by tens of percent, and vLLM's
 API process, starved of CPU, can send a whole answer in one burst, which puts both tools'
-TPOT and ITL medians at zero, so those are compared by the benchmark only).
+TPOT and ITL medians at zero, so those are compared by the benchmark only). The factor was
+five until a clean-clone CI run where such a burst fell in vllm bench's half of the round
+only: its TTFT median was the whole answer, 395 ms, against loadlab's 20.5 ms (ratio 0.05).
 """
 
 from __future__ import annotations
@@ -32,4 +34,4 @@ def test_same_workload_same_token_totals(vllm: Engine, tiny_model: Path, tmp_pat
     b, ll = vllm_bench.bench_figures(bench), vllm_bench.loadlab_figures(res)
     assert (ll["input_tokens"], ll["output_tokens"]) == (b["input_tokens"], b["output_tokens"])
     assert set(vllm_bench.METRICS) <= set(b) and set(vllm_bench.METRICS) <= set(ll)
-    assert 0.2 <= ll["ttft_ms"] / b["ttft_ms"] <= 5.0, (b, ll)
+    assert 0.02 <= ll["ttft_ms"] / b["ttft_ms"] <= 50.0, (b, ll)
