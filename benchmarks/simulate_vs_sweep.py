@@ -12,7 +12,10 @@ for comparison. With ``--recalibrate`` (the default) the calibration load runs a
 the sweep and one fit to both calibrations predicts the sweep again (a calibration on each
 side of the measurement: this machine's step prices drift by 10-40 % within one sweep); with
 ``--own-steps`` (the default) a fit to the steps the server took during the sweep predicts it
-again too (not a prediction: a check that separates the scheduling from the step prices).
+again too, and each compared level once more from a fit to the steps of that level alone
+(not predictions: checks that separate the scheduling from the step prices, the second with
+prices that cannot have drifted). The first fit also predicts the sweep with every step at
+its shape's median (``--step-jitter off``: without the spread its steps showed).
 Printed per mode: the measured and predicted SLO-max load (objectives on ``ttft_ms.p90``
 and ``itl_ms.p99``) with the error (target: within 15 %), and TTFT and ITL p50 and p90,
 measured and predicted, at the three highest measured loads at or below the measured knee
