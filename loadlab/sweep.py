@@ -264,9 +264,9 @@ def level_seed(seed: int, load: float) -> int:
     serve every level after the first from its cache: a sweep of 64-token prompts on the
     reference server found 48 of 64 tokens cached in every request of its later levels and
     an SLO-max load of 18-22 requests/s in each of its four modes, where levels that start
-    cold carry 8-12 (disaggregated: 13-20). Reproducible: the same sweep seed and load give the same level. (A
-    dataset or trace replay sends the same texts whatever the seed: its later levels meet
-    a warm cache all the same.)"""
+    cold carry 8-12 (disaggregated: 13-20). Reproducible: the same sweep seed and load give
+    the same level. (A dataset or trace replay sends the same texts whatever the seed: its
+    later levels meet a warm cache all the same.)"""
     digest = hashlib.blake2b(f"sweep {seed} {float(load)!r}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1  # within --seed's range, 0 .. 2**63 - 1
 

@@ -38,6 +38,7 @@ from loadlab.sizing import prepared_sizing
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
+    from loadlab.simulate.steptime import StepTimeModel
     from loadlab.slo import SLOSpec
     from loadlab.sweep import SweepResult
 
@@ -106,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
     from loadlab.slo import load_slo  # scipy: only once the flags are right
 
     spec = load_slo(args.slo)
+    step = None
+    if args.predict:  # a model file that cannot be used is said before anything is measured
+        from loadlab.simulate.setup import step_model_from_args
+
+        step = step_model_from_args(args)
     if mode == "rate":
         args.rate = levels[0]
     else:
@@ -147,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
         if args.predict:
-            _predict(args, base, spec, levels, mode, result, out_dir)
+            assert step is not None  # noqa: S101 - set above with --predict
+            _predict(args, step, base, spec, levels, mode, result, out_dir)
         return 0 if result.max_passing_load is not None else 1
 
     if base.endpoints:
@@ -160,19 +167,19 @@ def base_model(args: argparse.Namespace) -> str:
     return str(args.model or "loadlab-ref")
 
 
-def _predict(args: argparse.Namespace, base: RunConfig, spec: SLOSpec, levels: list[float],
-             mode: str, measured: SweepResult, out_dir: Path) -> None:  # fmt: skip
+def _predict(args: argparse.Namespace, step: StepTimeModel, base: RunConfig, spec: SLOSpec,
+             levels: list[float], mode: str, measured: SweepResult,
+             out_dir: Path) -> None:  # fmt: skip
     """``--predict``: the same sweep simulated, beside the measured one (text, JSON, HTML)."""
     from loadlab.results import read_results
     from loadlab.simulate.capacity import predicted_sweep
     from loadlab.simulate.engine import Simulator
-    from loadlab.simulate.setup import server_from_args, step_model_from_args
+    from loadlab.simulate.setup import server_from_args
     from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
     from loadlab.sweep import level_config
     from loadlab.workloads import build_requests
     from loadlab.workloads.exact import without_asking
 
-    step = step_model_from_args(args)
     server = server_from_args(args, step)
     print(f"loadlab sweep: predicting ({server.mode}; {step.describe()}) ...", file=sys.stderr)
     predicted, runs = predicted_sweep(base, server, step, spec, levels, mode=mode,

@@ -213,21 +213,17 @@ def add_capacity_arguments(p: Any) -> None:
 
 def run_capacity(args: Any, model_spec: Any, hardware: Any) -> dict[str, Any]:
     """``loadlab capacity --simulate``: print the plan, return it as plain data."""
-    import json
-    from pathlib import Path
-
     from loadlab.capacity import roofline
     from loadlab.config import RunConfig
-    from loadlab.simulate.setup import jitter_as_asked, server_from_args
-    from loadlab.simulate.steptime import RooflineStepTime, model_from_dict
+    from loadlab.simulate.setup import load_step_model, server_from_args
+    from loadlab.simulate.steptime import RooflineStepTime
     from loadlab.slo import load_slo
 
     if not args.slo:
         raise ConfigError("--simulate needs --slo FILE: the objectives a level must meet")
     spec, dropped = ceilings_only(load_slo(args.slo))
     if args.step_model:
-        data = json.loads(Path(args.step_model).read_text())
-        step: StepTimeModel = jitter_as_asked(args, model_from_dict(data))
+        step: StepTimeModel = load_step_model(args)
     elif model_spec is not None:
         step = RooflineStepTime(model_spec, hardware)
     else:

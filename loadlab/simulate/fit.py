@@ -69,6 +69,9 @@ __all__ = [
 # How far past the fitted range a simulation may go before it is refused (1.5 = 50 % past).
 EXTRAPOLATION_FACTOR = 1.5
 RANGE_KEYS = ("prompt_tokens", "decode_batch", "context_tokens")
+# A step-log group is a point (and its spread counts) with this many steps; one of prompt
+# tokens needs one: those are few (a batch's prompts vary) and long.
+MIN_STEPS, MIN_PREFILL_STEPS = 3, 1
 
 
 @dataclass(frozen=True)
@@ -307,15 +310,20 @@ def _decode_steps(records: Sequence[Any], min_gaps: int) -> list[tuple[int, floa
 def points_from_step_log(
     entries: Iterable[dict[str, Any]],
     role: str | None = None,
-    min_steps: int = 3,
-    min_prefill_steps: int = 1,
+    min_steps: int = MIN_STEPS,
+    min_prefill_steps: int = MIN_PREFILL_STEPS,
 ) -> list[StepPoint]:
     """Step points from a reference server's step log (see the module docstring); ``role``
     keeps one kind of worker (``engine``, or disaggregated ``prefill`` / ``decode``). A group
     of decode steps needs ``min_steps`` steps, one with prompt tokens ``min_prefill_steps``:
     those are few (a batch's prompts vary) and long, so each is a measurement of its own."""
+    return _group_points(_step_groups(entries, role), min_steps, min_prefill_steps)
+
+
+def _group_points(groups: dict[tuple[int, int, int], list[tuple[float, ...]]], min_steps: int,
+                  min_prefill_steps: int) -> list[StepPoint]:  # fmt: skip
     points = []
-    for (dec, pre_bin, _), steps in sorted(_step_groups(entries, role).items()):
+    for (dec, pre_bin, _), steps in sorted(groups.items()):
         if len(steps) < (min_steps if pre_bin < 0 else min_prefill_steps):
             continue
         arr = np.array(steps, dtype=np.float64)
@@ -329,7 +337,7 @@ def points_from_step_log(
 
 
 def step_log_jitter(
-    entries: Iterable[dict[str, Any]], role: str | None = None, min_steps: int = 3
+    entries: Iterable[dict[str, Any]], role: str | None = None, min_steps: int = MIN_STEPS
 ) -> tuple[float, ...]:
     """The spread of a step log's steps about their shape's median: each step's time over
     the median of its group (the groups of ``points_from_step_log`` with at least
@@ -338,9 +346,15 @@ def step_log_jitter(
     worker share the cores); a simulation that prices every step at its median puts a
     latency percentile above the median too low (measured: ITL p90 under-predicted by
     15-26 % at loads where p50 was right)."""
+    return _group_jitter(_step_groups(entries, role), min_steps)
+
+
+def _group_jitter(
+    groups: dict[tuple[int, int, int], list[tuple[float, ...]]], min_steps: int
+) -> tuple[float, ...]:
     ratios = [
         np.asarray(times) / np.median(times)
-        for times in ([s[4] for s in steps] for steps in _step_groups(entries, role).values())
+        for times in ([s[4] for s in steps] for steps in groups.values())
         if len(times) >= min_steps
     ]
     return _quantiles(np.concatenate(ratios)) if ratios else ()
@@ -416,6 +430,8 @@ def fit_step_log(entries: Sequence[dict[str, Any]], source: str) -> StepTimeMode
 
 
 def _fit_log(entries: Sequence[dict[str, Any]], role: str | None, source: str) -> LinearStepTime:
-    """One worker kind's fit, with its steps' spread (``step_log_jitter``)."""
-    model = fit_linear(points_from_step_log(entries, role), source)
-    return dataclasses.replace(model, jitter=step_log_jitter(entries, role))
+    """One worker kind's fit, with its steps' spread (``step_log_jitter``): the log grouped
+    once for both."""
+    groups = _step_groups(entries, role)
+    model = fit_linear(_group_points(groups, MIN_STEPS, MIN_PREFILL_STEPS), source)
+    return dataclasses.replace(model, jitter=_group_jitter(groups, MIN_STEPS))

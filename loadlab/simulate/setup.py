@@ -41,6 +41,7 @@ __all__ = [
     "add_step_arguments",
     "default_kv_blocks",
     "jitter_as_asked",
+    "load_step_model",
     "server_from_args",
     "step_model_from_args",
 ]
@@ -121,13 +122,25 @@ def _model_spec(args: argparse.Namespace, hw: Hardware | None) -> ModelSpec:
     return get_model(name, dtype)
 
 
+def load_step_model(args: argparse.Namespace) -> StepTimeModel:
+    """``--step-model FILE`` as ``--step-jitter`` asks; a file that cannot be read or is not a
+    step-time model is a ``ConfigError`` naming it (``simulate``, ``sweep --predict`` and
+    ``capacity --simulate`` alike)."""
+    path = args.step_model
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--step-model {path}: cannot read it ({exc})") from exc
+    try:
+        model = model_from_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--step-model {path}: not a step-time model ({exc!r})") from exc
+    return jitter_as_asked(args, model)
+
+
 def step_model_from_args(args: argparse.Namespace) -> StepTimeModel:
     if args.step_model:
-        try:
-            data = json.loads(Path(args.step_model).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"--step-model {args.step_model}: cannot read it ({exc})") from exc
-        return jitter_as_asked(args, model_from_dict(data))
+        return load_step_model(args)
     hw = _hardware(args)
     return RooflineStepTime(_model_spec(args, hw), hw)
 

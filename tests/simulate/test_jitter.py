@@ -7,6 +7,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +24,8 @@ from loadlab.simulate.versus import curves_of
 from loadlab.workloads import build_requests
 
 from .test_disaggregated import MODEL, SKEWED
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def entry(role: str, pre: int, dec: int, kv: int, ms: float, t: list[int]) -> dict[str, int | str]:
@@ -111,3 +117,37 @@ def test_step_jitter_off_prices_every_step_at_its_median(tmp_path) -> None:  # t
     assert step_model_from_args(ns).jitter == SKEWED.jitter  # type: ignore[attr-defined]
     ns.step_jitter = "off"
     assert step_model_from_args(ns).jitter == ()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--rate", "1", "--requests", "2"],
+        ["capacity", "--simulate", "--slo", "SLO", "--prompt-tokens", "64",
+         "--completion-tokens", "8", "--rates", "1"],
+        # an endpoint nothing listens on: the model is refused before any level is measured
+        ["sweep", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--slo", "SLO",
+         "--rates", "1", "--predict"],
+    ],
+    ids=["simulate", "capacity", "sweep"],
+)  # fmt: skip
+def test_a_step_model_file_that_cannot_be_used_is_named(tmp_path, argv) -> None:  # type: ignore[no-untyped-def]
+    """A negative factor, or no file at all: exit 2 with the file named, no traceback, and a
+    sweep measures nothing first."""
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p90 <= 1000"]\n', encoding="utf-8")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**SKEWED.to_dict(), "jitter": [1.0, -1.0]}), encoding="utf-8")
+    argv = [str(slo) if a == "SLO" else a for a in argv]
+    for path, words in ((bad, "not a step-time model"), (tmp_path / "none.json", "cannot read")):
+        out = tmp_path / "out"
+        done = subprocess.run(
+            [sys.executable, "-m", "loadlab", *argv, "--step-model", str(path),
+             *(["--out-dir", str(out)] if argv[0] == "sweep" else [])],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"--step-model {path}" in done.stderr and words in done.stderr
+        assert "Traceback" not in done.stderr
+        assert not out.exists() or not any(out.glob("level-*.json"))
