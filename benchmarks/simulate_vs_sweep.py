@@ -296,10 +296,7 @@ def _level_own(steps: list[dict[str, Any]], sweep_dir: Path, args: argparse.Name
         res = read_results(path)
         by_load[float(res.config.get("rate_rps") or 0)] = res
     base = _base_config(args, url)
-    server = _sim_server(mode, info)
-    if kv_gbps:
-        server = dataclasses.replace(server, kv_transfer_bytes_per_s=kv_gbps * 1e9,
-                                     kv_transfer_latency_s=0.0)  # fmt: skip
+    server = _sim_server(mode, info, kv_gbps)
     rows = []
     for load in loads:
         level = by_load.get(load)
@@ -377,10 +374,7 @@ def _predict_with(url: str, sweep_dir: Path, model_path: Path, args: argparse.Na
     if not jitter:
         model = without_jitter(model)
     base = _base_config(args, url)
-    server = _sim_server(mode, info)
-    if kv_gbps:
-        server = dataclasses.replace(server, kv_transfer_bytes_per_s=kv_gbps * 1e9,
-                                     kv_transfer_latency_s=0.0)  # fmt: skip
+    server = _sim_server(mode, info, kv_gbps)
     rates = [float(x) for x in args.rates.split(",")]
     predicted, runs = predicted_sweep(base, server, model, load_slo(slo), rates,
                                       bisect_steps=args.bisect_steps,
@@ -515,14 +509,19 @@ def _base_config(args: argparse.Namespace, url: str) -> Any:
         "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
 
 
-def _sim_server(mode: str, info: dict[str, Any]) -> SimServer:
-    """The simulated server as the measured one reports itself (``_sim_flags`` in Python)."""
+def _sim_server(mode: str, info: dict[str, Any], kv_gbps: float | None = None) -> SimServer:
+    """The simulated server as the measured one reports itself (``_sim_flags`` in Python);
+    ``kv_gbps``: the KV transfers measured, as one effective rate (their fixed cost in it)."""
     blocks = int(info["num_kv_blocks"]) // (2 if mode == "disaggregated" else 1)
-    return SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
-                     max_model_len=int(info["max_model_len"]),
-                     max_num_batched_tokens=info.get("max_num_batched_tokens"),
-                     prefix_caching=bool(info.get("prefix_caching", True)),
-                     kv_bytes_per_token=int(info.get("kv_bytes_per_token", 0)))  # fmt: skip
+    server = SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
+                       max_model_len=int(info["max_model_len"]),
+                       max_num_batched_tokens=info.get("max_num_batched_tokens"),
+                       prefix_caching=bool(info.get("prefix_caching", True)),
+                       kv_bytes_per_token=int(info.get("kv_bytes_per_token", 0)))  # fmt: skip
+    if kv_gbps:
+        server = dataclasses.replace(server, kv_transfer_bytes_per_s=kv_gbps * 1e9,
+                                     kv_transfer_latency_s=0.0)  # fmt: skip
+    return server
 
 
 def _scrape(url: str) -> dict[str, float]:
