@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulate_vs_sweep import _scrape, add_setup_arguments  # noqa: E402 - this folder
+from simulate_vs_sweep import _scrape, _sim_server, add_setup_arguments  # noqa: E402 - this folder
 
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
@@ -47,7 +47,6 @@ from loadlab.metrics import itl_ms, ttft_ms  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
 from loadlab.simulate.engine import Simulator  # noqa: E402
 from loadlab.simulate.fit import fit_reference, points_from_step_log  # noqa: E402
-from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
 from loadlab.simulate.steptime import StepTimeModel, model_from_dict  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
 from loadlab.workloads.exact import without_asking  # noqa: E402
@@ -154,12 +153,7 @@ def _one_mode(mode: str, args: argparse.Namespace, model: StepTimeModel, out: Pa
         "--endpoint", url, "--model", "loadlab-ref", "--rate", str(args.rate),
         "--duration", str(args.duration),
         "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
-    blocks = int(info["num_kv_blocks"]) // (2 if mode == "disaggregated" else 1)
-    server = SimServer(mode=mode, num_kv_blocks=blocks, max_num_seqs=int(info["max_num_seqs"]),
-                       max_model_len=int(info["max_model_len"]),
-                       max_num_batched_tokens=info.get("max_num_batched_tokens"),
-                       prefix_caching=bool(info.get("prefix_caching", True)),
-                       kv_bytes_per_token=int(info.get("kv_bytes_per_token", 0)))  # fmt: skip
+    server = _sim_server(mode, info)
     rec = Recording(model)
     cfg = without_asking(cfg)  # the byte tokenizer, as the server counts (no server asked)
     sim = Simulator(cfg, server, rec, fast=False).run(build_requests(cfg)).to_results()
