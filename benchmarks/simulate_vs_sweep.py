@@ -16,6 +16,9 @@ again too, and each compared level once more from a fit to the steps of that lev
 (not predictions: checks that separate the scheduling from the step prices, the second with
 prices that cannot have drifted). The first fit also predicts the sweep with every step at
 its shape's median (``--step-jitter off``: without the spread its steps showed).
+With ``--remeasure N`` (default 1) each compared level is measured N more times, each a new
+draw at the same load, and each draw predicted too: how far a second measurement of the same
+load lands from the first is the measurement's own noise, the floor under any prediction.
 Printed per mode: the measured and predicted SLO-max load (objectives on ``ttft_ms.p90``
 and ``itl_ms.p99``) with the error (target: within 15 %), and TTFT and ITL p50 and p90,
 measured and predicted, at the three highest measured loads at or below the measured knee
@@ -91,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-steps", action=argparse.BooleanOptionalAction, default=True,
                    help="also predict each sweep with a fit to its own step log: not a "
                    "prediction, a check of the scheduling apart from the step prices")  # fmt: skip
+    p.add_argument("--remeasure", type=int, default=1, metavar="N",
+                   help="measure each compared level N more times, each a new draw at the "
+                   "same load: how close a second measurement comes to the first (the floor "
+                   "under any prediction's error), and the prediction of each new draw")  # fmt: skip
     p.add_argument("--also-reference", action=argparse.BooleanOptionalAction, default=True,
                    help="also predict each sweep with the model timed alone (one fit, first)")  # fmt: skip
     # TTFT p90 loose enough for static batching (a request waits for the running batch).
@@ -229,6 +236,9 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
         kv_before = _scrape(url)
         _sweep(url, args, slo1, sweep_dir, ["--predict", "--step-model", str(fit_path), *flags])
         res.update(_read_versus(sweep_dir))
+        if args.fit == "steps":  # right after the sweep, before the prices move further
+            res.update(_remeasure(url, args, mode, sweep_dir, fit_path, info,
+                                  res.get("kv_transfer", {}).get("gbps")))  # fmt: skip
         if args.fit == "steps":  # the same fit, every step at its median (no measured spread)
             res["median"] = _predict_with(url, sweep_dir, fit_path, args, info, mode, slo1,
                                           kv_gbps=res.get("kv_transfer", {}).get("gbps"),
@@ -313,6 +323,49 @@ def _level_own(steps: list[dict[str, Any]], sweep_dir: Path, args: argparse.Name
         rows.append(_cells(load, curve["measured"][_key(curve["measured"], load)],
                            curves_of({load: sim})[load]))  # fmt: skip
     return {"predicted_max": None, "max_error_pct": None, "latency": rows}
+
+
+def _remeasure(url: str, args: argparse.Namespace, mode: str, sweep_dir: Path, fit_path: Path,
+               info: dict[str, Any], kv_gbps: float | None) -> dict[str, Any]:  # fmt: skip
+    """The compared levels measured again, ``--remeasure`` times each, every time a new draw
+    of arrivals and prompts at the same load (the sweep's own seed would send prompts the
+    server's prefix cache still holds), and each new draw predicted with the calibration's
+    fit (as ``sweep --predict`` predicted the first). ``again``: each second measurement
+    against the first, the measurement's own noise, which no prediction can be expected to
+    beat. ``again_predicted``: the prediction against the second measurement."""
+    if args.remeasure <= 0 or not (sweep_dir / "predicted.json").is_file():
+        return {}
+    from loadlab.results import read_results
+    from loadlab.simulate.steptime import model_from_dict
+
+    measured = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    curve = json.loads((sweep_dir / "predicted.json").read_text(encoding="utf-8"))["curves"]
+    first = curve["measured"]
+    model = model_from_dict(json.loads(fit_path.read_text(encoding="utf-8")))
+    base = _base_config(args, url)
+    server = _sim_server(mode, info, kv_gbps)
+    again: list[dict[str, Any]] = []
+    predicted: list[dict[str, Any]] = []
+    for k in range(1, args.remeasure + 1):
+        for load in _compared_loads(measured, first)["latency"]:
+            cfg = without_asking(level_config(base.replace(seed=base.seed + k), load, "rate"))
+            path = sweep_dir / f"again-{k}-rate-{load:g}.json"
+            cmd = [sys.executable, "-m", "loadlab", "run", "--endpoint", url, "--model",
+                   "loadlab-ref", "--rate", f"{load:g}", "--duration", str(args.duration),
+                   "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
+                   "--seed", str(cfg.seed), "--saturation-lag-ms", str(args.saturation_lag_ms),
+                   "--out", str(path)]  # fmt: skip
+            subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
+            if not path.is_file():
+                print(f"[{mode}] measuring {load:g} rps again wrote nothing", flush=True)
+                continue
+            second = curves_of({load: read_results(path)})[load]
+            sim = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
+            again.append(_cells(load, first[_key(first, load)], second))
+            predicted.append(_cells(load, second, curves_of({load: sim})[load]))
+    return {"again": {"predicted_max": None, "max_error_pct": None, "latency": again},
+            "again_predicted": {"predicted_max": None, "max_error_pct": None,
+                                "latency": predicted}}  # fmt: skip
 
 
 def _bracket(url: str, args: argparse.Namespace, out: Path, mode: str, before: dict[str, Any],
@@ -612,6 +665,16 @@ def _print_tables(summary: dict[str, Any]) -> None:
               f"{_fmt(r['predicted_max'], 2)} | {_pct(r['max_error_pct'], LOAD_TARGET_PCT)} |")  # fmt: skip
     _print_latency(modes)
     for key, title in (
+        (
+            "again",
+            "nothing: each compared level measured again, a new draw at the same load "
+            "(--remeasure; 'predicted' is the second measurement, the error its distance from "
+            "the first: the measurement's own noise)",
+        ),
+        (
+            "again_predicted",
+            "the calibration's fit, for each second measurement's own draw (--remeasure)",
+        ),
         ("median", "the same fit with every step at its shape's median (--step-jitter off)"),
         ("bracket", "one fit to the calibrations before and after each sweep (--recalibrate)"),
         ("own", "a fit to each sweep's own steps (--own-steps; a check, not a prediction)"),
@@ -633,7 +696,7 @@ def _print_tables(summary: dict[str, Any]) -> None:
             within = sum(e is not None and abs(e) <= LATENCY_TARGET_PCT for e in errs)
             print(f"| {mode} | {_fmt(r['predicted_max'], 2)} | "
                   f"{_pct(r['max_error_pct'], LOAD_TARGET_PCT)} | {within} of {len(errs)} |")  # fmt: skip
-        if key in ("bracket", "own", "median"):
+        if key in ("bracket", "own", "median", "again", "again_predicted"):
             _print_latency(other)
         elif key == "levels":
             _print_cells(other, "latency", "the three highest loads at or below the knee")
