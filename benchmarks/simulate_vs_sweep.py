@@ -236,9 +236,6 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
         kv_before = _scrape(url)
         _sweep(url, args, slo1, sweep_dir, ["--predict", "--step-model", str(fit_path), *flags])
         res.update(_read_versus(sweep_dir))
-        if args.fit == "steps":  # right after the sweep, before the prices move further
-            res.update(_remeasure(url, args, mode, sweep_dir, fit_path, info,
-                                  res.get("kv_transfer", {}).get("gbps")))  # fmt: skip
         if args.fit == "steps":  # the same fit, every step at its median (no measured spread)
             res["median"] = _predict_with(url, sweep_dir, fit_path, args, info, mode, slo1,
                                           kv_gbps=res.get("kv_transfer", {}).get("gbps"),
@@ -246,6 +243,9 @@ def _one_mode(mode: str, args: argparse.Namespace, out: Path, slo1: Path, slo2: 
         if args.own_steps:
             sweep_kv = _kv_gbps(kv_before, _scrape(url))
             res["own"] = _own_steps(url, args, out, mode, t_sweep, sweep_dir, info, slo1, sweep_kv)
+        if args.fit == "steps":  # after the step log of the sweep alone was read
+            res.update(_remeasure(url, args, mode, sweep_dir, fit_path, info,
+                                  res.get("kv_transfer", {}).get("gbps")))  # fmt: skip
         if args.fit == "steps" and args.recalibrate:
             res["bracket"] = _bracket(url, args, out, mode, cal, sweep_dir, info, slo1)
         if reference is not None and args.fit == "steps":

@@ -53,7 +53,9 @@ PHASES = ("prefill", "decode", "mixed")
 # two scrapes: a coarser 1-2.5-5 ladder put every decode step of a run in one bucket.
 STEP_BUCKETS_S = tuple(round(10 ** (k / 10 - 3), 6) for k in range(41))  # 1 ms .. 10 s
 PREFIX = "loadlab_server_"
-STEP_LOG_SIZE = 8192  # steps kept for GET /v1/step_log (a few minutes of a busy CPU server)
+# steps kept for GET /v1/step_log: a whole sweep of 30-second levels on this CPU (~8 MB);
+# at 8192 the log of such a sweep had lost its first levels by its end
+STEP_LOG_SIZE = 32768
 # One step-log entry: who stepped (engine, or a disaggregated worker's role and rank), when
 # (perf_counter_ns at the step's start and after its tokens were handed on), and its shape.
 STEP_LOG_FIELDS = ("role", "rank", "start_ns", "end_ns", "prefill_tokens", "decode_tokens",
