@@ -6,7 +6,10 @@ Tibshirani, "An Introduction to the Bootstrap", 1993, ch. 13, percentile method)
 whole requests (ITL gaps of one stream move together: a cluster bootstrap). Output tokens/s
 resamples per-second bins; error rate and goodput use Fisher's exact test on the counts.
 Intervals are Bonferroni-adjusted over the rows, so the chance that *any* row of a comparison
-of two identical setups is called significant stays under ``alpha``.
+of two identical setups is called significant stays under ``alpha`` -- when the machines ran
+at one speed in both runs: the resampling is within each run, and a speed change between
+runs reads as a real one (on a shared VM, 37 of 48 pairs of same-load runs a minute apart
+had a significant row; docs/slo-and-reports.md).
 
 A row is a regression when the change is significant, in the worse direction, and larger than
 ``--fail-on-regression PCT`` percent.
