@@ -36,7 +36,9 @@ differed by 3-20 % here (docs/benchmarks.md, sweep repeatability).
 
 Usage::
 
-    python3 benchmarks/simulate_vs_sweep.py                       # every mode, ~10 min
+    python3 benchmarks/simulate_vs_sweep.py                       # every mode, ~12 min
+    python3 benchmarks/simulate_vs_sweep.py --rates 1,2,4,6,8,12,16,24,32 --duration 30 \
+        --calibrate 2:10,16:15                                    # 30-second levels, ~35 min
     python3 benchmarks/simulate_vs_sweep.py --modes continuous --rates 1,2 --duration 4 \\
         --bisect-steps 0 --quick-fit                              # a dry run, ~1 min
 """
