@@ -7,9 +7,11 @@ whole requests (ITL gaps of one stream move together: a cluster bootstrap). Outp
 resamples per-second bins; error rate and goodput use Fisher's exact test on the counts.
 Intervals are Bonferroni-adjusted over the rows, so the chance that *any* row of a comparison
 of two identical setups is called significant stays under ``alpha`` -- when the machines ran
-at one speed in both runs: the resampling is within each run, and a speed change between
-runs reads as a real one (on a shared VM, 37 of 48 pairs of same-load runs a minute apart
-had a significant row; docs/slo-and-reports.md).
+at one speed in both runs: with one run per setup the resampling is within each run, and a
+speed change between runs reads as a real one (on a shared VM, 37 of 48 pairs of same-load
+runs a minute apart had a significant row; docs/slo-and-reports.md). Files that share a label
+are one setup's runs: pooled, with a two-level bootstrap (the runs, then the requests in
+each), so the spread between runs is in the interval.
 
 A row is a regression when the change is significant, in the worse direction, and larger than
 ``--fail-on-regression PCT`` percent.
@@ -77,10 +79,11 @@ class MetricChange:
 
 @dataclass(frozen=True)
 class Comparison:
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # one per setup; the first is the baseline
     rows: tuple[MetricChange, ...]
     alpha: float = 0.05
     warnings: tuple[str, ...] = ()
+    repeats: tuple[int, ...] = ()  # runs per setup (files that share a label); () = one each
 
     def regressions(self, pct: float) -> list[tuple[MetricChange, int]]:
         return [
@@ -101,6 +104,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "labels": list(self.labels),
+            "repeats": list(self.repeats or [1] * len(self.labels)),
             "alpha": self.alpha,
             "warnings": list(self.warnings),
             "rows": [
@@ -129,23 +133,36 @@ def _boot_weights(k: int, m: int, rng: np.random.Generator) -> np.ndarray:
 
 
 class _Resampler:
-    """The bootstrap weights of one run's requests, shared by all its latency rows (the same
-    resamples for every metric; cached while small, regenerated from the seed otherwise)."""
+    """The bootstrap weights of one setup's requests, shared by all its latency rows (the same
+    resamples for every metric; cached while small, regenerated from the seed otherwise).
 
-    def __init__(self, k: int, n_boot: int, seed: Sequence[int]) -> None:
-        self.k, self.n_boot, self.seed = k, n_boot, list(seed)
-        self.chunk = max(1, _MAX_CELLS // max(k, 1))
+    ``sizes``: the requests of each run of the setup, in order. With more than one run the
+    bootstrap has two levels: each replicate draws the runs with replacement, then the
+    requests within each run, so the spread between runs (a machine whose speed moved) is
+    in the interval, not only the sampling within a run."""
+
+    def __init__(self, sizes: Sequence[int], n_boot: int, seed: Sequence[int]) -> None:
+        self.sizes = [int(x) for x in sizes if x]  # a run without requests adds nothing
+        self.k, self.n_boot, self.seed = sum(self.sizes), n_boot, list(seed)
+        self.chunk = max(1, _MAX_CELLS // max(self.k, 1))
         self._cache: dict[int, np.ndarray] = {}
-        self._cacheable = n_boot * k <= 5 * _MAX_CELLS
+        self._cacheable = n_boot * self.k <= 5 * _MAX_CELLS
 
     def weights(self, start: int) -> np.ndarray:
         if start in self._cache:
             return self._cache[start]
         m = min(self.chunk, self.n_boot - start)
-        w = _boot_weights(self.k, m, np.random.default_rng([*self.seed, start]))
+        rng = np.random.default_rng([*self.seed, start])
+        w = _boot_weights(self.k, m, rng) if len(self.sizes) <= 1 else self._two_level(m, rng)
         if self._cacheable:
             self._cache[start] = w
         return w
+
+    def _two_level(self, m: int, rng: np.random.Generator) -> np.ndarray:
+        runs = _boot_weights(len(self.sizes), m, rng)  # [m, runs]: how often each run is drawn
+        within = np.concatenate([_boot_weights(k, m, rng) for k in self.sizes], axis=1)
+        run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
+        return (within * runs[:, run_of]).astype(np.int32)
 
 
 def _boot_quantile(
@@ -295,25 +312,44 @@ def _latency_row(
     return _bootstrap_row(f"{metric}.p{q:g}", values, True, pair, n, note, alpha)
 
 
-def _throughput_row(runs: Sequence[Results], alpha: float, n_boot: int, seed: int) -> MetricChange:
+def _throughput_row(
+    setups: Sequence[Sequence[Results]], alpha: float, n_boot: int, seed: int
+) -> MetricChange:
+    """Output tokens/s: the mean of a setup's runs; bootstrapped over whole seconds (and, with
+    more than one run, over the runs first)."""
     values = [
-        metrics.throughput(r.records, r.measurement_window_ns()).output_tokens_per_s for r in runs
+        float(
+            np.mean(
+                [
+                    metrics.throughput(r.records, r.measurement_window_ns()).output_tokens_per_s
+                    for r in runs
+                ]
+            )
+        )
+        for runs in setups
     ]
-    bins = [_per_second_bins(r) for r in runs]
-    short = any(b.size < 5 for b in bins)
+    bins = [[_per_second_bins(r) for r in runs] for runs in setups]
+    short = any(b.size < 5 for runs in bins for b in runs)
     note = "fewer than 5 whole seconds in a window: no significance test" if short else ""
 
-    def pair(i: int) -> tuple[np.ndarray, np.ndarray] | None:
-        if bins[0].size < 5 or bins[i].size < 5:
-            return None
-        rngs = [np.random.default_rng([seed, 99, j]) for j in (0, i)]
-        m0, mi = (
-            rng.choice(b, size=(n_boot, b.size), replace=True).mean(axis=1)
-            for rng, b in zip(rngs, (bins[0], bins[i]), strict=True)
-        )
-        return m0, mi
+    def boot(j: int) -> np.ndarray:
+        rng = np.random.default_rng([seed, 99, j])
+        runs = bins[j]
+        if len(runs) == 1:
+            b = runs[0]
+            return rng.choice(b, size=(n_boot, b.size), replace=True).mean(axis=1)
+        out = np.empty(n_boot)
+        for t in range(n_boot):  # runs with replacement, then each drawn run's seconds
+            drawn = [runs[x] for x in rng.integers(0, len(runs), len(runs))]
+            out[t] = np.mean([rng.choice(b, size=b.size, replace=True).mean() for b in drawn])
+        return out
 
-    n = [int(b.size) for b in bins]
+    def pair(i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        if any(b.size < 5 for j in (0, i) for b in bins[j]):
+            return None
+        return boot(0), boot(i)
+
+    n = [sum(int(b.size) for b in runs) for runs in bins]
     return _bootstrap_row("output_tokens_per_s", values, False, pair, n, note, alpha)
 
 
@@ -357,29 +393,45 @@ def compare(
     n_boot: int = 2000,
     seed: int = 0,
 ) -> Comparison:
-    """Compare runs against the first one (see the module docstring for the tests used)."""
-    if len(results_list) < 2:
-        raise ConfigError("compare needs at least two results files")
+    """Compare setups against the first one (see the module docstring for the tests used).
+
+    Files that share a label are repeated runs of one setup: its latencies are pooled, and
+    its intervals come from a two-level bootstrap (runs, then requests within them), so the
+    spread between runs counts as noise rather than as a change."""
     if len(labels) != len(results_list):
         raise ConfigError(f"got {len(labels)} labels for {len(results_list)} results files")
+    names = list(dict.fromkeys(labels))  # setups, in the order first given
+    if len(names) < 2:
+        raise ConfigError("compare needs at least two setups (two results files, or two labels)")
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
+    setups = [[r for r, lb in zip(results_list, labels, strict=True) if lb == n] for n in names]
     keys: tuple[str, ...] = LATENCY
     if all(has_reasoning_or_tools(r.records) for r in results_list):
         keys = (*LATENCY, "ttfat_ms")  # reasoning models: the answer's wait, not the first token
     m = len(keys) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
     a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
-    lats = [metrics.latency_records(r.records, r.measurement_window_ns()) for r in results_list]
-    resamplers = [_Resampler(len(lat), n_boot, (seed, i)) for i, lat in enumerate(lats)]
+    per_run = [
+        [metrics.latency_records(r.records, r.measurement_window_ns()) for r in runs]
+        for runs in setups
+    ]
+    lats = [[rec for lat in runs for rec in lat] for runs in per_run]
+    resamplers = [
+        _Resampler([len(lat) for lat in runs], n_boot, (seed, i)) for i, runs in enumerate(per_run)
+    ]
     rows = [_latency_row(lats, resamplers, k, q, a) for k in keys for q in PERCENTILES]
-    rows.append(_throughput_row(results_list, a, n_boot, seed))
-    counts = [metrics.count_outcomes(r.records, r.scheduled_count) for r in results_list]
+    rows.append(_throughput_row(setups, a, n_boot, seed))
+    counts = [
+        [metrics.count_outcomes(r.records, r.scheduled_count) for r in runs] for runs in setups
+    ]
+    failed = [sum(c.failed for c in cs) for cs in counts]
+    sent = [sum(c.sent for c in cs) for cs in counts]
     rows.append(
         _count_row(
             "error_rate",
-            [c.error_rate for c in counts],
-            [c.failed for c in counts],
-            [c.sent for c in counts],
+            [f / s if s else 0.0 for f, s in zip(failed, sent, strict=True)],
+            failed,
+            sent,
             True,
             a,
         )
@@ -387,17 +439,18 @@ def compare(
     if slo is not None:
         from loadlab.slo.verdict import good_in_window
 
-        good = [good_in_window(r, slo) for r in results_list]
+        good = [sum(good_in_window(r, slo) for r in runs) for runs in setups]
         spans = [
-            max(r.measurement_window_ns()[1] - r.measurement_window_ns()[0], 1) / 1e9
-            for r in results_list
+            sum(max(r.measurement_window_ns()[1] - r.measurement_window_ns()[0], 1) for r in runs)
+            / 1e9
+            for runs in setups
         ]
         rows.append(
             _count_row(
                 "goodput_rps",
                 [g / s for g, s in zip(good, spans, strict=True)],
                 good,
-                [c.sent for c in counts],
+                sent,
                 False,
                 a,
             )
@@ -408,8 +461,9 @@ def compare(
         if r.saturated
     )
     return Comparison(
-        labels=tuple(labels),
+        labels=tuple(names),
         rows=tuple(rows),
         alpha=alpha,
-        warnings=warnings,
+        warnings=tuple(dict.fromkeys(warnings)),
+        repeats=tuple(len(runs) for runs in setups),
     )

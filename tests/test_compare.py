@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -69,18 +70,61 @@ def test_small_runs_leave_tail_percentiles_untested() -> None:
     assert cmp.exit_code(10) == 0
 
 
-def test_cluster_bootstrap_matches_brute_force() -> None:
+@pytest.mark.parametrize("sizes", [[100], [30, 70]], ids=["one run", "two runs"])
+def test_cluster_bootstrap_matches_brute_force(sizes: list[int]) -> None:
     """The windowed weighted quantile equals np.percentile(method="inverted_cdf") of the
-    explicitly resampled data, replicate by replicate."""
+    explicitly resampled data, replicate by replicate (with one run, or two runs drawn
+    first)."""
     rng = np.random.default_rng(0)
     values = rng.exponential(size=600)
     cluster = np.repeat(np.arange(100), 6)
-    res = _Resampler(100, 50, (7,))
+    res = _Resampler(sizes, 50, (7,))
     fast = _boot_quantile(values, cluster, 0.9, res)
     w = res.weights(0)
     for b in range(50):
         data = np.concatenate([values[cluster == k].repeat(w[b, k]) for k in range(100)])
         assert fast[b] == pytest.approx(np.percentile(data, 90, method="inverted_cdf"))
+
+
+def test_two_level_weights_draw_runs_then_requests() -> None:
+    """Each replicate draws the runs with replacement (their draws sum to the number of
+    runs), then each drawn run's requests: a run's weights sum to its draws times its size."""
+    res = _Resampler([3, 5, 0, 4], 400, (1,))  # the empty run adds nothing
+    w = res.weights(0)
+    assert w.shape == (400, 12)
+    per_run = np.stack([w[:, :3].sum(1) / 3, w[:, 3:8].sum(1) / 5, w[:, 8:].sum(1) / 4], 1)
+    assert np.allclose(per_run, np.round(per_run)) and (per_run.sum(1) == 3).all()
+    assert (per_run == 0).any() and (per_run >= 2).any()  # runs are left out and repeated
+
+
+def _setup(scales: list[float], seed: int) -> list[object]:
+    return [make_results(600, seed=seed + i, tokens=4, ttft_scale=x) for i, x in enumerate(scales)]
+
+
+def test_repeated_runs_count_the_spread_between_runs_as_noise() -> None:
+    """Each setup's second run 30 % slower than its first (a machine whose speed moved), and
+    the second setup 30 % slower than the first in each. Pooled into one file per setup, the
+    requests call that significant; as two runs per setup (files that share a label), the
+    runs are drawn too and it is not: two runs cannot tell such a change from the drift. A
+    change far beyond the spread between runs still is significant."""
+    a, b = _setup([1.0, 1.3], seed=10), _setup([1.3, 1.6], seed=20)
+
+    def ttft(cmp: object) -> object:
+        return {r.metric: r for r in cmp.rows}["ttft_ms.p50"]  # type: ignore[attr-defined]
+
+    def pooled(runs: list[object]) -> object:
+        return dataclasses.replace(runs[0], records=[x for r in runs for x in r.records])  # type: ignore[attr-defined]
+
+    one_file = compare([pooled(a), pooled(b)], ["a", "b"], n_boot=500)
+    assert ttft(one_file).significant[1] and ttft(one_file).change_pct[1] > 15
+    grouped = compare([*a, *b], ["a", "a", "b", "b"], n_boot=500)
+    assert grouped.labels == ("a", "b") and grouped.repeats == (2, 2)
+    assert ttft(grouped).change_pct[1] == pytest.approx(ttft(one_file).change_pct[1])
+    assert not ttft(grouped).significant[1], ttft(grouped).ci_pct[1]
+    slower = _setup([2.0, 2.1], seed=30)
+    real = compare([a[0], slower[0], a[1], slower[1]], ["a", "b", "a", "b"], n_boot=500)
+    assert ttft(real).significant[1] and ttft(real).change_pct[1] > 50
+    assert real.exit_code(fail_on_regression_pct=10) == 1
 
 
 def test_compare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,3 +138,24 @@ def test_compare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main([*args]) == 0  # no gate, no failure
     assert main(["compare", str(a), str(a), "--labels", "x"]) == 2
     assert main(["compare", str(a), str(tmp_path / "nope.json")]) == 2
+
+
+def test_only_labels_group_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two files of one name in two folders are two setups (named by their paths); files are
+    grouped into one setup's runs only by an explicit shared label."""
+    (tmp_path / "main").mkdir()
+    (tmp_path / "pr").mkdir()
+    a = write_results(make_results(300, seed=1, tokens=4), tmp_path / "main" / "run.json")
+    b = write_results(make_results(300, seed=3, tokens=4), tmp_path / "pr" / "run.json")
+    assert main(["compare", str(a), str(b), "--bootstrap", "200"]) == 0
+    out = capsys.readouterr().out
+    assert f"{b} vs {a}" in out
+    assert main(["compare", str(a), str(a), "--bootstrap", "200"]) == 0  # the same file twice
+    assert f"{a} #2 vs {a}" in capsys.readouterr().out
+    assert (
+        main(["compare", str(a), str(b), "--labels", "x,x"]) == 2
+    )  # one setup: nothing to compare
+    assert "at least two setups" in capsys.readouterr().err
+    args = ["compare", str(a), str(b), str(b), str(a), "--labels", "m,p,p,m", "--bootstrap", "200"]
+    assert main(args) == 0
+    assert "m (2 runs) (baseline)" in capsys.readouterr().out

@@ -23,7 +23,9 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", metavar="RESULTS", help="two or more results files")
     parser.add_argument(
-        "--labels", help="comma-separated names, one per file (default: file names)"
+        "--labels",
+        help="comma-separated names, one per file (default: file names); files with the same "
+        "name are repeated runs of one setup, and the spread between them counts as noise",
     )
     parser.add_argument(
         "--slo", metavar="FILE", help="SLO file: adds goodput (requests meeting it, per s)"
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.results) < 2:
         raise ConfigError("give at least two results files")
-    labels = args.labels.split(",") if args.labels else [Path(p).stem for p in args.results]
+    labels = args.labels.split(",") if args.labels else _default_labels(args.results)
     if len(labels) != len(args.results):
         raise ConfigError(f"--labels has {len(labels)} names for {len(args.results)} files")
     pct = args.fail_on_regression
@@ -77,9 +79,25 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from loadlab.report.html import write_comparison_html
 
-        html = write_output(args.html, "--html", lambda p: write_comparison_html(cmp, runs, p, pct))
+        html = write_output(
+            args.html, "--html", lambda p: write_comparison_html(cmp, runs, p, pct, labels)
+        )
         print(f"HTML: {html}")
     code = cmp.exit_code(pct)
     if pct is not None:
         print({0: "no regression", 1: "REGRESSION: exit 1", 2: "NOT VALID EVIDENCE: exit 2"}[code])
     return code
+
+
+def _default_labels(paths: list[str]) -> list[str]:
+    """File names, or the paths where names repeat (``main/run.json``, ``pr/run.json``), and
+    numbered if still not unique: only ``--labels`` groups files into one setup's runs."""
+    labels = [Path(p).stem for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = list(paths)
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out

@@ -47,7 +47,11 @@ def change_cell(row: MetricChange, i: int, pct: float | None) -> tuple[str, str]
 
 def _header(cmp: Comparison) -> list[str]:
     base = cmp.labels[0]
-    head = [f"{label}{' (baseline)' if i == 0 else ''}" for i, label in enumerate(cmp.labels)]
+    runs = cmp.repeats or (1,) * len(cmp.labels)
+    head = [
+        f"{label}{f' ({n} runs)' if n > 1 else ''}{' (baseline)' if i == 0 else ''}"
+        for i, (label, n) in enumerate(zip(cmp.labels, runs, strict=True))
+    ]
     for label in cmp.labels[1:]:
         head += [f"{label} vs {base}", ""]
     return ["metric", *head]
@@ -58,6 +62,16 @@ def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
         f"Intervals: {(1 - cmp.alpha) * 100:g} % for the whole table (Bonferroni over "
         f"{len(cmp.rows)} rows); latency by a bootstrap over requests, rates by Fisher's exact test."
     ]
+    if any(n > 1 for n in cmp.repeats):
+        out.append(
+            "Files that share a label are runs of one setup: the bootstrap draws the runs, then "
+            "the requests in them, so the spread between runs is in the intervals."
+        )
+    else:
+        out.append(
+            "One run per setup: the intervals cover sampling within each run, not a machine "
+            "whose speed changed between the runs (give repeated runs the same label)."
+        )
     if pct is not None:
         n = len(cmp.regressions(pct))
         out.append(

@@ -164,8 +164,12 @@ def write_html(
 
 
 def render_comparison_html(
-    cmp: Comparison, runs: Sequence[Results], fail_on_regression_pct: float | None = None
+    cmp: Comparison,
+    runs: Sequence[Results],
+    fail_on_regression_pct: float | None = None,
+    run_labels: Sequence[str] | None = None,
 ) -> str:
+    """``run_labels``: each run's label when setups have repeated runs (one CDF line each)."""
     rows = [
         {
             "metric": r.metric,
@@ -183,7 +187,7 @@ def render_comparison_html(
         "pct": fail_on_regression_pct,
         "warnings": list(cmp.warnings),
         "footer": footer_lines(cmp, fail_on_regression_pct),
-        "cdfs": plots.comparison_cdfs(runs, cmp.labels),
+        "cdfs": plots.comparison_cdfs(runs, _numbered(run_labels or cmp.labels)),
     }
     return render_template("compare.html.j2", **ctx)
 
@@ -193,5 +197,17 @@ def write_comparison_html(
     runs: Iterable[Results],
     path: str | Path,
     fail_on_regression_pct: float | None = None,
+    run_labels: Sequence[str] | None = None,
 ) -> Path:
-    return _write(render_comparison_html(cmp, list(runs), fail_on_regression_pct), path)
+    html = render_comparison_html(cmp, list(runs), fail_on_regression_pct, run_labels)
+    return _write(html, path)
+
+
+def _numbered(labels: Sequence[str]) -> list[str]:
+    """Repeated labels numbered (``main #1``, ``main #2``); unique ones as they are."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(f"{label} #{seen[label]}" if labels.count(label) > 1 else label)
+    return out
