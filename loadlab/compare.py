@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from loadlab.results import Results
     from loadlab.slo import SLOSpec
 
-__all__ = ["Comparison", "MetricChange", "compare"]
+__all__ = ["Comparison", "MetricChange", "compare", "numbered_labels"]
 
 # (metric, percentile) rows, in display order. Latency: higher is worse.
 LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
@@ -121,6 +121,16 @@ class Comparison:
                 for r in self.rows
             ],
         }
+
+
+def numbered_labels(labels: Sequence[str]) -> list[str]:
+    """Each label, numbered where it repeats (``main #1``, ``main #2``): one name per file."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(f"{label} #{seen[label]}" if labels.count(label) > 1 else label)
+    return out
 
 
 # ---------------------------------------------------------------- bootstrap

@@ -92,12 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def _default_labels(paths: list[str]) -> list[str]:
     """File names, or the paths where names repeat (``main/run.json``, ``pr/run.json``), and
     numbered if still not unique: only ``--labels`` groups files into one setup's runs."""
+    from loadlab.compare import numbered_labels
+
     labels = [Path(p).stem for p in paths]
-    if len(set(labels)) < len(labels):
-        labels = list(paths)
-    seen: dict[str, int] = {}
-    out = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
-    return out
+    return numbered_labels(labels if len(set(labels)) == len(labels) else paths)

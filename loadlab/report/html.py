@@ -170,6 +170,8 @@ def render_comparison_html(
     run_labels: Sequence[str] | None = None,
 ) -> str:
     """``run_labels``: each run's label when setups have repeated runs (one CDF line each)."""
+    from loadlab.compare import numbered_labels
+
     rows = [
         {
             "metric": r.metric,
@@ -187,7 +189,7 @@ def render_comparison_html(
         "pct": fail_on_regression_pct,
         "warnings": list(cmp.warnings),
         "footer": footer_lines(cmp, fail_on_regression_pct),
-        "cdfs": plots.comparison_cdfs(runs, _numbered(run_labels or cmp.labels)),
+        "cdfs": plots.comparison_cdfs(runs, numbered_labels(run_labels or cmp.labels)),
     }
     return render_template("compare.html.j2", **ctx)
 
@@ -201,13 +203,3 @@ def write_comparison_html(
 ) -> Path:
     html = render_comparison_html(cmp, list(runs), fail_on_regression_pct, run_labels)
     return _write(html, path)
-
-
-def _numbered(labels: Sequence[str]) -> list[str]:
-    """Repeated labels numbered (``main #1``, ``main #2``); unique ones as they are."""
-    seen: dict[str, int] = {}
-    out = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        out.append(f"{label} #{seen[label]}" if labels.count(label) > 1 else label)
-    return out
