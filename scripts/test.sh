@@ -5,15 +5,22 @@
 # in ~/.cache/loadlab/vllm-venv; a few minutes the first time); LOADLAB_ENGINE_TESTS=0 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# torch==2.13.0 is named so pip takes the CPU build; the [server] extra accepts any torch>=2.3.
-python3 -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[all,dev]"
+# Everything goes into the checkout's own virtualenv (.venv), never the machine's Python, so two
+# checkouts never re-point each other's `loadlab`. torch==2.13.0 is named so pip takes the CPU
+# build; the [server] extra accepts any torch>=2.3.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+PY="$PWD/.venv/bin/python"
+export PATH="$PWD/.venv/bin:$PATH"
+"$PY" -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[all,dev]"
 # Headless Chromium for the HTML report test (the test is skipped only where no package exists).
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "note: chromium could not be installed; the browser test will be skipped"
 fi
 set +e
-python3 -m pytest "$@"
+"$PY" -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

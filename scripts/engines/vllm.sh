@@ -64,7 +64,9 @@ trap 'rm -rf "$MODEL_DIR"' EXIT
 
 export LOADLAB_VLLM_PYTHON="$PY" LOADLAB_TINY_MODEL="$MODEL_DIR"
 set +e
-python3 -m pytest tests/engines -m engine "$@"
+HARNESS_PY=python3
+[ -x .venv/bin/python ] && HARNESS_PY="$PWD/.venv/bin/python"
+"$HARNESS_PY" -m pytest tests/engines -m engine "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
