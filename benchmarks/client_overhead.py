@@ -24,7 +24,7 @@ from loadlab.clients import OpenAIClient, OpenAIStreamState
 from loadlab.clients.sse import SSEDecoder
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
-from loadlab.testing.fixed_server import FixedServerProcess
+from loadlab.selftest.fixed_server import FixedServerProcess
 
 CHUNK = (
     b'data: {"id":"cmpl-q1","object":"chat.completion.chunk","created":1796028737,'

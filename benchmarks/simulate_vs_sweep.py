@@ -59,16 +59,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadlab.analysis.server_metrics import parse_prometheus_text  # noqa: E402
 from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
 from loadlab.commands import run as run_command  # noqa: E402
-from loadlab.scrape import parse_prometheus_text  # noqa: E402
+from loadlab.runner.sweep import level_config  # noqa: E402
 from loadlab.simulate import fit  # noqa: E402
 from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
 from loadlab.simulate.engine import Simulator  # noqa: E402
 from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
 from loadlab.simulate.versus import curves_of  # noqa: E402
 from loadlab.slo import load_slo  # noqa: E402
-from loadlab.sweep import level_config  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
 from loadlab.workloads.exact import without_asking  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.runner.sweep import find_max_load, run_level
 from loadlab.slo import parse_slo
-from loadlab.sweep import find_max_load, run_level
 
 
 def pin(pid: int, cpus: set[int]) -> None:

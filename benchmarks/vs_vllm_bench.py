@@ -4,7 +4,7 @@
 
 The workload is vllm bench's random dataset, 256 tokens in and 64 out, ``--max-concurrency 8``,
 EOS ignored; loadlab replays exactly the per-request lengths vLLM counted for it (how, and why
-both send ``allowed_token_ids``: ``loadlab/testing/vllm_bench.py``). Each round runs vllm bench,
+both send ``allowed_token_ids``: ``tests/helpers/vllm_bench.py``). Each round runs vllm bench,
 then loadlab; the verdict compares the medians over the rounds of TTFT p50, TPOT p50 and ITL
 p50, and the input and output token totals of every round.
 
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadlab.testing.vllm_bench import (
+from tests.helpers.vllm_bench import (
     METRICS,
     BenchLoad,
     bench_figures,
@@ -41,7 +41,7 @@ from loadlab.testing.vllm_bench import (
     run_round,
     text_token_ids,
 )
-from loadlab.testing.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
+from tests.helpers.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
 
 
 def pin_split(pin: str) -> tuple[str | None, str | None]:

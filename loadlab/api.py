@@ -21,7 +21,7 @@ first use so that ``import loadlab`` loads nothing heavy::
 
 docs/python-api.md walks through it with an example that the test suite runs.
 
->>> from loadlab.testing.synth import make_results
+>>> from tests.helpers.synth import make_results
 >>> evaluate(make_results(200, seed=0), {"objectives": ["error_rate <= 0.05"]}).passed
 True
 """
@@ -33,15 +33,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadlab.analysis.metrics import DEFAULT_PERCENTILES
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.metrics import DEFAULT_PERCENTILES
 from loadlab.results import Results
 
 if TYPE_CHECKING:
+    from loadlab.analysis.summary import RunSummary
     from loadlab.slo import SLOSpec, Verdict
     from loadlab.slo.spec import Policy
-    from loadlab.summary import RunSummary
 
 __all__ = ["evaluate", "run", "run_sync", "summarize"]
 
@@ -49,7 +49,7 @@ __all__ = ["evaluate", "run", "run_sync", "summarize"]
 def summarize(results: Results, percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary:
     """The run's summary (counts, latency percentiles in ms, throughput) as frozen dataclasses:
     the figures of ``loadlab report``; ``.to_dict()`` is the results file's ``summary``."""
-    from loadlab.summary import summarize as _summarize
+    from loadlab.analysis.summary import summarize as _summarize
 
     return _summarize(results, percentiles)
 

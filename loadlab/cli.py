@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        from loadlab.extras import EXTRAS, INSTALL
+        from loadlab.errors import EXTRAS, INSTALL
 
         top = (exc.name or "").split(".")[0]
         extra = next((e for e, mods in EXTRAS.items() if top in mods), None)

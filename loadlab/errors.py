@@ -31,7 +31,11 @@ True
 
 from __future__ import annotations
 
+import importlib.util
+
 __all__ = [
+    "EXTRAS",
+    "INSTALL",
     "CalibrationError",
     "ConfigError",
     "LoadlabError",
@@ -43,6 +47,9 @@ __all__ = [
     "TraceError",
     "UsageError",
     "WorkloadError",
+    "at_least",
+    "missing",
+    "require",
 ]
 
 
@@ -84,8 +91,60 @@ class SLOError(UsageError):
 
 class MissingExtraError(LoadlabError):
     """A command needs an optional extra (torch and the server, Locust) that is missing; the
-    message says which and the ``pip install`` line (``loadlab.extras``)."""
+    message says which and the ``pip install`` line (``loadlab.errors``)."""
 
 
 class CalibrationError(LoadlabError, RuntimeError):
     """The endpoint's token count could not be measured; the message says what to do."""
+
+
+# The harness's lower-bound checks on settings and records, worded once.
+
+
+def at_least(
+    name: str, value: float, lo: int, fix: str = "", *, error: type[ValueError] = ValueError
+) -> None:
+    """Raises ``error`` naming ``name``, ``lo`` and ``value`` (then ``fix``) when
+    ``value < lo``.
+
+    >>> from loadlab.errors import ConfigError
+    >>> at_least("--batch", 8, 1, error=ConfigError)
+    >>> at_least("turn", -1, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: turn must be >= 0, got -1
+    """
+    if value < lo:
+        raise error(f"{name} must be >= {lo}, got {value}{fix}")
+
+
+# Optional extras: a command that needs the reference server (torch, FastAPI, uvicorn) or
+# Locust checks for them before it does anything, and says which extra to install (exit 2),
+# instead of failing later with a server that "did not start" or a traceback.
+
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "server": ("torch", "fastapi", "uvicorn"),
+    "locust": ("locust",),
+}
+# torch==2.13.0 takes the CPU build from PyPI; on a GPU machine install your torch first
+INSTALL = {
+    "server": 'pip install torch==2.13.0 "loadlab[server]"  (CPU torch; on a GPU machine '
+    "install the torch you want first and drop the pin)",
+    "locust": 'pip install "loadlab[locust]"',
+}
+
+
+def missing(extra: str) -> list[str]:
+    """The modules of ``extra`` this environment cannot import."""
+    return [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+
+
+def require(extra: str, what: str) -> None:
+    """Raise ``MissingExtraError`` (exit 2) naming what needs ``extra`` and how to install it."""
+    gone = missing(extra)
+    if gone:
+        raise MissingExtraError(
+            f"{what} needs the {extra!r} extra, and {', '.join(gone)} "
+            f"{'is' if len(gone) == 1 else 'are'} not installed; install it with: {INSTALL[extra]}"
+        )

@@ -1,7 +1,7 @@
 """The one record type that flows through the harness.
 
 ``RequestSpec`` is what a workload asks for; ``RequestRecord`` is what happened. Every metric
-is a pure function of records (``loadlab.metrics``). Timestamps are raw integers from
+is a pure function of records (``loadlab.analysis.metrics``). Timestamps are raw integers from
 ``time.perf_counter_ns()`` made relative to the run's ``t0_ns`` (so the results file is
 portable); durations are differences of them. Wall-clock time is only a label
 (``Results.started_at``).
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from loadlab.checks import at_least
+from loadlab.errors import at_least
 
 __all__ = [
     "FAILED_OUTCOMES",
@@ -45,6 +45,7 @@ __all__ = [
     "TokenSource",
     "http_outcome",
     "is_failed",
+    "pick",
 ]
 
 OUTCOME_OK = "ok"
@@ -321,3 +322,16 @@ def _is(value: Any, kind: str) -> bool:
         return isinstance(value, dict)
     # list[int]: every element an int (timestamps and token counts)
     return type(value) is list and all(type(x) is int for x in value)
+
+
+# Plain data for the JSON files loadlab writes: a record's attributes by name, in order.
+
+
+def pick(obj: object, names: str) -> dict[str, Any]:
+    """``{name: obj.name}`` for each space-separated name, in the order given.
+
+    >>> from types import SimpleNamespace
+    >>> pick(SimpleNamespace(a=1, b="x", c=None), "b a")
+    {'b': 'x', 'a': 1}
+    """
+    return {name: getattr(obj, name) for name in names.split()}

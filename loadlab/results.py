@@ -14,7 +14,7 @@ Layout (schema ``loadlab.results``, version ``SCHEMA_VERSION``)::
       "records":    [RequestRecord.to_dict(), ...],
       "server_samples": [{"t_ns": int, "metrics": {"name{labels}": value}}, ...],
       "extra":      free-form sections (selftest truth, lab modes, capacity, ...),
-      "summary":    loadlab.summary.summarize() at write time (informative; recomputed on read)
+      "summary":    loadlab.analysis.summary.summarize() at write time (informative; recomputed on read)
     }
 
 Example::
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadlab import metrics
 from loadlab._version import __version__
+from loadlab.analysis import metrics
+from loadlab.analysis.generator import merge_parts
+from loadlab.analysis.summary import has_reasoning_or_tools, summarize
 from loadlab.errors import ResultsError
-from loadlab.generator import merge_parts
 from loadlab.headers import REDACTED, public_url, redact_headers
 from loadlab.records import RequestRecord
-from loadlab.summary import has_reasoning_or_tools, summarize
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -12,9 +12,9 @@ import pytest
 
 import loadlab
 from loadlab.errors import ConfigError, SLOError
+from loadlab.selftest.fixed_server import FixedScheduleServer
 from loadlab.slo import load_slo
-from loadlab.testing.fixed_server import FixedScheduleServer
-from loadlab.testing.synth import make_results
+from tests.helpers.synth import make_results
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadlab.analysis.compare import _boot_quantile, _Resampler, compare
 from loadlab.cli import main
-from loadlab.compare import _boot_quantile, _Resampler, compare
 from loadlab.results import write_results
 from loadlab.slo import parse_slo
-from loadlab.testing.synth import make_results
+from tests.helpers.synth import make_results
 
 
 def _run(seed: int, **kw: object) -> object:

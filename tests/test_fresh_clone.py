@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadlab.testing.fixed_server import FixedServerProcess
+from loadlab.selftest.fixed_server import FixedServerProcess
 from tests.conftest import ROOT
 
 

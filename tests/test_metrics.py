@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadlab import metrics
+from loadlab.analysis import metrics
+from loadlab.analysis.summary import summarize
 from loadlab.records import RequestRecord
 from loadlab.results import Results
-from loadlab.summary import summarize
 
 MS = 1_000_000
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadlab.prefix_cache import (
+from loadlab.analysis.prefix_cache import (
     expected_cached_tokens,
     expected_hit_rate,
     server_hit_rate,

@@ -6,7 +6,7 @@ import pytest
 
 from loadlab.records import RequestRecord
 from loadlab.results import Results
-from loadlab.selftest import PRESETS, SelftestConfig, compare_level, judge, render_levels
+from loadlab.selftest.accuracy import PRESETS, SelftestConfig, compare_level, judge, render_levels
 
 MS = 1_000_000
 T0 = 5_000 * MS  # absolute perf_counter_ns of the run start

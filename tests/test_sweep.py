@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadlab.commands.sweep import parse_levels
-from loadlab.sweep import Level, find_max_load, knee
+from loadlab.runner.sweep import Level, find_max_load, knee
 
 
 def fake(limit: float, calls: list[float]):  # type: ignore[no-untyped-def]
@@ -78,7 +78,7 @@ def test_levels_are_validated() -> None:
 
 
 def test_html_page_escapes_and_embeds_the_plot() -> None:
-    from loadlab.sweep import render_html
+    from loadlab.runner.sweep import render_html
 
     r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
     r.note = "<script>alert(1)</script>"
@@ -92,9 +92,9 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     """Issue 17, item 13: a chat workload's rate counts sessions; at 4 sessions/s of two-turn
     sessions about 8 requests/s go out, and the text says both."""
     from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.runner.sweep import run_level
+    from loadlab.selftest.fixed_server import FixedServerProcess
     from loadlab.slo import parse_slo
-    from loadlab.sweep import run_level
-    from loadlab.testing.fixed_server import FixedServerProcess
     from loadlab.workloads import rate_unit
 
     workload = {"kind": "chat", "turns": 2, "think_time_s": 0.1, "prompt_tokens": 8,
@@ -122,9 +122,9 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
 def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeypatch) -> None:
     """The endpoint is asked how it counts tokens once for the whole sweep; each level's
     ``run_load`` reuses that answer (it asked again before every level)."""
-    from loadlab import sizing
     from loadlab.cli import main
-    from loadlab.testing.fixed_server import FixedServerProcess
+    from loadlab.runner import prompt_sizing as sizing
+    from loadlab.selftest.fixed_server import FixedServerProcess
 
     asked: list[str] = []
     real = sizing.ask_endpoint
@@ -149,7 +149,7 @@ def test_each_level_has_its_own_seed_and_prompts() -> None:
     """Levels of one sweep draw different prompts (a prefix cache would otherwise serve each
     level from the one before); the same sweep seed and load give the same level."""
     from loadlab.config import RunConfig
-    from loadlab.sweep import level_config
+    from loadlab.runner.sweep import level_config
     from loadlab.workloads import build_requests
     from loadlab.workloads.exact import without_asking
 

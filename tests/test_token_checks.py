@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from loadlab.analysis.token_checks import is_short, prompt_match, prompt_warning, short_outputs
 from loadlab.records import RequestRecord
-from loadlab.token_checks import is_short, prompt_match, prompt_warning, short_outputs
 
 
 def _rec(req: int | None, got: int | None, turn: int = 0) -> RequestRecord:

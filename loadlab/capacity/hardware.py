@@ -21,8 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from loadlab.checks import at_least
-from loadlab.errors import ConfigError
+from loadlab.errors import ConfigError, at_least
 
 __all__ = [
     "DEFAULT_BANDWIDTH_EFFICIENCY",

@@ -22,8 +22,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from loadlab.checks import at_least
-from loadlab.errors import ConfigError
+from loadlab.errors import ConfigError, at_least
 
 __all__ = [
     "DTYPE_BYTES",

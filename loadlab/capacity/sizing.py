@@ -38,9 +38,8 @@ from typing import Any
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import DEFAULT_MEMORY_RESERVE_FRACTION, Hardware
 from loadlab.capacity.models import ModelSpec
-from loadlab.checks import at_least
-from loadlab.errors import ConfigError
-from loadlab.plain import pick
+from loadlab.errors import ConfigError, at_least
+from loadlab.records import pick
 
 __all__ = [
     "DEFAULT_BATCH",

@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from loadlab import metrics
+from loadlab.analysis import metrics
 from loadlab.capacity import roofline
 from loadlab.capacity.hardware import Hardware
 from loadlab.capacity.models import DTYPE_BYTES, ModelSpec, get_model

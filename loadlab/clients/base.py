@@ -9,7 +9,7 @@ Example::
 
     async with OpenAIClient("http://127.0.0.1:8000", model="m") as client:
         done = await client.send(spec, t0_ns=t0)
-        print(done.record.outcome, loadlab.metrics.ttft_ms(done.record))
+        print(done.record.outcome, loadlab.analysis.metrics.ttft_ms(done.record))
 """
 
 from __future__ import annotations

@@ -36,8 +36,7 @@ from loadlab.capacity.sizing import (
     size_first_principles,
     size_from_figures,
 )
-from loadlab.errors import ConfigError
-from loadlab.extras import require
+from loadlab.errors import ConfigError, require
 
 __all__ = ["add_arguments", "run"]
 

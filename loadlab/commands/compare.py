@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.compare import compare
+    from loadlab.analysis.compare import compare
     from loadlab.report.comparison import render_comparison, render_comparison_markdown
     from loadlab.results import read_results
     from loadlab.slo import load_slo
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def _default_labels(paths: list[str]) -> list[str]:
     """File names, or the paths where names repeat (``main/run.json``, ``pr/run.json``), and
     numbered if still not unique: only ``--labels`` groups files into one setup's runs."""
-    from loadlab.compare import numbered_labels
+    from loadlab.analysis.compare import numbered_labels
 
     labels = [Path(p).stem for p in paths]
     return numbered_labels(labels if len(set(labels)) == len(labels) else paths)

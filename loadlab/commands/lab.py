@@ -16,8 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from loadlab.errors import ConfigError
-from loadlab.extras import require
+from loadlab.errors import ConfigError, require
 from loadlab.report.output import check_folder
 
 __all__ = ["add_arguments", "run"]

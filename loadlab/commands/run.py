@@ -26,16 +26,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from loadlab.analysis.generator import saturation_warning
+from loadlab.analysis.token_checks import prompt_match, prompt_warning
 from loadlab.config import APIS, EndpointConfig, RunConfig
-from loadlab.errors import ConfigError, UsageError
-from loadlab.extras import require
-from loadlab.generator import saturation_warning
+from loadlab.errors import ConfigError, UsageError, require
 from loadlab.headers import check_header
 from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
 from loadlab.runner import signals
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
-from loadlab.token_checks import prompt_match, prompt_warning
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 
@@ -368,8 +367,10 @@ def _check(cfg: RunConfig) -> None:
     if cfg.scrape:
         import importlib.util
 
-        if importlib.util.find_spec("loadlab.scrape") is None:
-            raise ConfigError("--scrape needs loadlab.scrape, which this build does not have")
+        if importlib.util.find_spec("loadlab.runner.scrape") is None:
+            raise ConfigError(
+                "--scrape needs loadlab.runner.scrape, which this build does not have"
+            )
     if cfg.slo:
         from loadlab.slo import load_slo
 
@@ -418,7 +419,7 @@ def _write(results: Results, path: Path, journal: Path) -> bool:
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         raise ConfigError("--interleave runs in one process; drop --workers")
-    from loadlab.sizing import prepared_sizing
+    from loadlab.runner.prompt_sizing import prepared_sizing
 
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
@@ -475,10 +476,10 @@ def _run(cfg: RunConfig) -> int:
 
 
 def _comparison(all_results: list[Results], names: list[str], first: Path) -> str:
-    """Side by side against the first endpoint (``loadlab.compare``), printed and written next
+    """Side by side against the first endpoint (``loadlab.analysis.compare``), printed and written next
     to the results files as ``<out>.compare.md`` and ``<out>.compare.json``."""
     try:
-        from loadlab.compare import compare  # type: ignore[import-not-found,unused-ignore]
+        from loadlab.analysis.compare import compare  # type: ignore[import-not-found,unused-ignore]
         from loadlab.report.comparison import (  # type: ignore[import-not-found,unused-ignore]
             render_comparison,
             render_comparison_markdown,

@@ -1,5 +1,5 @@
 """``loadlab selftest``: measure this generator's own timing error against a fixed-schedule
-server whose chunk write times are the truth (see ``loadlab.selftest`` for the definitions).
+server whose chunk write times are the truth (see ``loadlab.selftest.accuracy`` for the definitions).
 
     loadlab selftest                       # rising load: 1, 16, 64, 128, 256 streams
     loadlab selftest --preset issue64      # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
@@ -18,7 +18,7 @@ from pathlib import Path
 from loadlab.errors import ConfigError
 from loadlab.report.output import check_output, write_output
 from loadlab.results import write_results
-from loadlab.selftest import PRESETS, SelftestConfig, render_levels, run_selftest
+from loadlab.selftest.accuracy import PRESETS, SelftestConfig, render_levels, run_selftest
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 

@@ -28,19 +28,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadlab.checks import at_least
 from loadlab.commands import run as run_command
 from loadlab.config import EndpointConfig
-from loadlab.errors import ConfigError
-from loadlab.extras import require
+from loadlab.errors import ConfigError, at_least, require
 from loadlab.report.output import check_folder, write_output
-from loadlab.sizing import prepared_sizing
+from loadlab.runner.prompt_sizing import prepared_sizing
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
+    from loadlab.runner.sweep import SweepResult
     from loadlab.simulate.steptime import StepTimeModel
     from loadlab.slo import SLOSpec
-    from loadlab.sweep import SweepResult
 
 __all__ = ["add_arguments", "parse_levels", "run"]
 
@@ -93,7 +91,7 @@ def _server(mode: str, preset: str) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.sweep import Level, find_max_load, render_html, run_level
+    from loadlab.runner.sweep import Level, find_max_load, render_html, run_level
 
     if (args.rates is None) == (args.concurrencies is None):
         raise ConfigError("give exactly one of --rates R1,R2,.. or --concurrencies C1,C2,..")
@@ -172,11 +170,11 @@ def _predict(args: argparse.Namespace, step: StepTimeModel, base: RunConfig, spe
              out_dir: Path) -> None:  # fmt: skip
     """``--predict``: the same sweep simulated, beside the measured one (text, JSON, HTML)."""
     from loadlab.results import read_results
+    from loadlab.runner.sweep import level_config
     from loadlab.simulate.capacity import predicted_sweep
     from loadlab.simulate.engine import Simulator
     from loadlab.simulate.setup import server_from_args
     from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
-    from loadlab.sweep import level_config
     from loadlab.workloads import build_requests
     from loadlab.workloads.exact import without_asking
 

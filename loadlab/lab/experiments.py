@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadlab.analysis.server_metrics import parse_prometheus_text
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.lab.batchjob import job_lengths
@@ -51,7 +52,6 @@ from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results, write_results
 from loadlab.runner.runner import run_async
 from loadlab.runner.workers import run_endpoint
-from loadlab.scrape import parse_prometheus_text
 from loadlab.workloads import build_requests
 
 __all__ = [

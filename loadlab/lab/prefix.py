@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadlab.analysis.prefix_cache import prefix_cache_summary
+from loadlab.analysis.summary import summarize
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.prefix_cache import prefix_cache_summary
 from loadlab.results import Results, write_results
-from loadlab.summary import summarize
 
 __all__ = [
     "PrefixLabSettings",

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from loadlab.lab.machine import Placement
 
-from loadlab.checks import at_least
-from loadlab.errors import ConfigError
+from loadlab.errors import ConfigError, at_least
 
 __all__ = ["ALL_MODES", "PRESETS", "LabSettings", "settings_for"]
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from loadlab import metrics
+from loadlab.analysis import metrics
 from loadlab.records import RequestRecord
 
 __all__ = ["in_flight", "longest_stall_ms", "merge_windows", "prefill_windows_ns", "stall_share"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loadlab import metrics
+from loadlab.analysis import metrics
 from loadlab.lab import stalls
 from loadlab.lab.batchjob import batch_job_summary
 from loadlab.lab.claims import CLAIMS, judge_claims

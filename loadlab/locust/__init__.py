@@ -30,7 +30,7 @@ __all__ = ["LLMUser", "StreamFailure", "bucket_response_time", "workload_specs"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from loadlab.extras import require
+        from loadlab.errors import require
 
         require("locust", f"loadlab.locust.{name}")  # a clear line, not gevent's traceback
         return getattr(importlib.import_module("loadlab.locust.user"), name)

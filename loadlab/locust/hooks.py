@@ -29,9 +29,9 @@ from typing import Any
 import gevent
 from locust.runners import STATE_INIT, STATE_MISSING, STATE_STOPPED, MasterRunner, WorkerRunner
 
+from loadlab.analysis.metrics import LogHistogram
 from loadlab.locust.collect import RecordCollector, RecordShipper
 from loadlab.locust.options import config_from_options, default_out_path
-from loadlab.metrics import LogHistogram
 from loadlab.records import RequestRecord
 from loadlab.results import Results, environment_info, write_results
 

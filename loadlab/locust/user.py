@@ -43,7 +43,7 @@ from greenlet import GreenletExit
 from locust import User, events, task
 from locust.exception import StopUser
 
-from loadlab import metrics
+from loadlab.analysis import metrics
 from loadlab.clients.base import Message
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import EndpointConfig, RunConfig

@@ -1,4 +1,4 @@
-"""Text and Markdown tables of a ``loadlab.compare.Comparison``.
+"""Text and Markdown tables of a ``loadlab.analysis.compare.Comparison``.
 
 Each run's value per metric, then for each run after the first its change against the first,
 the (Bonferroni-adjusted) interval of that change, and a mark: ``*`` significant,
@@ -17,7 +17,7 @@ from loadlab.report.markdown import md_escape, md_table
 from loadlab.report.text import fmt_num, render_table
 
 if TYPE_CHECKING:
-    from loadlab.compare import Comparison, MetricChange
+    from loadlab.analysis.compare import Comparison, MetricChange
 
 __all__ = ["change_cell", "footer_lines", "render_comparison", "render_comparison_markdown"]
 

@@ -22,16 +22,16 @@ import jinja2
 from markupsafe import Markup, escape
 
 from loadlab._version import __version__
-from loadlab.prefix_cache import prefix_cache_summary
+from loadlab.analysis.prefix_cache import prefix_cache_summary
+from loadlab.analysis.server_metrics import server_series
+from loadlab.analysis.summary import summarize
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.prefix_cache import prefix_cache_rows
 from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
-from loadlab.scrape import server_series
-from loadlab.summary import summarize
 
 if TYPE_CHECKING:
-    from loadlab.compare import Comparison
+    from loadlab.analysis.compare import Comparison
     from loadlab.results import Results
     from loadlab.slo import ObjectiveResult, Verdict
 
@@ -170,7 +170,7 @@ def render_comparison_html(
     run_labels: Sequence[str] | None = None,
 ) -> str:
     """``run_labels``: each run's label when setups have repeated runs (one CDF line each)."""
-    from loadlab.compare import numbered_labels
+    from loadlab.analysis.compare import numbered_labels
 
     rows = [
         {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from loadlab.prefix_cache import prefix_cache_summary
+from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.report.prefix_cache import prefix_cache_rows
 from loadlab.report.text import fmt_num, render_summary
 

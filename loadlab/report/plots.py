@@ -24,8 +24,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from loadlab import metrics
-from loadlab.scrape import server_series
+from loadlab.analysis import metrics
+from loadlab.analysis.server_metrics import server_series
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -1,7 +1,7 @@
 """The report's prefix-cache section: expected beside measured hit rate, TTFT cached vs not.
 
 One list of rows (``prefix_cache_rows``) that the text, Markdown and HTML reports each lay
-out; the figures come from ``loadlab.prefix_cache``.
+out; the figures come from ``loadlab.analysis.prefix_cache``.
 
 Example::
 
@@ -11,8 +11,8 @@ Example::
 
 from __future__ import annotations
 
-from loadlab.metrics import Distribution
-from loadlab.prefix_cache import PrefixCacheSummary
+from loadlab.analysis.metrics import Distribution
+from loadlab.analysis.prefix_cache import PrefixCacheSummary
 
 __all__ = ["WARM_PP", "prefix_cache_rows", "render_prefix_cache_text"]
 

@@ -12,13 +12,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from loadlab import metrics
-from loadlab.generator import parser_fell_behind, worst_process
-from loadlab.metrics import Distribution
-from loadlab.prefix_cache import prefix_cache_summary
+from loadlab.analysis import metrics
+from loadlab.analysis.generator import parser_fell_behind, worst_process
+from loadlab.analysis.metrics import Distribution
+from loadlab.analysis.prefix_cache import prefix_cache_summary
+from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, summarize
 from loadlab.records import RequestRecord
 from loadlab.report.prefix_cache import render_prefix_cache_text
-from loadlab.summary import ANSWER_METRICS, RunSummary, summarize
 
 if TYPE_CHECKING:
     from loadlab.results import Results

@@ -28,7 +28,7 @@ Example::
     ...  # the run
     generator = await mon.stop()   # the results file's "generator" section
 
-``loadlab.generator`` reads that section (for the CLI's warning and the reports).
+``loadlab.analysis.generator`` reads that section (for the CLI's warning and the reports).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from loadlab.analysis.metrics import distribution
 from loadlab.clients.pool import parse_backlog_ms
-from loadlab.metrics import distribution
 
 __all__ = ["LoopMonitor"]
 

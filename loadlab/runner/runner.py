@@ -49,12 +49,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from loadlab.checks import at_least
+from loadlab.analysis.metrics import percentile
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import RunConfig
+from loadlab.errors import at_least
 from loadlab.journal import JournalWriter
-from loadlab.metrics import percentile
 from loadlab.records import (
     OUTCOME_CANCELLED,
     OUTCOME_CONNECT_ERROR,

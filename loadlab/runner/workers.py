@@ -43,8 +43,8 @@ from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results
 from loadlab.runner import signals
 from loadlab.runner.progress import Progress
+from loadlab.runner.prompt_sizing import prepared_sizing
 from loadlab.runner.runner import Runner, group_units, run_async
-from loadlab.sizing import prepared_sizing
 from loadlab.workloads import workload_extra
 from loadlab.workloads.prefix import with_run_salt
 
@@ -126,7 +126,7 @@ async def run_endpoint(
             runner.t0_ns = time.perf_counter_ns() + LOCAL_START_DELAY_NS
         scraper = None
         if scrape and cfg.scrape:
-            from loadlab.scrape import PrometheusScraper
+            from loadlab.runner.scrape import PrometheusScraper
 
             scraper = PrometheusScraper(cfg.scrape, cfg.scrape_interval_s, runner.t0_ns)
             await scraper.start()
@@ -242,7 +242,7 @@ def run_load(
     every process appends its finished records to ``journal`` when given.
 
     A workload tokenizer that asks the endpoint (``server``, ``calibrate``, ``auto``) is
-    resolved here first, once (``loadlab.sizing``; a caller that resolved it already, as
+    resolved here first, once (``loadlab.runner.prompt_sizing``; a caller that resolved it already, as
     ``loadlab run`` does to print its warnings, is reused)."""
     cfg = with_run_salt(cfg)  # before the workers fork: one cache-busting salt for all
     with prepared_sizing(cfg.replace(endpoints=(endpoint,))):

@@ -3,7 +3,7 @@ binds there, the replicas a peak rate needs, and what a million output tokens co
 
 The last step of the sizing sequence (``loadlab.capacity.sizing``): besides "throughput binds"
 and "memory binds", "the SLO binds", naming the objective. The search is the sweep's
-(``loadlab.sweep.find_max_load``: rising levels, then bisection), each level a simulated run
+(``loadlab.runner.sweep.find_max_load``: rising levels, then bisection), each level a simulated run
 judged by ``loadlab.slo.evaluate``, so a predicted level passes or fails exactly as a measured
 one with the same records would.
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loadlab.errors import ConfigError
-from loadlab.plain import pick
+from loadlab.records import pick
+from loadlab.runner.sweep import Level, SweepResult, find_max_load, judge_level, level_config
 from loadlab.simulate.engine import Simulator
-from loadlab.sweep import Level, SweepResult, find_max_load, judge_level, level_config
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig

@@ -255,7 +255,7 @@ def _say(log: IO[str] | None, p: StepPoint) -> None:
 
 def points_from_results(results: Iterable[Any], min_gaps: int = 20) -> list[StepPoint]:
     """Black-box step points from a sweep's results files (see the module docstring)."""
-    from loadlab import metrics
+    from loadlab.analysis import metrics
 
     points: list[StepPoint] = []
     for res in results:

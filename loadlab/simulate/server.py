@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadlab.checks import at_least
+from loadlab.errors import at_least
 
 __all__ = ["FINISHED_SLOTS", "MODES", "ServerConfig"]
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from loadlab.capacity.hardware import Hardware
 from loadlab.capacity.models import ModelSpec
-from loadlab.checks import at_least
+from loadlab.errors import at_least
 
 __all__ = [
     "FEATURES",

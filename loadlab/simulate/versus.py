@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from loadlab.sweep import SweepResult
+from loadlab.runner.sweep import SweepResult
 
 __all__ = [
     "METRICS",
@@ -32,7 +32,7 @@ Curves = Mapping[str, Mapping[float, Mapping[str, Mapping[str, float | None]]]]
 
 def curves_of(results_by_load: Mapping[float, Any]) -> dict[float, dict[str, dict[str, Any]]]:
     """Each load's metric percentiles, from its results (measured or predicted)."""
-    from loadlab.summary import summarize
+    from loadlab.analysis.summary import summarize
 
     out: dict[float, dict[str, dict[str, Any]]] = {}
     for load, res in sorted(results_by_load.items()):

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from loadlab import metrics
-from loadlab.checks import at_least
-from loadlab.errors import SLOError
+from loadlab.analysis import metrics
+from loadlab.errors import SLOError, at_least
 
 __all__ = [
     "DIST_METRICS",

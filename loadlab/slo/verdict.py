@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loadlab import metrics
-from loadlab.plain import pick
-from loadlab.records import RequestRecord
+from loadlab.analysis import metrics
+from loadlab.records import RequestRecord, pick
 from loadlab.slo.intervals import (
     MAX_N,
     Bounds,

@@ -5,7 +5,7 @@ module then cuts or extends it until the server's count is exactly the requested
 ``spec.prompt_tokens``. ``count`` is whatever knows that count: a local tokenizer
 (``loadlab.workloads.tokenizers``: encode + chat template, microseconds) or the server itself
 (``loadlab.clients.counting``: ``/tokenize``, ``count_tokens``, resolved before the
-requests are built by ``loadlab.sizing``).
+requests are built by ``loadlab.runner.prompt_sizing``).
 
 The search (``fit_prompt``) is over prefixes of a source text: the workload's prompt (its
 request tag first, so prompts stay unique; Mooncake prefix blocks first, so shared prefixes
@@ -18,7 +18,7 @@ prefix counts exactly N (a merge jumps over it), the closest one below is used; 
 Later turns of a chat session are sent after the history the server actually returned, which
 is not known when the prompt is built: they are fitted on their own text only, and the
 prompt-length match is judged on first turns and independent requests
-(``loadlab.token_checks.prompt_match``).
+(``loadlab.analysis.token_checks.prompt_match``).
 
 Example::
 
@@ -252,7 +252,7 @@ class Sizing:
 
 class AsksServer(WorkloadError):
     """Only the endpoint can count these prompts (``server``, ``calibrate``, ``auto``, or a
-    tokenizer without a chat template on a chat API): ``loadlab.sizing.prepared_sizing``
+    tokenizer without a chat template on a chat API): ``loadlab.runner.prompt_sizing.prepared_sizing``
     asks it before the requests are built."""
 
     def __init__(self, method: str, message: str) -> None:
@@ -277,7 +277,7 @@ def local_sizing(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
 def sizing(cfg: RunConfig, spec: str) -> Sizing:
     """The sizing for ``tokenizer = spec`` on the run's (first) endpoint (module docstring of
     ``loadlab.workloads.tokenizers``). A method that asks the endpoint must have been resolved
-    by ``loadlab.sizing.prepared_sizing`` (``AsksServer`` otherwise)."""
+    by ``loadlab.runner.prompt_sizing.prepared_sizing`` (``AsksServer`` otherwise)."""
     api, ep = _api(cfg), cfg.endpoints[0] if cfg.endpoints else None
     method = spec
     if spec not in SERVER_METHODS:
@@ -294,7 +294,7 @@ def sizing(cfg: RunConfig, spec: str) -> Sizing:
         raise AsksServer(
             method,
             f"tokenizer = {spec!r} asks endpoint {ep.name}: resolve it before building the "
-            "requests (with loadlab.sizing.prepared_sizing(cfg): ...)",
+            "requests (with loadlab.runner.prompt_sizing.prepared_sizing(cfg): ...)",
         )
     return found
 
@@ -303,7 +303,7 @@ def sizing_key(spec: str, ep: EndpointConfig) -> tuple[Any, ...]:
     return (spec, ep.url, ep.api, ep.model, ep.api_key_env, tuple(sorted(ep.headers.items())))
 
 
-# sizings that asked an endpoint (``loadlab.sizing.prepared_sizing`` fills it): probes and
+# sizings that asked an endpoint (``loadlab.runner.prompt_sizing.prepared_sizing`` fills it): probes and
 # calibration run once per endpoint, in the parent, and ``--workers`` children (forked) find
 # them here instead of probing again
 _PREPARED: dict[tuple[Any, ...], Sizing] = {}

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from loadlab.metrics import distribution
+from loadlab.analysis.metrics import distribution
 from loadlab.records import RequestRecord
 
 __all__ = ["rate_series", "replay_fidelity", "send_lag_ms"]

@@ -29,7 +29,7 @@ prompt's token ids with every earlier prompt's; on the reference server without 
 (``chars_per_token = 1``: its byte tokenizer makes one ASCII character one token) the same in
 characters; with another ``chars_per_token`` it is N when the prefix was sent before, else 0,
 assuming the tokenizer encodes the prefix the same way in every prompt (the newline keeps the
-suffix's first word from merging with it). ``loadlab.prefix_cache`` turns these into the
+suffix's first word from merging with it). ``loadlab.analysis.prefix_cache`` turns these into the
 expected hit rate (block-aligned with ``block_size``) that the report sets beside the measured.
 
 ``[workload]`` keys (kind = "prefix")::

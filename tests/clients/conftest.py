@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadlab.testing.fault_server import FaultServer
-from loadlab.testing.fixed_server import FixedScheduleServer
+from loadlab.selftest.fixed_server import FixedScheduleServer
+from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import serve_in_thread
 
 

@@ -13,14 +13,14 @@ from loadlab.clients import AnthropicClient, AnthropicStreamState
 from loadlab.clients.bodies import build_body
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
-from loadlab.testing.fault_server import FaultServer
-from loadlab.testing.fixed_server import FixedScheduleServer
+from loadlab.selftest.fixed_server import FixedScheduleServer
 from tests.helpers.clients import (
     assert_faults_classified,
     assert_matches_truth,
     assert_protocol_error,
     run_faults,
 )
+from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import FAULT_OUTCOMES as EXPECTED
 
 TRANSPORTS = ["raw", "aiohttp"]

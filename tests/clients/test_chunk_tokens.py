@@ -7,9 +7,15 @@ import json
 
 import pytest
 
+from loadlab.analysis.metrics import (
+    chunk_token_counts,
+    itl_ms,
+    itl_per_token_ms,
+    throughput,
+    tpot_ms,
+)
 from loadlab.clients import OpenAIStreamState, make_client
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.metrics import chunk_token_counts, itl_ms, itl_per_token_ms, throughput, tpot_ms
 from loadlab.records import RequestRecord
 from loadlab.workloads.tokenizers import ByteTokens
 

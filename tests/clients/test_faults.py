@@ -18,8 +18,8 @@ from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
-from loadlab.testing.fault_server import FaultServer
 from tests.helpers.clients import CANARY, assert_faults_classified, run_faults, send_one
+from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import FAULT_OUTCOMES, free_port
 
 EXPECTED = FAULT_OUTCOMES

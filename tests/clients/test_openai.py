@@ -17,7 +17,7 @@ from loadlab.clients import (
 from loadlab.clients.streaming import api_url
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
-from loadlab.testing.fixed_server import FixedScheduleServer
+from loadlab.selftest.fixed_server import FixedScheduleServer
 from tests.helpers.clients import assert_matches_truth, assert_protocol_error
 
 SPEC = RequestSpec("r1", "hello there", 4, prompt_tokens=2, extra_body={"ignore_eos": True})

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from loadlab import metrics
+from loadlab.analysis import metrics
 from loadlab.clients.anthropic import AnthropicStreamState
 from loadlab.clients.bodies import build_body
 from loadlab.clients.openai import OpenAIStreamState

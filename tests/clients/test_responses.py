@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from loadlab.clients import ResponsesClient
-from loadlab.testing.fault_server import FaultServer
 from tests.helpers.clients import assert_faults_classified, run_faults
+from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import FAULT_OUTCOMES
 
 TRANSPORTS = ["raw", "aiohttp"]

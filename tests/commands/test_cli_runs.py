@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.metrics import count_outcomes
+from loadlab.analysis.metrics import count_outcomes
 from loadlab.results import read_results
-from loadlab.testing.fixed_server import FixedServerProcess
+from loadlab.selftest.fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 
 

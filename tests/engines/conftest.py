@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from loadlab.testing.vllm_server import SERVED_MODEL, VllmServer, engine_env_missing
+from tests.helpers.vllm_server import SERVED_MODEL, VllmServer, engine_env_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 # vLLM's start on a loaded 2-core machine took 106-150 s; the bound leaves room for worse.

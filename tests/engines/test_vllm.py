@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from loadlab.analysis.server_metrics import server_series
 from loadlab.report.html import render_html
 from loadlab.results import read_results
-from loadlab.scrape import server_series
 from tests.engines.conftest import Engine, loadlab_run
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from loadlab.testing import vllm_bench
 from tests.engines.conftest import Engine
+from tests.helpers import vllm_bench
 
 
 def test_same_workload_same_token_totals(vllm: Engine, tiny_model: Path, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import gevent  # noqa: E402
 from loadlab.config import EndpointConfig  # noqa: E402
 from loadlab.locust.stream import StreamConnection  # noqa: E402
 from loadlab.records import RequestSpec  # noqa: E402
-from loadlab.testing.fault_server import MODES  # noqa: E402
+from tests.helpers.fault_server import MODES  # noqa: E402
 
 
 def one(conn: StreamConnection, rid: str) -> dict[str, object]:

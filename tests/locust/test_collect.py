@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from loadlab.analysis.metrics import count_outcomes
 from loadlab.locust.collect import RecordCollector, RecordShipper, shift_record
-from loadlab.metrics import count_outcomes
 from loadlab.records import RequestRecord
 from loadlab.report.text import render_summary
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadlab import metrics
+from loadlab.analysis import metrics
+from loadlab.analysis.summary import summarize
 from loadlab.results import read_results
-from loadlab.summary import summarize
 from tests.helpers.locust import finish, locust_cmd, spawn
 from tests.helpers.loopback import free_port
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from loadlab.testing.fault_server import FaultServer
-from loadlab.testing.fixed_server import FixedScheduleServer
+from loadlab.selftest.fixed_server import FixedScheduleServer
+from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import (
     FAULT_OUTCOMES,
     ROOT,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from loadlab.analysis.server_metrics import server_series
 from loadlab.cli import main
 from loadlab.results import read_results
-from loadlab.scrape import server_series
 
 launch = pytest.importorskip("reference_server.launch")
 

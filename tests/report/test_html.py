@@ -15,7 +15,7 @@ import pytest
 
 from loadlab.cli import main
 from loadlab.results import Results, write_results
-from loadlab.testing.synth import make_results
+from tests.helpers.synth import make_results
 
 EVIL = "</script><img src=x onerror=alert(1)>\u2028{{7*7}}"
 ARTIFACTS = Path(
@@ -171,7 +171,7 @@ def test_report_command_text_slo_and_csv(
 
 
 def test_comparison_page_escapes_labels() -> None:
-    from loadlab.compare import compare
+    from loadlab.analysis.compare import compare
     from loadlab.report.html import render_comparison_html
 
     runs = [make_results(40, seed=1, tokens=4), make_results(40, seed=2, tokens=4)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.cli import main
-from loadlab.prefix_cache import prefix_cache_summary
 from loadlab.report.html import render_html
 from loadlab.report.markdown import render_verdict_markdown
 from loadlab.results import read_results

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.metrics import throughput
+from loadlab.analysis.metrics import throughput
 from loadlab.records import RequestRecord
 from loadlab.results import read_results
 from loadlab.runner.runner import CONNECT_BACKOFF_MAX_S

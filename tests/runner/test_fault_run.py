@@ -12,14 +12,14 @@ from typing import Unpack
 
 import pytest
 
+from loadlab.analysis.metrics import count_outcomes
 from loadlab.clients import OpenAIClient
 from loadlab.clients.base import Completion, SendOptions
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.metrics import count_outcomes
 from loadlab.records import RequestSpec
 from loadlab.results import read_results, write_results
 from loadlab.runner.runner import Runner
-from loadlab.testing.fault_server import FaultServer
+from tests.helpers.fault_server import FaultServer
 
 EXPECTED = {
     "ok": "ok",

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from loadlab.analysis.generator import saturation_warning
+from loadlab.analysis.metrics import count_outcomes
 from loadlab.clients import pool
 from loadlab.commands import run as run_cmd
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.generator import saturation_warning
-from loadlab.metrics import count_outcomes
 from loadlab.records import RequestSpec
 from loadlab.runner.monitor import LoopMonitor
 from loadlab.runner.progress import Progress, format_line

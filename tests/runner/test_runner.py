@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from loadlab.analysis.metrics import Counts, count_outcomes
 from loadlab.clients.base import Completion
 from loadlab.config import RunConfig
-from loadlab.metrics import Counts, count_outcomes
 from loadlab.records import RequestSpec
 from loadlab.results import Results
 from loadlab.runner.runner import Runner, group_units

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from loadlab.analysis.token_checks import prompt_match
 from loadlab.clients.counting import post_json, server_counter, server_says_byte
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.runner.workers import run_load
-from loadlab.token_checks import prompt_match
 from loadlab.workloads import build_requests
 from tests.helpers.server import AUTH
 

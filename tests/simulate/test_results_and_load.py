@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from loadlab import metrics
+from loadlab.analysis import metrics
+from loadlab.analysis.summary import summarize
 from loadlab.config import RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, read_results, write_results
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator, is_predicted
-from loadlab.summary import summarize
 from loadlab.workloads import build_requests
 
 MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=0.0001, per_decode_token_s=0.0011)

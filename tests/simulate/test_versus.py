@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from loadlab.config import RunConfig
+from loadlab.selftest.fixed_server import FixedServerProcess
 from loadlab.simulate import LinearStepTime, ServerConfig
 from loadlab.simulate.capacity import predicted_sweep
 from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
 from loadlab.slo import load_slo
-from loadlab.testing.fixed_server import FixedServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = LinearStepTime(base_s=0.010, per_prefill_token_s=1e-4, per_decode_token_s=1e-3)

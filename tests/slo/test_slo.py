@@ -21,7 +21,7 @@ from loadlab.slo import (
     percentile_ci,
     proportion_ci,
 )
-from loadlab.testing.synth import MS, make_results
+from tests.helpers.synth import MS, make_results
 
 SLO_TEXT = """
 name = "test tier"

@@ -8,7 +8,7 @@ import json
 import aiohttp
 import pytest
 
-from loadlab.testing.fixed_server import FixedScheduleServer, FixedServerProcess
+from loadlab.selftest.fixed_server import FixedScheduleServer, FixedServerProcess
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 4}
 

@@ -78,7 +78,7 @@ def test_a_save_to_disk_folder_is_read(tmp_path: Path) -> None:
 
 def test_prompts_cut_to_exact_lengths_and_filtered_with_the_tokenizer(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
-    from loadlab.testing.bpe import make_tokenizer_dir
+    from tests.helpers.bpe import make_tokenizer_dir
 
     tok_dir = make_tokenizer_dir(tmp_path / "bpe")
     tok = load_tokenizer(str(tok_dir))

@@ -10,7 +10,7 @@ import pytest
 
 from loadlab.cli import main
 from loadlab.results import read_results
-from loadlab.testing.fixed_server import FixedServerProcess
+from loadlab.selftest.fixed_server import FixedServerProcess
 from loadlab.workloads.params import PACKAGE_DATA
 
 SAMPLES = PACKAGE_DATA / "samples"

@@ -30,7 +30,7 @@ def test_fit_below_the_template_overhead_gives_the_shortest():
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("tokenizers")
-    from loadlab.testing.bpe import make_tokenizer_dir
+    from tests.helpers.bpe import make_tokenizer_dir
 
     return make_tokenizer_dir(tmp_path_factory.mktemp("bpe") / "tiny")
 
@@ -68,7 +68,7 @@ def test_same_seed_same_prompts(tok_dir):
 
 
 def test_auto_never_stops_a_run_and_says_so_once() -> None:
-    from loadlab.sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, prepared_sizing
+    from loadlab.runner.prompt_sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, prepared_sizing
     from loadlab.workloads.exact import AsksServer
     from tests.conftest import free_port
 

@@ -104,9 +104,9 @@ def test_with_a_tokenizer_prefixes_and_prompts_are_exact_in_its_tokens(
     included), each prompt N + S, and the shared tokens are counted on the ids: with 16-token
     blocks the expected hit rate is exactly the repeated prefixes' share."""
     pytest.importorskip("tokenizers")
-    from loadlab.prefix_cache import expected_cached_tokens
-    from loadlab.testing.bpe import make_tokenizer_dir
+    from loadlab.analysis.prefix_cache import expected_cached_tokens
     from loadlab.workloads.tokenizers import load_tokenizer
+    from tests.helpers.bpe import make_tokenizer_dir
 
     tok_dir = str(make_tokenizer_dir(tmp_path / "tiny"))
     tok = load_tokenizer(tok_dir)

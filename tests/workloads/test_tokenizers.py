@@ -10,7 +10,6 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from loadlab.testing.bpe import BOS, make_tokenizer_dir
 from loadlab.workloads.params import WorkloadError
 from loadlab.workloads.tokenizers import (
     ByteTokens,
@@ -19,6 +18,7 @@ from loadlab.workloads.tokenizers import (
     hf_cache_snapshot,
     load_tokenizer,
 )
+from tests.helpers.bpe import BOS, make_tokenizer_dir
 
 
 @pytest.fixture(scope="module")

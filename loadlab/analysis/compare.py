@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats
 
-from loadlab import metrics
+from loadlab.analysis import metrics
+from loadlab.analysis.summary import has_reasoning_or_tools
 from loadlab.errors import ConfigError
 from loadlab.records import RequestRecord
-from loadlab.summary import has_reasoning_or_tools
 
 if TYPE_CHECKING:
     from loadlab.results import Results

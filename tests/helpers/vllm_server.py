@@ -102,7 +102,7 @@ class VllmServer:
             cmd = ["taskset", "-c", cpus, *cmd]
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         self._log = open(self.log_path, "wb")  # closed in stop()
-        self.process = subprocess.Popen(  # noqa: S603 - the venv's interpreter, our arguments
+        self.process = subprocess.Popen(
             cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,

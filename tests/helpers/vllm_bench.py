@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.results import Results, read_results
-from loadlab.testing.vllm_server import SERVED_MODEL
+from tests.helpers.vllm_server import SERVED_MODEL
 
 __all__ = [
     "METRICS",
@@ -104,7 +104,7 @@ def run_vllm_bench(
         "--result-filename", out.name,
     ]  # fmt: skip
     env = {**os.environ, **_ENV}
-    proc = subprocess.run(  # noqa: S603 - vLLM's interpreter, our arguments
+    proc = subprocess.run(
         pinned(cmd, cpus), env=env, capture_output=True, text=True, timeout=timeout_s
     )
     if proc.returncode != 0 or not out.is_file():
@@ -155,7 +155,7 @@ def run_loadlab_on_trace(
     ]  # fmt: skip
     paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    proc = subprocess.run(  # noqa: S603 - our own CLI
+    proc = subprocess.run(
         pinned(cmd, cpus), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
     )
     if proc.returncode != 0:

@@ -32,7 +32,7 @@ Truth, keyed by the request's ``X-Request-Id`` header (else ``r<n>`` from a coun
 
 Usage::
 
-    python3 -m loadlab.testing.fixed_server --port 8100 --ttft-ms 100 --itl-ms 20 [--tokens 64]
+    python3 -m loadlab.selftest.fixed_server --port 8100 --ttft-ms 100 --itl-ms 20 [--tokens 64]
 
     async with FixedScheduleServer(ttft_ms=100, itl_ms=20) as srv:
         ...  # send requests to srv.url; srv.truth holds the write times
@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.testing.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
+from loadlab.selftest.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
 
 __all__ = ["FixedScheduleServer", "FixedServerProcess", "main"]
 
@@ -366,7 +366,7 @@ class FixedServerProcess:
         self.url = ""
 
     def __enter__(self) -> str:
-        cmd = [sys.executable, "-m", "loadlab.testing.fixed_server", *self.args]
+        cmd = [sys.executable, "-m", "loadlab.selftest.fixed_server", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
         if self.proc.stdout is None:
             raise RuntimeError("no stdout pipe from the fixed server process")
@@ -407,7 +407,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python3 -m loadlab.testing.fixed_server", description=__doc__.split("\n")[0]
+        prog="python3 -m loadlab.selftest.fixed_server", description=__doc__.split("\n")[0]
     )
     p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: a free one)")
     p.add_argument("--ttft-ms", type=float, default=100.0, help="request arrival to first token")

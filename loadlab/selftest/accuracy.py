@@ -1,6 +1,6 @@
 """The self-test: how exactly does this machine's loadlab measure a stream?
 
-A fixed-schedule server (``loadlab.testing.fixed_server``, its own process) writes each
+A fixed-schedule server (``loadlab.selftest.fixed_server``, its own process) writes each
 request's first token ``ttft_ms`` after it arrived and the next ones ``itl_ms`` apart, and logs
 ``perf_counter_ns`` just before it hands each chunk to the socket (a non-blocking write of
 microseconds; stamping first can only make loadlab's error look larger). ``perf_counter_ns`` is
@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from loadlab.analysis.generator import generator_parts
+from loadlab.analysis.metrics import distribution, itl_ms, throughput
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.generator import generator_parts
-from loadlab.metrics import distribution, itl_ms, throughput
 from loadlab.records import RequestSpec
 from loadlab.results import Results, environment_info
 from loadlab.runner.workers import run_load
@@ -248,7 +248,7 @@ def _shift(results: Results, delta_ns: int) -> None:
 
 def run_selftest(sc: SelftestConfig, say: Callable[[str], None] = print) -> Results:
     """Start the fixed server, drive it at each level, return one ``selftest`` results file."""
-    from loadlab.testing.fixed_server import FixedServerProcess
+    from loadlab.selftest.fixed_server import FixedServerProcess
 
     levels: list[dict[str, Any]] = []
     records = []

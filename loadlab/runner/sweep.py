@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadlab.errors import ConfigError
-from loadlab.plain import pick
+from loadlab.records import pick
 
 if TYPE_CHECKING:
     from loadlab.config import EndpointConfig, RunConfig
@@ -99,7 +99,7 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": "loadlab.sweep",
+            "schema": "loadlab.runner.sweep",
             "version": 1,
             "mode": self.mode,
             "load_unit": self.unit,
@@ -275,9 +275,9 @@ def judge_level(
     results: Results, spec: SLOSpec, load: float, path: str | None, inconclusive: str = "fail"
 ) -> Level:
     """A level from its results (measured or predicted) judged against ``spec``."""
+    from loadlab.analysis.summary import summarize
     from loadlab.report.text import objective_line
     from loadlab.slo import evaluate
-    from loadlab.summary import summarize
 
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
     s = summarize(results)

@@ -2,7 +2,7 @@
 
 ``summarize(run)`` reads any run that has records, a measurement window, a scheduled count
 and a saturation flag (a ``loadlab.results.Results`` does); every figure is a pure function
-of the records from ``loadlab.metrics``. ``RunSummary.to_dict()`` is the results file's
+of the records from ``loadlab.analysis.metrics``. ``RunSummary.to_dict()`` is the results file's
 ``"summary"`` section (informative: readers recompute it from the records)::
 
     {"counts": {"scheduled", "sent", "dropped", "ok", "failed", "late", "by_outcome",
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loadlab.metrics import (
+from loadlab.analysis.metrics import (
     DEFAULT_PERCENTILES,
     LATENCY_METRICS,
     PER_REQUEST_METRICS,
@@ -56,8 +56,8 @@ from loadlab.metrics import (
     ttft_from_intended_ms,
     ttft_ms,
 )
+from loadlab.analysis.token_checks import PromptMatch, prompt_match, short_outputs
 from loadlab.records import RequestRecord
-from loadlab.token_checks import PromptMatch, prompt_match, short_outputs
 
 __all__ = ["ANSWER_METRICS", "Run", "RunSummary", "has_reasoning_or_tools", "summarize"]
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from loadlab.metrics import output_token_count
+from loadlab.analysis.metrics import output_token_count
 from loadlab.records import RequestRecord
 
 __all__ = [

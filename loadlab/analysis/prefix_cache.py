@@ -32,9 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadlab.metrics import Distribution, distribution, latency_records, ttft_ms
-from loadlab.plain import pick
-from loadlab.records import RequestRecord
+from loadlab.analysis.metrics import Distribution, distribution, latency_records, ttft_ms
+from loadlab.records import RequestRecord, pick
 
 if TYPE_CHECKING:
     from loadlab.results import Results

@@ -19,7 +19,7 @@ measurement window; throughput over the window; goodput from per-request objecti
 ``percentile`` is the one percentile of loadlab: every figure it prints or gates on (the
 summary, the SLO verdict, the comparison, the lab, the selftest, the generator's own lag)
 goes through it. ``LogHistogram`` is the mergeable, bounded-relative-error form for merging
-many workers. ``loadlab.summary`` gathers these into a run's summary.
+many workers. ``loadlab.analysis.summary`` gathers these into a run's summary.
 
 Example::
 
