@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from loadlab.analysis.cost import CostSummary, cost_of, pricing_of
@@ -27,10 +28,18 @@ def fmt_num(v: float | None, digits: int = 1) -> str:
 
 
 def usd(v: float | None) -> str:
-    """``$0.0123``, ``$1.23``, ``$1,234.50``; ``-`` for ``None``."""
+    """Dollars to about three significant digits; ``-`` for ``None``.
+
+    >>> [usd(x) for x in (1234.5, 1.2345, 0.012345, 0.00009181, None)]
+    ['$1,234.50', '$1.234', '$0.01235', '$0.0000918', '-']
+    """
     if v is None:
         return "-"
-    return f"${v:,.4g}" if abs(v) < 100 else f"${v:,.2f}"
+    if abs(v) >= 100:
+        return f"${v:,.2f}"
+    if v == 0 or abs(v) >= 0.01:
+        return f"${v:.4g}"
+    return f"${v:.{2 - math.floor(math.log10(abs(v)))}f}"  # $0.0000918, not $9.18e-05
 
 
 def _basis(c: CostSummary) -> str:
