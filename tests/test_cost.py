@@ -94,7 +94,11 @@ def test_self_hosted_bill_is_gpu_hours_over_the_window() -> None:
 
 
 def test_api_units_are_sessions_and_add_up_to_the_bill() -> None:
-    records = [rec("a", 0, 1, 10, 0, 5, "s"), rec("b", 1, 2, 10, 0, 5, "s"), rec("c", 2, 3, 10, 0, 5)]
+    records = [
+        rec("a", 0, 1, 10, 0, 5, "s"),
+        rec("b", 1, 2, 10, 0, 5, "s"),
+        rec("c", 2, 3, 10, 0, 5),
+    ]
     res = run_of(records, (0, 5))
     units = cost_units(res, API)
     c = run_cost(records, (0, 5 * S), API)
@@ -137,8 +141,11 @@ def test_pricing_file_and_flags(tmp_path: Path) -> None:
         ("usd_per_gpu_hour = -1\n", ">= 0"),
         ("usd_per_gpu_hour = 1\ngpus = 0\n", "whole number >= 1"),
         ("usd_per_gpu_hour = 1\nusd_per_node_hour = 9\n", "not both"),
-        ("usd_per_gpu_hour = 1\nusd_per_million_input_tokens = 1\n"
-         "usd_per_million_output_tokens = 1\n", "API vendor's"),  # fmt: skip
+        (
+            "usd_per_gpu_hour = 1\nusd_per_million_input_tokens = 1\n"
+            "usd_per_million_output_tokens = 1\n",
+            "API vendor's",
+        ),
         ("usd_per_token = 1\n", "unknown price keys"),
         ("gpus = 2\n", "gpus needs usd_per_gpu_hour"),
         ("usd_per_gpu_hour = 'two'\n", "number of dollars"),
@@ -158,4 +165,6 @@ def test_bad_price_flags() -> None:
         parse_price_flags(["dollars=1"])
     with pytest.raises(ConfigError, match="must be a number"):
         parse_price_flags(["output=cheap"])
-    assert np.isclose(parse_price_flags(["vendor:output=1e-1"])["vendor"]["usd_per_million_output_tokens"], 0.1)
+    assert np.isclose(
+        parse_price_flags(["vendor:output=1e-1"])["vendor"]["usd_per_million_output_tokens"], 0.1
+    )

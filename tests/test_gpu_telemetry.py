@@ -98,41 +98,46 @@ class _FakeNvml:
     class NVMLError(Exception):
         pass
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's names
+    def nvmlDeviceGetCount(self) -> int:
         return 1
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str:
         return "GPU-0000"
 
-    def nvmlDeviceGetName(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, h: int) -> str:
         return "NVIDIA H200"
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=42)
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         return SimpleNamespace(used=3 * 2**30)
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return 250_500  # mW
 
-    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
         return 1980
 
-    def nvmlDeviceGetTemperature(self, h: int, kind: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, h: int, kind: int) -> int:
         return 55
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
         raise self.NVMLError("Not Supported")  # an older board: left out, not invented
 
 
 def test_nvml_readings_use_the_loadlab_gpu_names() -> None:
     sample = {"t_ns": S, "metrics": nvml_sample(_FakeNvml(), "host-a")}
     [g] = gpu_series([sample])
-    assert (g["gpu"], g["host"], g["model"], g["uuid"]) == ("0", "host-a", "NVIDIA H200", "GPU-0000")
+    assert (g["gpu"], g["host"], g["model"], g["uuid"]) == (
+        "0",
+        "host-a",
+        "NVIDIA H200",
+        "GPU-0000",
+    )
     assert g["power_w"] == [250.5] and g["gpu_util_pct"] == [42.0]
     assert g["memory_used_mib"] == [3072.0] and g["sm_clock_mhz"] == [1980.0]
     assert g["temperature_c"] == [55.0] and g["energy_j"] == [None]
@@ -142,11 +147,29 @@ def test_nvml_without_a_gpu_fails_clearly_before_any_request(tmp_path: Path) -> 
     # a subprocess: the exit code and stderr a user sees; nothing listens on the endpoint
     out = tmp_path / "r.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "loadlab", "run", "--endpoint", "http://127.0.0.1:9/v1",
-         "--rate", "1", "--requests", "1", "--gpu-metrics", "nvml", "--no-progress",
-         "--tokenizer", "byte", "--out", str(out)],  # fmt: skip
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "loadlab",
+            "run",
+            "--endpoint",
+            "http://127.0.0.1:9/v1",
+            "--rate",
+            "1",
+            "--requests",
+            "1",
+            "--gpu-metrics",
+            "nvml",
+            "--no-progress",
+            "--tokenizer",
+            "byte",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "--gpu-metrics nvml: no NVML/no GPU here" in proc.stderr
     assert not out.exists()
@@ -173,7 +196,10 @@ def test_a_run_samples_a_dcgm_exporter_and_reports_energy_per_token(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, html = tmp_path / "run.json", tmp_path / "run.html"
-    with FixedServerProcess(ttft_ms=20, itl_ms=10, tokens=16) as url, DcgmReplay(idle_s=1.25) as dcgm:
+    with (
+        FixedServerProcess(ttft_ms=20, itl_ms=10, tokens=16) as url,
+        DcgmReplay(idle_s=1.25) as dcgm,
+    ):
         code = main(["run", "--endpoint", url, "--rate", "8", "--duration", "3",
                      "--prompt-tokens", "16", "--max-tokens", "16", "--no-progress",
                      "--gpu-metrics", dcgm.url, "--gpu-interval", "0.2", "--gpu-baseline", "1.2",

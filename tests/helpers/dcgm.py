@@ -67,7 +67,9 @@ class DcgmReplay:
         idle_w = float(recorded) if name == "DCGM_FI_DEV_POWER_USAGE" else 70.0 + 2 * gpu
         changes = {
             "DCGM_FI_DEV_POWER_USAGE": lambda: self.power_w(gpu, t, idle_w),
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda: self.energy_mj(gpu, t, recorded, idle_w),
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda: self.energy_mj(
+                gpu, t, recorded, idle_w
+            ),
             "DCGM_FI_DEV_GPU_UTIL": lambda: 85 + 10 * math.sin(2 * math.pi * t) if busy else 0,
             "DCGM_FI_DEV_SM_CLOCK": lambda: 1980 if busy else recorded,
             "DCGM_FI_DEV_FB_USED": lambda: recorded + (61234 + 100 * up if busy else 0),
