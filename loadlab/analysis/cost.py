@@ -302,7 +302,7 @@ def pricing_of(results: Results, label: str | None = None) -> Pricing | None:
         tables = results.config.get("pricing") or {}
         if not isinstance(tables, Mapping):
             return None
-        name = label or endpoint_name(results)
+        name = label if label in tables else endpoint_name(results)
         table = {**tables.get(ALL_ENDPOINTS, {}), **tables.get(name, {})}
     return Pricing.from_dict(table, "the results file's prices") if table else None
 

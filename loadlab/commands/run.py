@@ -280,7 +280,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         base_wl = dict(fields.get("workload") or {})
         fields["workload"] = {**(base_wl if base_wl.get("kind") == "prefix" else {}),
                               "kind": "prefix", **prefix}  # fmt: skip
-    _cost_flags(args, fields)
     if args.redact_header:
         fields["redact_headers"] = tuple(args.redact_header)
     if args.no_stream:
@@ -288,6 +287,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.no_progress:
         fields["progress"] = False
     fields["endpoints"] = tuple(_endpoints(args, base_endpoints))
+    _cost_flags(args, fields)
     if not fields["endpoints"] and not args.scenario:
         demo = dict(DEMO_DEFAULTS)
         if "rate_rps" in given:
@@ -302,7 +302,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
-    """``--pricing``, ``--price`` and ``--gpu-metrics``: over the scenario's tables."""
+    """``--pricing``, ``--price`` and ``--gpu-metrics`` over the scenario's tables, each
+    named after an endpoint of the run (or ``*``: every endpoint)."""
     if getattr(args, "pricing", None) or getattr(args, "price", None):
         from loadlab.analysis.cost import pricing_tables
 
@@ -315,6 +316,12 @@ def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
         gpu[name] = source
     if gpu:
         fields["gpu_metrics"] = gpu
+    names = {ep.name for ep in fields["endpoints"]}
+    for what, table in (("pricing", fields.get("pricing") or {}), ("--gpu-metrics", gpu)):
+        unknown = sorted(set(table) - names - {"*"}) if names else []
+        if unknown:
+            raise ConfigError(f"{what}: no endpoint named {', '.join(unknown)}; "
+                              f"endpoints: {', '.join(sorted(names))}")  # fmt: skip
 
 
 def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
