@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from loadlab.config import RunConfig
     from loadlab.results import Results
 
-__all__ = ["NVML", "GpuTelemetry", "for_run", "nvml_sample"]
+__all__ = ["NVML", "GpuTelemetry", "for_run", "nvml_sample", "open_nvml"]
 
 NVML = "nvml"
 _NO_NVML = (
@@ -51,7 +51,7 @@ _NO_NVML = (
 )
 
 
-def _nvml() -> Any:
+def open_nvml() -> Any:
     """The ``pynvml`` module, initialised; ``ConfigError`` saying why not."""
     try:
         import pynvml
@@ -172,7 +172,7 @@ class GpuTelemetry:
 
     def _nvml_main(self) -> None:
         try:
-            nvml = _nvml()
+            nvml = open_nvml()
         except ConfigError as exc:
             self._start_error = exc
             self._started.set()
