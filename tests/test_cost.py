@@ -168,3 +168,14 @@ def test_bad_price_flags() -> None:
     assert np.isclose(
         parse_price_flags(["vendor:output=1e-1"])["vendor"]["usd_per_million_output_tokens"], 0.1
     )
+
+
+def test_a_scenario_file_holds_price_tables(tmp_path: Path) -> None:
+    from loadlab.scenario import load_scenario
+
+    f = tmp_path / "s.toml"
+    f.write_text('rate_rps = 1.0\nrequests = 2\n[pricing."*"]\nusd_per_gpu_hour = 2.5\ngpus = 2\n')
+    assert load_scenario(f).pricing == {"*": {"usd_per_gpu_hour": 2.5, "gpus": 2}}
+    f.write_text('rate_rps = 1.0\nrequests = 2\n[pricing."*"]\nusd_per_gpu_hour = -2.5\n')
+    with pytest.raises(ValueError, match=">= 0"):
+        load_scenario(f)

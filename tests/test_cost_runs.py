@@ -114,7 +114,7 @@ def test_a_sweep_states_the_cost_at_its_slo_max_load(
         )
     top = sweep["levels"][-1]
     assert (f"cost at the SLO-max load (4 requests/s): "
-            f"${top['usd_per_million_output_tokens']:.4g} per million output tokens") in printed  # fmt: skip
+            f"{usd(top['usd_per_million_output_tokens'])} per million output tokens") in printed  # fmt: skip
 
 
 def test_two_endpoints_compared_by_price(

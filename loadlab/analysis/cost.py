@@ -64,6 +64,7 @@ __all__ = [
     "pricing_of",
     "pricing_tables",
     "run_cost",
+    "unpriced",
 ]
 
 ALL_ENDPOINTS = "*"  # the key of the table that applies to every endpoint
@@ -241,6 +242,19 @@ def check_tables(tables: Mapping[str, Mapping[str, Any]], where: str) -> dict[st
         Pricing.from_dict(merged, label)
         out[name] = dict(table)
     return out
+
+
+def unpriced(tables: Mapping[str, Mapping[str, Any]], names: Iterable[str]) -> None:
+    """``ConfigError`` when price tables name endpoints but leave one of ``names`` (the run's)
+    without a price: a misspelt name would otherwise drop the cost without a word."""
+    others = sorted(set(tables) - set(names) - {ALL_ENDPOINTS})
+    common = tables.get(ALL_ENDPOINTS, {})
+    bare = sorted(n for n in names if not Pricing.from_dict({**common, **tables.get(n, {})}).kind)
+    if bare and others:
+        raise ConfigError(
+            f"pricing: no prices for endpoint {', '.join(bare)}; the price tables name "
+            f"{', '.join(others)}: name the endpoints so (--endpoint NAME=URL)"
+        )
 
 
 def parse_price_flags(texts: Iterable[str]) -> dict[str, dict[str, Any]]:

@@ -302,8 +302,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
-    """``--pricing``, ``--price`` and ``--gpu-metrics`` over the scenario's tables, each
-    named after an endpoint of the run (or ``*``: every endpoint)."""
+    """``--pricing``, ``--price`` and ``--gpu-metrics`` over the scenario's tables, by endpoint
+    name (``*``: every endpoint); a shared pricing file may name endpoints this run lacks."""
     if getattr(args, "pricing", None) or getattr(args, "price", None):
         from loadlab.analysis.cost import pricing_tables
 
@@ -317,11 +317,14 @@ def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
     if gpu:
         fields["gpu_metrics"] = gpu
     names = {ep.name for ep in fields["endpoints"]}
-    for what, table in (("pricing", fields.get("pricing") or {}), ("--gpu-metrics", gpu)):
-        unknown = sorted(set(table) - names - {"*"}) if names else []
-        if unknown:
-            raise ConfigError(f"{what}: no endpoint named {', '.join(unknown)}; "
-                              f"endpoints: {', '.join(sorted(names))}")  # fmt: skip
+    unknown = sorted(set(gpu) - names - {"*"}) if names else []
+    if unknown:
+        raise ConfigError(f"--gpu-metrics: no endpoint named {', '.join(unknown)}; "
+                          f"endpoints: {', '.join(sorted(names))}")  # fmt: skip
+    if names and fields.get("pricing"):
+        from loadlab.analysis.cost import unpriced
+
+        unpriced(fields["pricing"], names)
 
 
 def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:

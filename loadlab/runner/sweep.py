@@ -153,17 +153,19 @@ class SweepResult:
         priced = [lv for lv in self.curve() if lv.usd_per_million_output_tokens is not None]
         if not priced:
             return []
+        from loadlab.report.cost import usd
+
         out = ["$ per million output tokens by load: " + ", ".join(
-            f"{_num(lv.load)}: ${lv.usd_per_million_output_tokens:.4g}" for lv in priced)]  # fmt: skip
+            f"{_num(lv.load)}: {usd(lv.usd_per_million_output_tokens)}" for lv in priced)]  # fmt: skip
         best = next((lv for lv in reversed(self.levels) if lv.load == self.max_passing_load), None)
         if best is not None and best.usd_per_million_output_tokens is not None:
             energy = (f", {best.joules_per_output_token:.3g} J per output token"
                       if best.joules_per_output_token is not None else "")  # fmt: skip
             out.append(
                 f"cost at the SLO-max load ({self._with_rate(best.load)}): "
-                f"${best.usd_per_million_output_tokens:.4g} per million output tokens, "
-                f"${best.usd_per_1k_requests or 0:.4g} per 1,000 requests, "
-                f"${best.usd_per_session or 0:.4g} per session{energy}"
+                f"{usd(best.usd_per_million_output_tokens)} per million output tokens, "
+                f"{usd(best.usd_per_1k_requests)} per 1,000 requests, "
+                f"{usd(best.usd_per_session)} per session{energy}"
             )
         return out
 
