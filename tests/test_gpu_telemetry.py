@@ -146,30 +146,10 @@ def test_nvml_readings_use_the_loadlab_gpu_names() -> None:
 def test_nvml_without_a_gpu_fails_clearly_before_any_request(tmp_path: Path) -> None:
     # a subprocess: the exit code and stderr a user sees; nothing listens on the endpoint
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadlab",
-            "run",
-            "--endpoint",
-            "http://127.0.0.1:9/v1",
-            "--rate",
-            "1",
-            "--requests",
-            "1",
-            "--gpu-metrics",
-            "nvml",
-            "--no-progress",
-            "--tokenizer",
-            "byte",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = ["run", "--endpoint", "http://127.0.0.1:9/v1", "--rate", "1", "--requests", "1",
+            "--gpu-metrics", "nvml", "--no-progress", "--tokenizer", "byte", "--out", str(out)]  # fmt: skip
+    cmd = [sys.executable, "-m", "loadlab", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "--gpu-metrics nvml: no NVML/no GPU here" in proc.stderr
     assert not out.exists()
