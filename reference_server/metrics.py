@@ -56,6 +56,7 @@ import bisect
 import contextlib
 import functools
 import socket
+import sys
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -204,9 +205,10 @@ def _num(value: float) -> str:
 
 def gpu_lines() -> list[str]:
     """The ``loadlab_gpu_*`` lines of the GPU this server runs on; none without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
+    # A server that never imported torch (the fake preset) runs nothing on a GPU; importing it
+    # here would stall the event loop for seconds on the first scrape.
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
         return []
     i = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(i)
