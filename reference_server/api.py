@@ -45,6 +45,7 @@ from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose
 from reference_server.checks import at_least
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
+from reference_server.metrics import gpu_lines
 from reference_server.protocol import (
     ChatRequest,
     ChatStream,
@@ -486,4 +487,5 @@ def _render_metrics(engine: EngineLike, in_flight: int) -> str:
         "prefix_cache_hits_total": g.prefix_cache_hits_total,
     }
     text = engine.stats.render(gauges=gauges, counters=counters)
-    return text + "".join(line + "\n" for line in engine.extra_metrics())
+    extra = [*engine.extra_metrics(), *gpu_lines()]  # GPU lines: on CUDA only
+    return text + "".join(line + "\n" for line in extra)

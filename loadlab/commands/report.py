@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     parser.add_argument("--csv", metavar="FILE", help="write the per-request table as CSV")
     parser.add_argument("--slo", metavar="FILE", help="add the verdict against this SLO file")
+    parser.add_argument("--pricing", metavar="FILE", help="price the run with this pricing file")
     parser.add_argument(
         "--inconclusive",
         choices=("fail", "pass"),
@@ -83,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         results = read_journal(args.from_journal)
     else:
         results = read_results(args.results)
+    if args.pricing:  # prices applied after the run (the file's own otherwise)
+        from loadlab.analysis.cost import apply_pricing
+
+        apply_pricing(results, args.pricing)
     source = args.results or args.from_journal
     spec = load_slo(args.slo) if args.slo else None
     print(render_summary(results))

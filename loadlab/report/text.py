@@ -18,6 +18,7 @@ from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, summarize
 from loadlab.records import RequestRecord
+from loadlab.report.cost import cost_lines
 from loadlab.report.prefix_cache import render_prefix_cache_text
 
 if TYPE_CHECKING:
@@ -274,6 +275,7 @@ def render_summary(results: Results) -> str:
             "chunks disagree on the output token count"
         )
     parts.extend(_length_lines(s))
+    parts.extend(cost_lines(results))  # prices and GPU energy, when the run has them
     if results.saturated:
         parts.append("GENERATOR SATURATED: this run cannot pass an SLO gate.")
     return "\n\n".join(parts) + "\n"
