@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a results file or --from-journal JOURNAL (one of them)")
     if args.out and not args.from_journal:
         raise ConfigError("--out writes a results file rebuilt with --from-journal; give that")
+    if args.results and not args.from_journal:
+        from loadlab.analysis.recorded import is_recorded_trace, render_trace_summary, trace_summary
+
+        if is_recorded_trace(args.results):  # a `loadlab record` trace, not a results file
+            print(render_trace_summary(trace_summary(args.results)))
+            return 0
     if args.from_journal:
         results = read_journal(args.from_journal)
     else:
