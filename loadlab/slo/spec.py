@@ -41,6 +41,8 @@ RATE_METRICS = (
     "output_tokens_per_s",
     "total_tokens_per_s",
     "requests_per_s",
+    "inputs_per_s",  # embeddings and rerank
+    "input_tokens_per_s",
 )
 Status = Literal["pass", "fail", "inconclusive"]
 Policy = Literal["fail", "pass"]
