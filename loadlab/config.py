@@ -23,7 +23,7 @@ from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limi
 
 __all__ = ["EndpointConfig", "RunConfig"]
 
-APIS = ("chat", "completions", "anthropic", "responses")
+APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from reference_server.checks import at_least
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
 from reference_server.metrics import gpu_lines
+from reference_server.pooling import add_pooling_routes
 from reference_server.protocol import (
     ChatRequest,
     ChatStream,
@@ -259,6 +260,10 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     @app.exception_handler(_ApiError)
     async def _api(_: Request, exc: _ApiError) -> JSONResponse:
         return exc.response()
+
+    add_pooling_routes(app, engine, model_name=settings.model_name,
+                       max_model_len=settings.max_model_len, encode=settings.encode,
+                       api_error=_ApiError)  # fmt: skip
 
     @app.get("/health")
     async def health() -> dict[str, str]:

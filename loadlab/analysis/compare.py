@@ -471,12 +471,15 @@ def compare(
         raise ConfigError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
     setups = [[r for r, lb in zip(results_list, labels, strict=True) if lb == n] for n in names]
     keys: tuple[str, ...] = LATENCY
-    if all(has_reasoning_or_tools(r.records) for r in results_list):
+    pooled = all(rec.inputs is not None for r in results_list for rec in r.records)
+    if pooled:
+        keys = ("e2e_ms",)  # embeddings / rerank: nothing streamed, so no TTFT, ITL or TPOT
+    elif all(has_reasoning_or_tools(r.records) for r in results_list):
         keys = (*LATENCY, "ttfat_ms")  # reasoning models: the answer's wait, not the first token
     # prices: each setup's own (a pricing file may hold a table per label), cost rows when any
     priced = [[pricing_of(r, n) for r in runs] for runs, n in zip(setups, names, strict=True)]
     cost_on = any(p is not None and p.kind for ps in priced for p in ps)
-    m = len(keys) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
+    m = len(keys) * len(PERCENTILES) + (1 if pooled else 2) + (1 if slo is not None else 0)
     m += len(COST_METRICS) if cost_on else 0
     a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
     per_run = [
@@ -488,7 +491,8 @@ def compare(
         _Resampler([len(lat) for lat in runs], n_boot, (seed, i)) for i, runs in enumerate(per_run)
     ]
     rows = [_latency_row(lats, resamplers, k, q, a) for k in keys for q in PERCENTILES]
-    rows.append(_throughput_row(setups, a, n_boot, seed))
+    if not pooled:
+        rows.append(_throughput_row(setups, a, n_boot, seed))
     counts = [
         [metrics.count_outcomes(r.records, r.scheduled_count) for r in runs] for runs in setups
     ]

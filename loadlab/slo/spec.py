@@ -42,6 +42,8 @@ RATE_METRICS = (
     "output_tokens_per_s",
     "total_tokens_per_s",
     "requests_per_s",
+    "inputs_per_s",  # embeddings and rerank
+    "input_tokens_per_s",
 )
 # What the run cost and the energy it used (docs/cost.md): whole-run figures from its prices
 # and GPU telemetry, e.g. "usd_per_million_output_tokens <= 2.0".

@@ -255,7 +255,11 @@ def _eval_one(
             ", ".join(f"{k} <= {v:g}" for k, v in limits.items()) or "no per-request limits"
         )
     else:
-        value = float(getattr(metrics.throughput(recs, window), obj.metric))
+        rate = getattr(metrics.throughput(recs, window), obj.metric)
+        if rate is None:  # inputs_per_s of a run that sent no embeddings or rerank requests
+            return ObjectiveResult(obj, None, "inconclusive", n=counts.sent,
+                                   note="no embeddings or rerank requests in this run")  # fmt: skip
+        value = float(rate)
         note = "a rate over the measurement window (no interval)"
     status: Status = "pass" if obj.holds(value) else "fail"
     return ObjectiveResult(obj, value, status, n=counts.sent, note=note)
