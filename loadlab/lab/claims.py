@@ -34,7 +34,7 @@ from loadlab.lab.figures import ratio
 
 __all__ = ["CHECKS", "CLAIMS", "condense", "judge", "judge_claims"]
 
-# The lesson's claims (../shared/seed/), each number in the report names one of them.
+# The lesson's claims, each number in the report names one of them.
 CLAIMS = {
     "decode": "decode is memory-bandwidth-bound → batching multiplies decode throughput",
     "prefill": "prefill is compute-bound → batching barely helps prefill",
