@@ -1,4 +1,4 @@
-"""Does Locust's ramp-up distort TTFT? The issue 17 case, second by second, against the server's log.
+"""Does Locust's ramp-up distort TTFT? Second by second, against the server's log.
 
 ``locust -f scenarios/chat.py --headless -u 200 -r 20 -t 30s`` in one process against the
 fixed-schedule server (TTFT 100 ms, one token every 20 ms, each write logged with

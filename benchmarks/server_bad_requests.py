@@ -1,5 +1,6 @@
 """Do bad requests slow the good ones? The reference server under a legitimate load, with four
-threads sending either good requests or the issue 17 bad ones beside it.
+threads sending either good requests or bad ones beside it (a lone surrogate; temperature 2
+with top_p 1e-300).
 
     python3 benchmarks/server_bad_requests.py                  # tiny preset, ~2 minutes
     python3 benchmarks/server_bad_requests.py --preset cpu --phase-s 10
