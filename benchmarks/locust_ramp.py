@@ -8,7 +8,7 @@ for the same requests, their difference, and the p99 of the per-request differen
 fix, the first 10 s (users still starting) read 870 to 1,130 ms for a 101 ms server and the run
 was flagged saturated; the acceptance is every second within 2 ms and the run not saturated.
 
-    python3 benchmarks/locust_ramp.py                       # the case, ~1 minute
+    python3 benchmarks/locust_ramp.py                       # 200 users at 20/s, ~1 minute
     python3 benchmarks/locust_ramp.py --users 100 --spawn-rate 10 --duration 20
 
 "TTFT" on both sides: loadlab's = first token chunk read - send stamp; the server's = first

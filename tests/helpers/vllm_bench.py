@@ -56,7 +56,7 @@ _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
 
 @dataclass(frozen=True)
 class BenchLoad:
-    """The workload of the issue: random 256 in / 64 out, concurrency 8, 200 requests."""
+    """The side-by-side's workload: random 256 in / 64 out, concurrency 8, 200 requests."""
 
     requests: int = 200
     concurrency: int = 8
