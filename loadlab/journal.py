@@ -1,6 +1,6 @@
 """The journal: every finished request appended to a JSON-lines file next to the results file
 while the run goes on, so a crash, a ``kill -9`` or a full disk loses at most the last
-``INTERVAL_S`` of records (issue 17, item 2).
+``INTERVAL_S`` of records.
 
 Layout of ``<results stem>.journal.jsonl`` (``journal_path``)::
 

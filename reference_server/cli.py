@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # The server extra, checked before it is imported: without it ``loadlab-server`` says what to
-# install (exit 2) instead of a traceback ending in "No module named 'uvicorn'" (issue 17).
+# install (exit 2) instead of a traceback ending in "No module named 'uvicorn'".
 _MISSING = [m for m in ("torch", "fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
 if _MISSING:
     print(

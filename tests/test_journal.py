@@ -1,4 +1,4 @@
-"""Durable results (issue 17, item 2), with real processes: the output is checked before any
+"""Durable results, with real processes: the output is checked before any
 request, records reach the journal as they finish, a kill -9 loses at most the last journal
 interval, a full disk at the final write says where the journal is, and ``loadlab report
 --from-journal`` rebuilds the results file."""

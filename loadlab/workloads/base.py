@@ -75,7 +75,7 @@ class RequestStream(Iterator[RequestSpec]):
         corpus, opening a trace) and the first requests' prompt building stay off the runner's
         hot path, so they never show up as send lag, and errors in the first lines surface
         before any load. Bounded so endless streams stay cheap. A Locust user reads none
-        ahead: its stream is one of hundreds started on a live gevent loop (issue 17)."""
+        ahead: its stream is one of hundreds started on a live gevent loop."""
         ahead: list[RequestSpec] = []
         chars = 0
         while len(ahead) < count and chars < max_chars:
