@@ -375,7 +375,7 @@ def _complete_length(fh: IO[bytes]) -> int:
 
 
 def save_results(
-    results: Results, path: str | os.PathLike[str], journal: Path
+    results: Results, path: str | os.PathLike[str], journal: Path | None
 ) -> tuple[Path | None, str | None]:
     """Write the results file, else the same file on another disk (``relocated``), and delete
     the journal once a file holds every record. Returns where the file is (None: nowhere) and,
@@ -398,10 +398,10 @@ def save_results(
     return None, f"{why}; {_journal_holds(journal, len(results.records))}"
 
 
-def _journal_holds(journal: Path, n: int) -> str:
-    j = _latest(journal)
+def _journal_holds(journal: Path | None, n: int) -> str:
+    j = _latest(journal) if journal is not None else None
     try:
-        held = len(read_journal(j).records)
+        held = len(read_journal(j).records) if j is not None else 0
     except ResultsError:
         held = 0
     rebuild = f"rebuild the results with: loadlab report --from-journal {j} --out NEW.json"
@@ -412,9 +412,11 @@ def _journal_holds(journal: Path, n: int) -> str:
     return f"no file holds the records: all {n} are lost"
 
 
-def discard_journal(journal: Path) -> None:
+def discard_journal(journal: Path | None) -> None:
     """Delete a journal (and its copy on another disk) whose records a results file holds, and
     release its lock."""
+    if journal is None:
+        return
     moved = relocated(journal)
     for p in (journal, moved):
         if p is not None:
