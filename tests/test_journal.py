@@ -153,17 +153,19 @@ def _env(**changes: str) -> dict[str, str]:
 
 
 @needs_mount
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_disk_that_fills_during_the_run_keeps_every_record_and_says_where(
-    fast_url: str, tmp_path: Path
+    fast_url: str, tmp_path: Path, workers: int
 ) -> None:
     """2 MB, 256 KiB of it free: the journal fills it mid-run and moves to the temporary
-    folder; the results file does not fit either and goes there too, and the run says so."""
+    folder (every worker process follows it there); the results file does not fit either and
+    goes there too, and the run says so."""
     _get(fast_url, "/truth/reset", "POST")
     mnt, elsewhere = tmp_path / "mnt", tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = mnt / "r.json"
     argv = [*RUN, "--endpoint", fast_url, "--concurrency", "8", "--requests", "600",
-            "--max-tokens", "64", "--out", str(out)]  # fmt: skip
+            "--max-tokens", "64", "--workers", str(workers), "--out", str(out)]  # fmt: skip
     done = _in_tmpfs("size=2m", _filling(mnt, 256, argv), mnt, env=_env(TMPDIR=str(elsewhere)))
     assert done.returncode == 2, done.stdout + done.stderr
     err = done.stderr
@@ -210,15 +212,16 @@ def test_with_no_other_disk_the_run_says_how_many_records_the_journal_holds(
 
 
 @needs_mount
+@pytest.mark.parametrize("workers", [1, 2])
 def test_kill_9_after_the_journal_moved_loses_at_most_the_last_interval(
-    fast_url: str, tmp_path: Path
+    fast_url: str, tmp_path: Path, workers: int
 ) -> None:
     _get(fast_url, "/truth/reset", "POST")
     mnt, elsewhere = tmp_path / "mnt", tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = mnt / "r.json"
     argv = [*RUN, "--endpoint", fast_url, "--concurrency", "4", "--duration", "60",
-            "--max-tokens", "64", "--out", str(out)]  # fmt: skip
+            "--max-tokens", "64", "--workers", str(workers), "--out", str(out)]  # fmt: skip
     log = tmp_path / "err.log"
     script = f"mount -t tmpfs -o size=2m tmpfs '{mnt}' && " + _filling(mnt, 256, argv)[2]
     mnt.mkdir()

@@ -144,7 +144,7 @@ def check_options(opts: Any) -> None:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(
                 f"{flag} must be a finite number {'>=' if closed else '>'} {lo:g} and "
-                f"<= {hi:g}, got {value}"
+                f"<= {hi:,.0f}, got {value}"
             )
     if getattr(opts, "slo", ""):
         from loadlab.slo import load_slo
