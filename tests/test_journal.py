@@ -152,6 +152,20 @@ def _env(**changes: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), **changes}
 
 
+def _full_disk_run(url: str, tmp_path: Path, *flags: str) -> tuple[list[str], Path, Path]:
+    """A run's argv writing ``<tmp>/mnt/r.json``, its results file; and the folder on another
+    disk that is the run's temporary folder."""
+    _get(url, "/truth/reset", "POST")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "mnt" / "r.json"
+    return (
+        [*RUN, "--endpoint", url, "--max-tokens", "64", *flags, "--out", str(out)],
+        out,
+        elsewhere,
+    )
+
+
 @needs_mount
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_disk_that_fills_during_the_run_keeps_every_record_and_says_where(
@@ -160,12 +174,10 @@ def test_a_disk_that_fills_during_the_run_keeps_every_record_and_says_where(
     """2 MB, 256 KiB of it free: the journal fills it mid-run and moves to the temporary
     folder (every worker process follows it there); the results file does not fit either and
     goes there too, and the run says so."""
-    _get(fast_url, "/truth/reset", "POST")
-    mnt, elsewhere = tmp_path / "mnt", tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    out = mnt / "r.json"
-    argv = [*RUN, "--endpoint", fast_url, "--concurrency", "8", "--requests", "600",
-            "--max-tokens", "64", "--workers", str(workers), "--out", str(out)]  # fmt: skip
+    argv, out, elsewhere = _full_disk_run(
+        fast_url, tmp_path, "--concurrency", "8", "--requests", "600", "--workers", str(workers)
+    )
+    mnt = out.parent
     done = _in_tmpfs("size=2m", _filling(mnt, 256, argv), mnt, env=_env(TMPDIR=str(elsewhere)))
     assert done.returncode == 2, done.stdout + done.stderr
     err = done.stderr
@@ -216,12 +228,10 @@ def test_with_no_other_disk_the_run_says_how_many_records_the_journal_holds(
 def test_kill_9_after_the_journal_moved_loses_at_most_the_last_interval(
     fast_url: str, tmp_path: Path, workers: int
 ) -> None:
-    _get(fast_url, "/truth/reset", "POST")
-    mnt, elsewhere = tmp_path / "mnt", tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    out = mnt / "r.json"
-    argv = [*RUN, "--endpoint", fast_url, "--concurrency", "4", "--duration", "60",
-            "--max-tokens", "64", "--workers", str(workers), "--out", str(out)]  # fmt: skip
+    argv, out, elsewhere = _full_disk_run(
+        fast_url, tmp_path, "--concurrency", "4", "--duration", "60", "--workers", str(workers)
+    )
+    mnt = out.parent
     log = tmp_path / "err.log"
     script = f"mount -t tmpfs -o size=2m tmpfs '{mnt}' && " + _filling(mnt, 256, argv)[2]
     mnt.mkdir()
