@@ -268,7 +268,10 @@ def test_kill_9_loses_at_most_the_last_journal_interval(url: str, tmp_path: Path
             "--max-tokens", "32", "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(6)
+        deadline = time.monotonic() + 60  # a loaded machine starts slowly: count records
+        while _lines(journal_path(out)) < 40 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2 * INTERVAL_S)  # records finished well before the kill
         assert proc.poll() is None, proc.communicate()
         killed_ns = time.perf_counter_ns()  # CLOCK_MONOTONIC: the server's truth clock too
         proc.kill()
