@@ -236,11 +236,11 @@ def _taken(journal: Path, results: Path, flag: str) -> str:
             f"{flag} {results}: {journal} is left by a run that stopped before any request "
             f"finished; delete it, or give this run another {flag}"
         )
+    files = " and ".join(str(j) for j in dict.fromkeys((journal, left)) if j.exists())
     return (
         f"{flag} {results}: {left} holds the records of a run that did not finish; rebuild "
         f"its results with: loadlab report --from-journal {left} --out NEW.json, then delete "
-        f"{' and '.join(str(j) for j in dict.fromkeys((journal, left)) if j.exists())}; or give this run "
-        f"another {flag}"
+        f"{files}; or give this run another {flag}"
     )
 
 
@@ -310,8 +310,11 @@ class JournalWriter:
             return True
         except OSError as exc:
             why = f"{self.path}: {exc.strerror or exc}"
-            if self.path != self.journal or moved is None or isinstance(exc, FileNotFoundError):
-                self.error = why if moved is not None else f"{why}; no other disk to write to"
+            if self.path != self.journal or isinstance(exc, FileNotFoundError):
+                self.error = why  # already moved, or the journal is gone: nothing more to try
+                return False
+            if moved is None:
+                self.error = f"{why}; no other disk to write to"
                 return False
         try:
             _move(self.journal, moved)

@@ -438,10 +438,11 @@ def _run(cfg: RunConfig) -> int:
             raise
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
+    misplaced = False
     for results, path, journal in zip(all_results, paths, journals, strict=False):
         written = _write(results, path, journal)
         if written != path:  # elsewhere, or nowhere: not the file asked for
-            code = max(code, 2)
+            code, misplaced = max(code, 2), True
         if "journal_error" in results.extra:
             warn(f"loadlab run: the journal stopped: {results.extra['journal_error']}")
         print(summary_text(results))
@@ -463,7 +464,7 @@ def _run(cfg: RunConfig) -> int:
     for journal in journals[len(all_results) :]:  # endpoints never run: nothing to keep
         discard_journal(journal)
     if any(r.extra.get("interrupted") for r in all_results):
-        warn("loadlab run: interrupted; the results so far were written")
+        warn(f"loadlab run: interrupted{'' if misplaced else '; the results so far were written'}")
         return signals.exit_code()
     return code
 
