@@ -31,8 +31,8 @@ from loadlab.analysis.token_checks import prompt_match, prompt_warning
 from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError, UsageError, require
 from loadlab.headers import check_header
-from loadlab.journal import prepare_output
-from loadlab.results import Results, write_results
+from loadlab.journal import default_out_path, discard_journal, prepare_output, save_results
+from loadlab.results import Results
 from loadlab.runner import signals
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
 
@@ -346,9 +346,8 @@ def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
 
 
 def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
-    """One results file per endpoint: the --out name, or reports/run-<UTC time>.json."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = Path(cfg.out) if cfg.out else Path("reports") / f"run-{stamp}.json"
+    """One results file per endpoint: the --out name, or reports/run-<UTC time>-<pid>.json."""
+    base = Path(cfg.out) if cfg.out else default_out_path("run")
     if len(names) == 1:
         return [base]
     return [base.with_name(f"{base.stem}-{n}{base.suffix or '.json'}") for n in names]
@@ -439,20 +438,13 @@ def _prepare_outputs(cfg: RunConfig, paths: list[Path]) -> list[Path]:
     ]
 
 
-def _write(results: Results, path: Path, journal: Path) -> bool:
-    """Write the results file and drop its journal; on failure say where the records are."""
-    try:
-        write_results(results, path)
-    except OSError as exc:
-        warn(
-            f"loadlab run: could not write {path}: {exc.strerror or exc}. Every record is in the "
-            f"journal {journal}: rebuild the results with "
-            f"loadlab report --from-journal {journal} --out NEW.json"
-        )
-        return False
-    with contextlib.suppress(OSError):
-        journal.unlink()
-    return True
+def _write(results: Results, path: Path, journal: Path) -> Path | None:
+    """Write the results file (on a full disk: on another one) and drop its journal; returns
+    where it is, and says so when that is not ``path`` (``loadlab.journal.save_results``)."""
+    written, note = save_results(results, path, journal)
+    if note:
+        warn(f"loadlab run: {note}")
+    return written
 
 
 def _run(cfg: RunConfig) -> int:
@@ -485,9 +477,11 @@ def _run(cfg: RunConfig) -> int:
             raise
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
+    misplaced = False
     for results, path, journal in zip(all_results, paths, journals, strict=False):
-        if not _write(results, path, journal):
-            code = max(code, 2)
+        written = _write(results, path, journal)
+        if written != path:  # elsewhere, or nowhere: not the file asked for
+            code, misplaced = max(code, 2), True
         if "journal_error" in results.extra:
             warn(f"loadlab run: the journal stopped: {results.extra['journal_error']}")
         print(summary_text(results))
@@ -497,7 +491,8 @@ def _run(cfg: RunConfig) -> int:
         line = prompt_warning(prompt_match(results.records))
         if line:
             warn(line)
-        print(f"results: {path}")
+        if written is not None:
+            print(f"results: {written}")
         code = max(code, _slo_exit(cfg, results))
         if not any(r.ok for r in results.records):
             # a load test in which nothing succeeded must not look green in CI
@@ -506,10 +501,9 @@ def _run(cfg: RunConfig) -> int:
     if len(all_results) > 1:
         print(_comparison(all_results, names, paths[0]))
     for journal in journals[len(all_results) :]:  # endpoints never run: nothing to keep
-        with contextlib.suppress(OSError):
-            journal.unlink()
+        discard_journal(journal)
     if any(r.extra.get("interrupted") for r in all_results):
-        warn("loadlab run: interrupted; the results so far were written")
+        warn(f"loadlab run: interrupted{'' if misplaced else '; the results so far were written'}")
         return signals.exit_code()
     return code
 
