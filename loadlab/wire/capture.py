@@ -3,9 +3,10 @@
 A Linux packet socket (``AF_PACKET``, ``SOCK_DGRAM``: the IP packet without its link header)
 with ``SO_TIMESTAMPNS`` hands over every packet with the time the kernel saw it
 (``CLOCK_REALTIME``, nanoseconds). A classic BPF program attached to the socket keeps only
-TCP to or from the endpoint's port, and of each packet the one copy the client's interface
-sees: the client's packets as they leave (``PACKET_OUTGOING``), the server's as they arrive
-(``PACKET_HOST``). The loopback shows every packet both ways; a real interface shows each once.
+TCP to or from the endpoint's port that carries data (or opens or closes a connection), and
+of each packet the one copy the client's interface sees: the client's packets as they leave
+(``PACKET_OUTGOING``), the server's as they arrive (``PACKET_HOST``). The loopback shows every
+packet both ways; a real interface shows each once.
 
 The capture runs as ``python -m loadlab.wire.capture`` (``Capture`` starts it), so the sender
 never waits for it: the kernel stamps and queues each packet (a 64 MiB queue; the capture
@@ -77,17 +78,23 @@ NEEDS = (
 
 # ------------------------------------------------------------------ the filter (classic BPF)
 
-_LD_B_ABS, _LD_H_ABS, _LD_W_ABS, _LD_H_IND = 0x30, 0x28, 0x20, 0x48
-_LDX_B_MSH, _LDX_IMM, _ALU_AND_K = 0xB1, 0x01, 0x54
-_JA, _JEQ_K, _JSET_K, _RET_K = 0x05, 0x15, 0x45, 0x06
+_LD_B_ABS, _LD_H_ABS, _LD_W_ABS, _LD_H_IND, _LD_B_IND = 0x30, 0x28, 0x20, 0x48, 0x50
+_LD_MEM, _LDX_MEM, _ST, _STX, _TAX = 0x60, 0x61, 0x02, 0x03, 0x07
+_LDX_B_MSH, _LDX_IMM = 0xB1, 0x01
+_ALU_AND_K, _ALU_ADD_K, _ALU_ADD_X, _ALU_RSH_K = 0x54, 0x04, 0x0C, 0x74
+_JA, _JEQ_K, _JSET_K, _JGT_X, _RET_K = 0x05, 0x15, 0x45, 0x2D, 0x06
 _SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFFFFFF  # ancillary load: the packet's pkttype
+_SYN_FIN_RST = 0x07
 
 
 def capture_filter(port: int) -> list[tuple[int, int, int, int]]:
     """The BPF program (``(code, jt, jf, k)`` each): IPv4 or IPv6 TCP with ``port`` as its
     source (kept when it arrives, ``PACKET_HOST``) or its destination (kept when it leaves,
-    ``PACKET_OUTGOING``); IPv4 fragments after the first and IPv6 extension headers are not
-    kept (a TCP stream on an endpoint's port carries neither)."""
+    ``PACKET_OUTGOING``) that carries data or a SYN, FIN or RST (a bare ACK tells the analysis
+    nothing and is half the packets). IPv4 fragments after the first and IPv6 extension
+    headers are not kept (a TCP stream on an endpoint's port carries neither).
+
+    Scratch memory: M[0] the TCP header's offset, M[1] the IP packet's length."""
     # (label, code, k, true-label, false-label); jumps resolved to forward offsets below
     prog: list[tuple[str, int, int, str, str]] = [
         ("", _LD_B_ABS, 0, "", ""),
@@ -98,12 +105,28 @@ def capture_filter(port: int) -> list[tuple[int, int, int, int]]:
         ("", _JEQ_K, 6, "v4tcp", "drop"),
         ("v4tcp", _LD_H_ABS, 6, "", ""),
         ("", _JSET_K, 0x1FFF, "drop", "v4head"),
-        ("v4head", _LDX_B_MSH, 0, "", ""),
-        ("", _JA, 0, "ports", ""),
+        ("v4head", _LDX_B_MSH, 0, "", ""),  # X = IPv4 header length
+        ("", _LD_H_ABS, 2, "", ""),  # total length
+        ("", _ST, 1, "", ""),
+        ("", _JA, 0, "tcp", ""),
         ("v6", _LD_B_ABS, 6, "", ""),
         ("", _JEQ_K, 6, "v6tcp", "drop"),
         ("v6tcp", _LDX_IMM, 40, "", ""),
-        ("ports", _LD_H_IND, 0, "", ""),
+        ("", _LD_H_ABS, 4, "", ""),  # payload length, after the 40-byte header
+        ("", _ALU_ADD_K, 40, "", ""),
+        ("", _ST, 1, "", ""),
+        ("tcp", _STX, 0, "", ""),
+        ("", _LD_B_IND, 13, "", ""),  # TCP flags
+        ("", _JSET_K, _SYN_FIN_RST, "ports", "data"),
+        ("data", _LD_B_IND, 12, "", ""),  # data offset << 4
+        ("", _ALU_RSH_K, 2, "", ""),
+        ("", _ALU_AND_K, 0x3C, "", ""),  # TCP header length
+        ("", _ALU_ADD_X, 0, "", ""),  # where the payload starts
+        ("", _TAX, 0, "", ""),
+        ("", _LD_MEM, 1, "", ""),
+        ("", _JGT_X, 0, "ports", "drop"),  # the packet goes past it: data
+        ("ports", _LDX_MEM, 0, "", ""),
+        ("", _LD_H_IND, 0, "", ""),
         ("", _JEQ_K, port, "from_server", "dst"),
         ("dst", _LD_H_IND, 2, "", ""),
         ("", _JEQ_K, port, "to_server", "drop"),

@@ -166,24 +166,31 @@ def _trio(d: Mapping[str, float | None], fmt: str = "{:.2f}") -> str:
 
 
 def render(fig: Mapping[str, Any], label: str = "loadlab") -> str:
-    """The comparison as a table, one line per metric (ms)."""
-    w = max(len(label), 7)
-    lines = [
-        f"{'metric':6}  {label + ' p50/p90/p99':>{w + 12}}  {'wire p50/p90/p99':>22}  "
-        f"{label + ' - wire':>{w + 7}}  {'per-request error':>24}  within claim?"
-    ]
+    """The comparison as a table, one line per metric (ms; p50 / p90 / p99 in each cell)."""
+    rows = [["ms", label, "wire", f"{label} - wire", "per-request error", "within?"]]
     for name in METRICS:
         m = fig["metrics"][name]
-        err = f"{_trio(m['error_ms'], '{:+.3f}')}"
-        lines.append(
-            f"{name.upper():6}  {_trio(m['tool_ms']):>{w + 12}}  {_trio(m['wire_ms']):>22}  "
-            f"{_trio(m['diff_ms'], '{:+.3f}'):>{w + 7}}  {err:>24}  "
-            f"{'yes' if m['within_claim'] else 'NO'}"
+        rows.append(
+            [
+                name.upper(),
+                _trio(m["tool_ms"]),
+                _trio(m["wire_ms"]),
+                _trio(m["diff_ms"], "{:+.3f}"),
+                _trio(m["error_ms"], "{:+.3f}"),
+                "yes" if m["within_claim"] else "NO",
+            ]
         )
-    claim = ", ".join(f"{v:g} ms at {p}" for p, v in fig["claims_ms"].items())
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    bound = ", ".join(f"{v:g} ms at {p}" for p, v in fig["claims_ms"].items())
     lines.append(
-        f"requests: {fig['joined']} joined of {fig['requests']} ({label}) and "
-        f"{fig['wire_requests']} (wire); {fig['mismatched']} with a different token count; "
-        f"claim: |{label} - wire| within {claim}"
+        f"p50 / p90 / p99 in each cell; {fig['joined']} requests joined of {fig['requests']} "
+        f"({label}) and {fig['wire_requests']} (wire), {fig['mismatched']} with a different "
+        f"token count; judged: |{label} - wire| within {bound}"
     )
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import pytest
 
 from loadlab.selftest.fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
-from tests.wire.test_capture import needs_capture
+from tests.helpers.wire import needs_capture
 
 
 def _selftest(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -55,7 +55,7 @@ def test_selftest_wire_against_the_fixed_server(tmp_path: Path) -> None:
             "--tolerance-ms", "50,50,100", "--out", str(out), "--pcap", str(pcap),
         )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for line in ("TTFT ", "ITL ", "E2E ", "verdict: within", "18 joined of 18"):
+    for line in ("TTFT ", "ITL ", "E2E ", "verdict: within", "18 requests joined of 18"):
         assert line in proc.stdout, proc.stdout
     data = json.loads(out.read_text())
     wire = data["extra"]["wire"]

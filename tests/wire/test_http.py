@@ -8,7 +8,7 @@ import pytest
 
 from loadlab.wire.http import CHOICE, OTHER, TOKEN, event_kind, exchanges, sse_events
 from loadlab.wire.tcp import reassemble
-from tests.helpers.packets import Conversation
+from tests.helpers.wire import Conversation
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nX-Request-Id: r-1\r\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loadlab.wire.tcp import Connection, read_pcap, reassemble
-from tests.helpers.packets import Conversation, write_pcap
+from tests.helpers.wire import Conversation, write_pcap
 
 
 def _one(conv: Conversation) -> Connection:

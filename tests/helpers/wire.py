@@ -1,4 +1,5 @@
-"""TCP packets made by hand, and pcap files of them, for the wire-analysis tests.
+"""For the wire tests: TCP packets made by hand and pcap files of them, and whether this
+process may capture (``needs_capture`` skips a test that must, saying why).
 
 ``Conversation`` plays one connection: ``syn()`` opens it, ``client(data, t)`` and
 ``server(data, t)`` send bytes (at the next sequence number of that side, unless ``seq`` says
@@ -13,9 +14,25 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadlab.wire.capture import LINKTYPE_RAW, PCAP_MAGIC_NS, SNAP_BYTES
+import pytest
 
-__all__ = ["Conversation", "tcp_packet", "write_pcap"]
+from loadlab.wire.capture import LINKTYPE_RAW, PCAP_MAGIC_NS, SNAP_BYTES, open_socket
+
+__all__ = ["Conversation", "capture_missing", "needs_capture", "tcp_packet", "write_pcap"]
+
+
+def capture_missing() -> str | None:
+    """Why this process cannot open a packet socket, or None."""
+    try:
+        open_socket(1, None).close()
+    except PermissionError:
+        return "needs root or CAP_NET_RAW (a packet socket)"
+    except (OSError, AttributeError) as exc:  # not Linux
+        return f"no packet socket here: {exc}"
+    return None
+
+
+needs_capture = pytest.mark.skipif(capture_missing() is not None, reason=str(capture_missing()))
 
 SYN, ACK, FIN = 0x02, 0x10, 0x01
 
