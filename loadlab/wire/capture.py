@@ -8,10 +8,11 @@ of each packet the one copy the client's interface sees: the client's packets as
 (``PACKET_OUTGOING``), the server's as they arrive (``PACKET_HOST``). The loopback shows every
 packet both ways; a real interface shows each once.
 
-The capture runs as ``python -m loadlab.wire.capture`` (``Capture`` starts it), so the sender
-never waits for it: the kernel stamps and queues each packet (a 64 MiB queue; the capture
-only has to empty it before it fills), and the child writes them to a pcap file
-(nanosecond timestamps, ``LINKTYPE_RAW``: Wireshark and tcpdump read it). It stops when its
+The capture runs as ``python -m loadlab.wire.capture`` (``Capture`` starts it), at a lower
+CPU priority, so the sender never waits for it: the kernel stamps and queues each packet (a
+64 MiB queue; the capture only has to empty it before it fills), and the child writes them
+to a pcap file (nanosecond timestamps, ``LINKTYPE_RAW``: Wireshark and tcpdump read it),
+readable by its owner only: it holds every byte, API keys and prompts included. It stops when its
 stdin closes, after reading what is queued, and prints its counts: packets, and packets the
 kernel dropped (a full queue), which the analysis reports.
 
@@ -299,9 +300,14 @@ def _capture(port: int, interface: str | None, path: Path) -> int:
         print(json.dumps({"error": f"--interface {interface}: {exc}"}), flush=True)
         return 2
     sock.setblocking(False)
+    # Behind the sender on the CPU: the kernel stamps each packet as it passes and holds it
+    # in the queue, so reading it later costs no accuracy, and the load is never kept waiting.
+    os.nice(10)
     counts = {"packets": 0, "unstamped": 0, "truncated": 0}
     stdin = sys.stdin.fileno()
-    with sock, open(path, "wb", buffering=1 << 20) as out:
+    # the packets hold every byte sent, API keys and prompts included: the owner's eyes only
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with sock, open(fd, "wb", buffering=1 << 20) as out:
         out.write(_pcap_header())
         print(json.dumps({"ready": True}), flush=True)
         while True:

@@ -79,7 +79,12 @@ def add_wire_arguments(p: argparse.ArgumentParser) -> None:
         help="judge |loadlab - wire| against these instead of loadlab's claim (1,1,2)",
     )
     a("--interface", metavar="IF", help="capture on this interface only (default: all)")
-    a("--pcap", metavar="FILE", help="keep the capture here (pcap, ns timestamps)")
+    a(
+        "--pcap",
+        metavar="FILE",
+        help="keep the capture here (pcap, ns timestamps; mode 0600: it holds every byte sent, "
+        "API key and prompts included)",
+    )
 
 
 def _check_flags(args: argparse.Namespace) -> None:

@@ -73,3 +73,4 @@ def test_selftest_wire_against_the_fixed_server(tmp_path: Path) -> None:
         assert r["sent_ns"] - 1_000_000 <= t["sent_ns"] <= r["sent_ns"] + 50_000_000
         assert all(w <= c + 100_000 for w, c in zip(t["chunk_ns"], r["chunk_ns"], strict=True))
     assert pcap.read_bytes()[:4] == (0xA1B23C4D).to_bytes(4, "little")
+    assert pcap.stat().st_mode & 0o777 == 0o600  # it holds every byte sent
