@@ -23,7 +23,6 @@ Exit 0 within the claim, 1 not (or not judged), 2 bad input or no CAP_NET_RAW.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -33,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from loadlab.analysis.metrics import distribution
-from loadlab.config import APIS, EndpointConfig, RunConfig
+from loadlab.config import APIS, EndpointConfig, RunConfig, extra_body_from_flag
 from loadlab.errors import ConfigError
 from loadlab.report.output import check_output, write_output
 from loadlab.results import Results, write_results
@@ -126,14 +125,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[RunConfig, EndpointConfi
         if getattr(args, flag) is not None:
             ep[flag] = getattr(args, flag)
     endpoint = EndpointConfig(**ep)
-    extra: dict[str, Any] = {}
-    if args.extra_body:
-        try:
-            extra = json.loads(args.extra_body)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--extra-body must be a JSON object: {exc}") from exc
-        if not isinstance(extra, dict):
-            raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+    extra = extra_body_from_flag(args.extra_body) if args.extra_body else {}
     given = {
         "concurrency": args.concurrency,
         "requests": args.requests,

@@ -36,6 +36,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,16 +227,22 @@ def run_round(
     extra_body: dict[str, Any],
     tag: str = "",
     cpus: str | None = None,
+    around: Callable[[str], AbstractContextManager[Any]] = lambda _tool: nullcontext(),
 ) -> tuple[dict[str, Any], Results]:
     """One round: ``vllm bench serve``, then ``loadlab run`` on the lengths vLLM counted for
-    it (both on ``cpus`` when given); vllm bench's saved result and loadlab's results. Files
-    go in ``work``, named with ``tag`` (one per round)."""
-    out = work / f"bench{tag}.json"
-    bench = run_vllm_bench(python, url, model_dir, load, out, extra_body, cpus=cpus)
+    it (both on ``cpus`` when given, each inside ``around("bench")``, ``around("loadlab")``);
+    vllm bench's saved result and loadlab's results. Files go in ``work``, named with ``tag``
+    (one per round)."""
+    with around("bench"):
+        bench = run_vllm_bench(
+            python, url, model_dir, load, work / f"bench{tag}.json", extra_body, cpus=cpus
+        )
     trace = work / f"lengths{tag}.csv"
     write_lengths_trace(bench, trace)
     out = work / f"loadlab{tag}.json"
-    return bench, run_loadlab_on_trace(url, model_dir, trace, load, out, extra_body, cpus=cpus)
+    with around("loadlab"):
+        res = run_loadlab_on_trace(url, model_dir, trace, load, out, extra_body, cpus=cpus)
+    return bench, res
 
 
 @dataclass
@@ -261,22 +269,19 @@ def run_round_on_wire(
     """``run_round`` with each tool's run captured on the loopback (pcap files kept in
     ``work``) and judged against the wire."""
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    with Capture(port, "lo", work / f"bench{tag}.pcap") as cap_bench:
-        bench = run_vllm_bench(
-            python, url, model_dir, load, work / f"bench{tag}.json", extra_body, cpus=cpus
-        )
-    trace = work / f"lengths{tag}.csv"
-    write_lengths_trace(bench, trace)
-    with Capture(port, "lo", work / f"loadlab{tag}.pcap") as cap_loadlab:
-        res = run_loadlab_on_trace(
-            url, model_dir, trace, load, work / f"loadlab{tag}.json", extra_body, cpus=cpus
-        )
-    _, on_wire = read_exchanges(cap_bench.pcap, port)
-    _, ours = read_exchanges(cap_loadlab.pcap, port)
+    caps: dict[str, Capture] = {}
+
+    def capture(tool: str) -> Capture:
+        caps[tool] = Capture(port, "lo", work / f"{tool}{tag}.pcap")
+        return caps[tool]
+
+    bench, res = run_round(python, url, model_dir, load, work, extra_body, tag, cpus, capture)
+    _, on_wire = read_exchanges(caps["bench"].pcap, port)
+    _, ours = read_exchanges(caps["loadlab"].pcap, port)
     figures = {
         "loadlab": judge(record_timings(res.records), wire_timings(ours)),
         "vllm_bench": judge(bench_timings(bench), wire_timings(on_wire, (TOKEN, CHOICE))),
         "vllm_bench_tokens": judge(bench_timings(bench), wire_timings(on_wire)),
     }
-    dropped = sum(c.result.dropped if c.result else 0 for c in (cap_bench, cap_loadlab))
+    dropped = sum(c.result.dropped if c.result else 0 for c in caps.values())
     return WireRound(bench, res, figures, dropped)
