@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from loadlab.selftest.fixed_server import FixedServerProcess
-from tests.helpers.loopback import ROOT
+from loadlab.config import EndpointConfig, RunConfig
+from loadlab.selftest.fixed_server import FixedScheduleServer, FixedServerProcess
+from loadlab.wire.check import render_section, run_wire_check
+from tests.helpers.loopback import ROOT, self_signed_cert, serve_in_thread
 from tests.helpers.wire import needs_capture
 
 
@@ -74,3 +77,35 @@ def test_selftest_wire_against_the_fixed_server(tmp_path: Path) -> None:
         assert all(w <= c + 100_000 for w, c in zip(t["chunk_ns"], r["chunk_ns"], strict=True))
     assert pcap.read_bytes()[:4] == (0xA1B23C4D).to_bytes(4, "little")
     assert pcap.stat().st_mode & 0o777 == 0o600  # it holds every byte sent
+
+
+@needs_capture
+@pytest.mark.slow
+def test_over_https_the_wire_gives_packet_times_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crt, key = self_signed_cert(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(crt))
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(crt, key)
+    servers = serve_in_thread(lambda: FixedScheduleServer(ttft_ms=5, itl_ms=2, ssl_context=ctx))
+    srv = next(servers)
+    try:
+        ep = EndpointConfig(url=srv.url, name="tls", model="m")
+        cfg = RunConfig(endpoints=(ep,), concurrency=2, requests=6, prompt_tokens=8,
+                        max_tokens=8, progress=False)  # fmt: skip
+        res = run_wire_check(cfg, ep, say=lambda _s: None)
+    finally:
+        servers.close()
+    wire = res.extra["wire"]
+    assert wire["tls"] is True and wire["within_claim"] is None and "figures" not in wire
+    assert wire["capture"]["connections"] == 2 and wire["capture"]["packets"] > 0
+    assert wire["server_packet_gap_ms"]["p50"] is not None
+    text = render_section(wire, res.records)
+    assert "encrypted" in text and "verdict: not judged" in text
+
+
+@needs_capture
+def test_an_interface_that_does_not_exist_exits_2() -> None:
+    proc = _selftest("--wire", "--endpoint", "http://127.0.0.1:9", "--interface", "nope0")
+    assert proc.returncode == 2 and "--interface nope0: cannot capture there" in proc.stderr
