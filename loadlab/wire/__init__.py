@@ -6,7 +6,7 @@ arrived, on the user's own engine, where no server log exists. The modules, in t
 the data flows:
 
 - ``capture``: the packet socket (root or CAP_NET_RAW) in a process of its own, writing a
-  pcap; the mapping of its CLOCK_REALTIME onto loadlab's perf_counter_ns;
+  pcap; ``clock``: the mapping of its CLOCK_REALTIME onto loadlab's perf_counter_ns;
 - ``tcp``: each connection's two byte streams rebuilt, with when each byte was readable;
 - ``http``: the HTTP/1.1 exchanges and their server-sent events, each event classified;
 - ``judge``: a tool's per-request TTFT, ITL and E2E against the wire's, and the verdict;

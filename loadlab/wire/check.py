@@ -36,7 +36,8 @@ from loadlab.config import APIS, EndpointConfig, RunConfig, extra_body_from_flag
 from loadlab.errors import ConfigError
 from loadlab.report.output import check_output, write_output
 from loadlab.results import Results, write_results
-from loadlab.wire.capture import Capture, CaptureResult, ClockMap, check_capture
+from loadlab.wire.capture import Capture, CaptureResult, check_capture
+from loadlab.wire.clock import ClockMap
 from loadlab.wire.http import Exchange, read_exchanges
 from loadlab.wire.judge import CLAIM_MS, answered, judge, record_timings, render, wire_timings
 from loadlab.wire.tcp import Streams

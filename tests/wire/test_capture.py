@@ -23,8 +23,9 @@ import pytest
 
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.selftest.fixed_server import FixedServerProcess
-from loadlab.wire.capture import ClockMap, capture_filter, clock_offset_ns
+from loadlab.wire.capture import capture_filter
 from loadlab.wire.check import run_wire_check
+from loadlab.wire.clock import ClockMap, clock_offset_ns
 from loadlab.wire.tcp import parse_packet, read_pcap
 from tests.helpers.loopback import ROOT
 from tests.helpers.wire import capture_missing, needs_capture
