@@ -11,6 +11,7 @@ side-by-side run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from loadlab.errors import ConfigError
 from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
-__all__ = ["EndpointConfig", "RunConfig"]
+__all__ = ["EndpointConfig", "RunConfig", "extra_body_from_flag"]
 
 APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
 
@@ -220,3 +221,14 @@ def _number(
             f"{flag} must be a finite number {low} and <= {hi:g}{' ' + unit if unit else ''}, "
             f"got {value} ({fix})"
         )
+
+
+def extra_body_from_flag(text: str) -> dict[str, Any]:
+    """``--extra-body``'s JSON object; ``ConfigError`` saying what is wrong otherwise."""
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+    if not isinstance(extra, dict):
+        raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+    return extra
