@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Level",
     "SweepResult",
+    "ceilings_only",
     "find_max_load",
+    "floors_line",
+    "judge_floors",
     "judge_level",
     "knee",
     "level_config",
@@ -63,6 +66,9 @@ class Level:
     error_rate: float = 0.0
     path: str | None = None  # this level's results file
     failed_objectives: tuple[str, ...] = ()
+    # not passed for want of evidence, not for a measured miss: too few requests, or an
+    # objective whose interval straddles its threshold (more requests decide it)
+    inconclusive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__, failed_objectives=list(self.failed_objectives))
@@ -79,6 +85,9 @@ class SweepResult:
     first_failing_load: float | None = None
     knee_load: float | None = None
     note: str = ""
+    # the SLO's floors, set aside by the search (``ceilings_only``), and how the highest
+    # passing level did on them: lines to print
+    floors: list[str] = field(default_factory=list)
 
     def curve(self) -> list[Level]:
         """Every level, by load (a bisected load measured twice keeps the later run)."""
@@ -103,7 +112,7 @@ class SweepResult:
             "version": 1,
             "mode": self.mode,
             "load_unit": self.unit,
-            **pick(self, "max_passing_load first_failing_load knee_load note"),
+            **pick(self, "max_passing_load first_failing_load knee_load note floors"),
             "levels": [lv.to_dict() for lv in self.levels],
         }
 
@@ -140,6 +149,7 @@ class SweepResult:
             lines.append(f"knee: {self._with_rate(self.knee_load)}")
         if self.note:
             lines.append(f"note: {self.note}")
+        lines.extend(self.floors)
         return "\n".join(lines)
 
 
@@ -174,9 +184,11 @@ def find_max_load(
             hi = load
             break
         lo = load
+    stopped = result.levels[-1]
     if lo is None:
         result.first_failing_load = hi
-        result.note = "the lowest level already fails: try lower loads"
+        result.note = (_longer(stopped, "the lowest level") if stopped.inconclusive
+                       else "the lowest level already fails: try lower loads")  # fmt: skip
         result.knee_load = knee(result.curve())
         return result
     if hi is None:
@@ -184,6 +196,9 @@ def find_max_load(
         result.note = "every level passed: the limit is above the highest level tried"
         result.knee_load = knee(result.curve())
         return result
+    if stopped.inconclusive:
+        result.note = _longer(stopped, f"level {_num(stopped.load)}") + (
+            " (the limit found may be too low)")
     for _ in range(bisect_steps):
         mid = (lo + hi) // 2 if integer else (lo + hi) / 2
         if integer and (mid <= lo or mid >= hi):
@@ -197,6 +212,14 @@ def find_max_load(
     result.max_passing_load, result.first_failing_load = lo, hi
     result.knee_load = knee(result.curve())
     return result
+
+
+def _longer(lv: Level, which: str) -> str:
+    """What to change when a level did not pass for want of evidence: more requests per
+    level, not a lower load (which sends fewer)."""
+    why = "; ".join(lv.failed_objectives[:2])
+    return (f"{which} was not conclusive ({why}): make each level longer (--duration) or "
+            "send more requests per level; a lower load would not help")  # fmt: skip
 
 
 def _as_bisect(lv: Level) -> Level:
@@ -280,6 +303,7 @@ def judge_level(
     from loadlab.slo import evaluate
 
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
+    missed = any(r.status == "fail" for r in verdict.rows)
     s = summarize(results)
     counts = s.counts
     lo, hi = s.window_ns
@@ -299,7 +323,51 @@ def judge_level(
         failed_objectives=tuple(
             [objective_line(r) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
         ),
+        inconclusive=verdict.exit_code != 0 and not missed and not results.saturated,
     )
+
+
+def ceilings_only(spec: SLOSpec) -> tuple[SLOSpec, list[str]]:
+    """The SLO without its floors (``output_tokens_per_s >= 1000``, ``goodput_rps >= 4``):
+    a search for the highest load that meets the SLO cannot use objectives that a low load
+    fails by design (one stream never makes 1,000 tokens/s). Returns the ceilings and the
+    floors' text (``floors_line``)."""
+    import dataclasses
+
+    floors = [str(o) for o in spec.objectives if not o.upper_bound]
+    keep = tuple(o for o in spec.objectives if o.upper_bound)
+    if not keep:
+        raise ConfigError(f"{spec.source or 'the SLO'} has no upper-bound objective to search on")
+    return dataclasses.replace(spec, objectives=keep), floors
+
+
+def floors_line(floors: Sequence[str]) -> str:
+    """The line a search prints about the floors ``ceilings_only`` set aside."""
+    return "not searched on (floors fail at low load by design): " + ", ".join(floors)
+
+
+def judge_floors(result: SweepResult, spec: SLOSpec) -> list[str]:
+    """``floors_line`` for ``spec``'s floors, then how the highest passing level (its results
+    file) did on each: whether the endpoint reaches them at the load the ceilings allow."""
+    import dataclasses
+
+    from loadlab.report.text import objective_line
+    from loadlab.results import read_results
+    from loadlab.slo import evaluate
+
+    floors = tuple(o for o in spec.objectives if not o.upper_bound)
+    if not floors:
+        return []
+    lines = [floors_line([str(o) for o in floors])]
+    best = next((lv for lv in reversed(result.levels)
+                 if lv.load == result.max_passing_load and lv.path), None)  # fmt: skip
+    if best is None or best.path is None:
+        return lines
+    verdict = evaluate(read_results(best.path), dataclasses.replace(spec, objectives=floors))
+    at = result._with_rate(best.load)
+    lines += [f"  at {at}: {'met' if r.status == 'pass' else 'NOT met'}: {objective_line(r)}"
+              for r in verdict.rows]  # fmt: skip
+    return lines
 
 
 def render_html(result: SweepResult) -> str:
