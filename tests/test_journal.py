@@ -207,3 +207,32 @@ def test_a_torn_last_line_is_skipped_and_a_bad_middle_line_is_named(tmp_path: Pa
         read_journal(journal)
     with pytest.raises(ConfigError, match="is a directory"):
         prepare_output(tmp_path, {})
+
+
+def test_a_run_rebuilt_from_its_journal_says_so_and_is_no_slo_evidence(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The journal a killed run leaves, rebuilt: the text summary and the HTML report say the
+    run was interrupted, and ``loadlab slo`` answers "not valid evidence" (exit 2) where the
+    same records in a whole run pass."""
+    whole = tmp_path / "whole.json"
+    assert cli.main([*RUN[3:], "--endpoint", url, "--concurrency", "2", "--requests", "6",
+                     "--max-tokens", "4", "--out", str(whole)]) == 0  # fmt: skip
+    full = read_results(whole)
+    journal = prepare_output(tmp_path / "killed.json", {"kind": "run", "config": full.config})
+    with journal.open("a") as f:  # what the journal of a run killed after six requests holds
+        f.writelines(json.dumps({"record": r.to_dict()}) + "\n" for r in full.records)
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p90 <= 60000"]\nmin_requests = 1\n')
+    rebuilt, page = tmp_path / "rebuilt.json", tmp_path / "rebuilt.html"
+    capsys.readouterr()
+    assert cli.main(["report", "--from-journal", str(journal), "--out", str(rebuilt),
+                     "--html", str(page)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert f"INTERRUPTED: rebuilt from the journal {journal}" in text
+    assert "INTERRUPTED: rebuilt from the journal" in page.read_text()
+    assert cli.main(["slo", str(whole), "--slo", str(slo), "--inconclusive", "pass"]) == 0
+    capsys.readouterr()
+    assert cli.main(["slo", str(rebuilt), "--slo", str(slo), "--inconclusive", "pass"]) == 2
+    out = capsys.readouterr().out
+    assert "NOT VALID EVIDENCE: INTERRUPTED" in out and "verdict: INVALID (exit 2)" in out

@@ -29,7 +29,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,7 +59,14 @@ from loadlab.analysis.metrics import (
 from loadlab.analysis.token_checks import PromptMatch, prompt_match, short_outputs
 from loadlab.records import RequestRecord
 
-__all__ = ["ANSWER_METRICS", "Run", "RunSummary", "has_reasoning_or_tools", "summarize"]
+__all__ = [
+    "ANSWER_METRICS",
+    "Run",
+    "RunSummary",
+    "has_reasoning_or_tools",
+    "interrupted_note",
+    "summarize",
+]
 
 # The distributions a reasoning model or an agent adds (written when the run has either).
 ANSWER_METRICS = ("ttfat_ms", "reasoning_ms", *TOKEN_METRICS)
@@ -68,6 +75,21 @@ ANSWER_METRICS = ("ttfat_ms", "reasoning_ms", *TOKEN_METRICS)
 def has_reasoning_or_tools(records: Iterable[RequestRecord]) -> bool:
     """True when some request streamed reasoning or called a tool."""
     return any(r.reasoning_chunks or r.reasoning_tokens or r.tool_calls for r in records)
+
+
+def interrupted_note(extra: Mapping[str, Any]) -> str | None:
+    """Why a run is not whole (``results.extra``), or None: stopped by a signal before its
+    stop rule, or rebuilt from its journal after the process died. Such a run sent less
+    than it was asked to, and the requests in flight at the end are missing: the summary,
+    the reports and the SLO gate say so (the gate does not take it as evidence)."""
+    if not extra.get("interrupted"):
+        return None
+    source = extra.get("from_journal")
+    if source:
+        return (f"INTERRUPTED: rebuilt from the journal {source}; the run stopped before its "
+                "stop rule and the requests in flight then are missing")  # fmt: skip
+    return ("INTERRUPTED: the run was stopped (a signal) before its stop rule; the requests "
+            "in flight then are missing")  # fmt: skip
 
 
 class Run(Protocol):

@@ -24,7 +24,7 @@ from markupsafe import Markup, escape
 from loadlab._version import __version__
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
-from loadlab.analysis.summary import summarize
+from loadlab.analysis.summary import interrupted_note, summarize
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.prefix_cache import prefix_cache_rows
@@ -123,6 +123,7 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "workers": results.workers,
         "window": f"{(hi - lo) / 1e9:.2f} s",
         "saturated": results.saturated,
+        "interrupted": interrupted_note(results.extra),
         "lag": fmt_num(results.generator.get("loop_lag_ms_max")),
         "pct_keys": PCT_KEYS,
         "latency": [(label, d.count, pct_cells(d)) for label, d in latency_rows(results, s)],

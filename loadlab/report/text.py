@@ -16,7 +16,7 @@ from loadlab.analysis import metrics
 from loadlab.analysis.generator import parser_fell_behind, worst_process
 from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
-from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, summarize
+from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, interrupted_note, summarize
 from loadlab.records import RequestRecord
 from loadlab.report.prefix_cache import render_prefix_cache_text
 
@@ -217,6 +217,9 @@ def render_summary(results: Results) -> str:
     head = f"run {results.started_at or '-'}  kind {results.kind}  workers {results.workers}"
     head += f"  window {fmt_num((hi - lo) / 1e9, 2)} s ({fmt_num(lo / 1e9, 2)} to {fmt_num(hi / 1e9, 2)} s)"
     parts.append(head)
+    stopped = interrupted_note(results.extra)
+    if stopped is not None:
+        parts.append(f"{stopped}: not valid evidence for an SLO gate.")
     if results.saturated:
         parts.append(_saturation_banner(results))
     failed = f"{c.failed:,} of {c.sent:,}" if c.failed else "0"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loadlab.analysis import metrics
+from loadlab.analysis.summary import interrupted_note
 from loadlab.records import RequestRecord, pick
 from loadlab.slo.intervals import (
     MAX_N,
@@ -243,6 +244,9 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
             "lower the load, use --workers, or a bigger client machine"
         )
+    stopped = interrupted_note(results.extra)
+    if stopped is not None:
+        reasons.append(f"{stopped}: run it again to its end")
     if counts.sent < spec.min_requests:
         reasons.append(
             f"only {counts.sent} requests were sent; the SLO asks for at least "
