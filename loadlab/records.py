@@ -193,6 +193,9 @@ class RequestRecord:
     reasoning_tokens: int | None = None  # usage's reasoning_tokens, else reasoning_chunks
     tool_call_chunks: int = 0  # chunks of tool-call arguments (in chunk_ns: output tokens)
     tool_calls: int = 0  # tool calls in the answer
+    # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
+    # latency but no TTFT, ITL or TPOT (those are absent, never zero)
+    streamed: bool = True
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
@@ -265,6 +268,7 @@ _LEFT_OUT_AT_DEFAULT = (
     "tool_calls",
     "cached_prompt_tokens",
     "shared_prefix_tokens",
+    "streamed",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
 
@@ -306,6 +310,7 @@ _FIELD_TYPES = {
     "reasoning_tokens": "int?",
     "tool_call_chunks": "int",
     "tool_calls": "int",
+    "streamed": "bool",
 }
 
 

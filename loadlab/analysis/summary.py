@@ -37,6 +37,7 @@ from loadlab.analysis.metrics import (
     DEFAULT_PERCENTILES,
     LATENCY_METRICS,
     PER_REQUEST_METRICS,
+    STREAM_METRICS,
     TOKEN_METRICS,
     Counts,
     Distribution,
@@ -142,6 +143,9 @@ class RunSummary:
     answer_tokens: Distribution
     tool_call_tokens: Distribution
     reasoning_or_tools: bool  # some request reasoned or called a tool
+    # some ok request of the window was streamed (or none was ok); False: TTFT, ITL and TPOT
+    # do not apply (``STREAM_METRICS``) and are left out, not written as empty or zero
+    streamed: bool = True
 
     def latency(self, name: str) -> Distribution:
         """The distribution of one of ``LATENCY_METRICS`` or ``TOKEN_METRICS`` (a report's
@@ -160,8 +164,10 @@ class RunSummary:
             **{
                 name: self.latency(name).to_dict()
                 for name in (*LATENCY_METRICS, *TOKEN_METRICS)
-                if name not in ANSWER_METRICS or self.reasoning_or_tools
+                if (name not in ANSWER_METRICS or self.reasoning_or_tools)
+                and (self.streamed or name not in STREAM_METRICS)
             },
+            **({} if self.streamed else {"streamed": False}),
             "stalls_per_stream_mean": self.stalls_per_stream_mean,
             "output_tokens_per_request": self.output_tokens_per_request.to_dict(),
             "token_count_disagreements": self.token_count_disagreements,
@@ -205,4 +211,5 @@ def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary
         short_outputs=short_outputs(lat),
         throughput=throughput(run.records, window),
         saturated=run.saturated,
+        streamed=not lat or any(r.streamed for r in lat),
     )

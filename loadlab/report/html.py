@@ -22,13 +22,14 @@ import jinja2
 from markupsafe import Markup, escape
 
 from loadlab._version import __version__
+from loadlab.analysis.batch_job import batch_jobs
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
 from loadlab.analysis.summary import interrupted_note, summarize
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.prefix_cache import prefix_cache_rows
-from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
+from loadlab.report.text import NOT_STREAMED_LINE, PCT_KEYS, fmt_num, latency_rows, pct_cells
 
 if TYPE_CHECKING:
     from loadlab.analysis.compare import Comparison
@@ -127,6 +128,8 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "lag": fmt_num(results.generator.get("loop_lag_ms_max")),
         "pct_keys": PCT_KEYS,
         "latency": [(label, d.count, pct_cells(d)) for label, d in latency_rows(results, s)],
+        "not_streamed": "" if s.streamed else NOT_STREAMED_LINE,
+        "batch_jobs": batch_jobs(results),
         "counts": c,
         "failed_text": f"{c.failed:,} of {c.sent:,}" if c.failed else "0",
         "tp": s.throughput,

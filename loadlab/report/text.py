@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from loadlab.analysis import metrics
+from loadlab.analysis.batch_job import BatchJob, batch_jobs
 from loadlab.analysis.generator import parser_fell_behind, worst_process
 from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from loadlab.slo import ObjectiveResult, Verdict
 
 __all__ = [
+    "batch_job_text",
     "fmt_num",
     "latency_rows",
     "objective_line",
@@ -104,7 +106,14 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
         if (open_loop or not ol)
         and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
         and not (same and name == "itl_per_token_ms")
+        and (summary.streamed or name not in metrics.STREAM_METRICS)
     ]
+
+
+NOT_STREAMED_LINE = (
+    "not streamed: each answer came whole, so TTFT, ITL and TPOT do not apply (left out, "
+    "not zero); E2E is the time to the whole answer"
+)
 
 
 def _saturation_banner(results: Results) -> str:
@@ -157,20 +166,22 @@ def slowest_requests(results: Results, n: int = 5) -> list[RequestRecord]:
     return [r for _, r in sorted(timed, key=lambda p: -p[0])[:n]]
 
 
-def _slowest_table(results: Results) -> str:
-    """The slowest requests with loadlab's id and the server's (to find them in its logs)."""
+def _slowest_table(results: Results, streamed: bool) -> str:
+    """The slowest requests with loadlab's id and the server's (to find them in its logs);
+    TTFT only where the requests were streamed."""
     rows = [
         [
             r.request_id,
             r.response_id or "-",
-            fmt_num(metrics.ttft_ms(r)),
+            *([fmt_num(metrics.ttft_ms(r))] if streamed else []),
             fmt_num(metrics.e2e_ms(r)),
             fmt_num(metrics.output_token_count(r)),
         ]
         for r in slowest_requests(results)
     ]
-    header = ["slowest requests", "server id", "TTFT (ms)", "E2E (ms)", "tokens"]
-    return render_table(header, rows, "llrrr")
+    ttft = ["TTFT (ms)"] if streamed else []
+    header = ["slowest requests", "server id", *ttft, "E2E (ms)", "tokens"]
+    return render_table(header, rows, "ll" + "r" * (len(header) - 2))
 
 
 def _trace_line(t: dict[str, Any]) -> str:
@@ -188,6 +199,21 @@ def _trace_line(t: dict[str, Any]) -> str:
     return (
         f"trace       {t.get('format', '?')} {t.get('path', '?')}: {t.get('rows_read', 0):,} rows "
         f"read, {t.get('requests', 0):,} requests; skipped: {', '.join(skipped) or 'none'}"
+    )
+
+
+def batch_job_text(job: BatchJob) -> str:
+    """A batch job's completion time and rates (``loadlab.analysis.batch_job``), two lines."""
+    head = (f"batch job   class {job.request_class}: {job.documents:,} documents "
+            f"({job.ok:,} ok, {job.failed:,} failed)")  # fmt: skip
+    if job.completion_s is None:
+        return head + "; none completed"
+    e2e = job.e2e_ms
+    return (
+        f"{head}; job completion time {fmt_num(job.completion_s, 2)} s (first send to last "
+        f"token)\n            {fmt_num(job.documents_per_s, 2)} documents/s   output "
+        f"{fmt_num(job.output_tokens_per_s)} tok/s   total {fmt_num(job.total_tokens_per_s)} "
+        f"tok/s   E2E per document p50 {fmt_num(e2e.at(50))} ms  p99 {fmt_num(e2e.at(99))} ms"
     )
 
 
@@ -228,12 +254,15 @@ def render_summary(results: Results) -> str:
         vals = [fmt_num(v) for v in pct_cells(d)]
         rows.append([f"{label} (ms)", fmt_num(d.count), *vals, failed])
     parts.append(render_table(["latency", "n", *PCT_KEYS, "failed (not in n)"], rows))
+    if not s.streamed:
+        parts[-1] += "\n" + NOT_STREAMED_LINE
     t = s.throughput
     parts.append(
         f"throughput  output {fmt_num(t.output_tokens_per_s)} tok/s   "
         f"total {fmt_num(t.total_tokens_per_s)} tok/s   "
         f"requests {fmt_num(t.requests_per_s, 2)} req/s"
     )
+    parts.extend(batch_job_text(job) for job in batch_jobs(results))
     err_pct = f" ({c.error_rate * 100:.1f} %)" if c.sent else ""
     by = ", ".join(f"{k} {v:,}" for k, v in c.by_outcome.items() if k != "ok") or "none"
     sent = f"outcomes    scheduled {c.scheduled:,}  sent {c.sent:,}  ok {c.ok:,}  "
@@ -270,7 +299,7 @@ def render_summary(results: Results) -> str:
     if s.reasoning_or_tools:
         parts.append(_token_kinds_line(s))
     if any(r.response_id for r in results.records):
-        parts.append(_slowest_table(results))
+        parts.append(_slowest_table(results, s.streamed))
     if s.token_count_disagreements:
         parts.append(
             f"note        {s.token_count_disagreements} requests: server usage and streamed "

@@ -208,6 +208,8 @@ def _eval_one(
         if not recs:
             note = f"no requests of class {obj.request_class!r} in this run"
             return ObjectiveResult(obj, None, "fail", note=note)
+    if obj.metric in metrics.STREAM_METRICS and not _streamed(recs):
+        return ObjectiveResult(obj, None, "fail", note=NOT_STREAMED)
     if obj.metric in DIST_METRICS:
         return _eval_distribution(obj, recs, window, spec.confidence)
     counts = metrics.count_outcomes(recs)
@@ -230,6 +232,31 @@ def _eval_one(
     return ObjectiveResult(obj, value, status, n=counts.sent, note=note)
 
 
+NOT_STREAMED = "not measured: the requests were not streamed"
+
+
+def _streamed(records: Sequence[RequestRecord]) -> bool:
+    """Some ok request was streamed, or none was ok (a failed run is judged as before)."""
+    ok = [r for r in records if r.ok]
+    return not ok or any(r.streamed for r in ok)
+
+
+def _unmeasured(results: Results, spec: SLOSpec) -> str | None:
+    """The reason a run is no evidence for ``spec`` when it names a metric only a stream has
+    (TTFT, ITL, TPOT, as an objective or a per-request limit) and nothing was streamed: an
+    absent metric passes nothing (before, a non-streamed TPOT of 0.0 passed any objective)."""
+    if _streamed(results.records):
+        return None
+    named = {o.metric for o in spec.objectives}
+    named |= {m for limits in spec.request_limits.values() for m in limits}
+    asked = sorted(named & set(metrics.STREAM_METRICS))
+    if not asked:
+        return None
+    return (f"{', '.join(asked)} cannot be judged: the requests were not streamed (an answer "
+            "that comes whole has no first token or gaps between tokens); run with streaming "
+            "(drop --no-stream, stream = true), or judge e2e_ms instead")  # fmt: skip
+
+
 def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") -> Verdict:
     """Judge a run against an SLO. The verdict's ``exit_code`` is the CI gate."""
     if inconclusive not in ("fail", "pass"):
@@ -244,6 +271,9 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
             "lower the load, use --workers, or a bigger client machine"
         )
+    unmeasured = _unmeasured(results, spec)
+    if unmeasured is not None:
+        reasons.append(unmeasured)
     stopped = interrupted_note(results.extra)
     if stopped is not None:
         reasons.append(f"{stopped}: run it again to its end")
