@@ -419,8 +419,12 @@ def _write(results: Results, path: Path, journal: Path) -> bool:
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         raise ConfigError("--interleave runs in one process; drop --workers")
+    from loadlab.runner.preflight import preflight
     from loadlab.runner.prompt_sizing import prepared_sizing
 
+    cfg, infos, said = preflight(cfg)  # the served model; a request that cannot fit: exit 2
+    for line in said:
+        print(f"loadlab run: {line}", file=sys.stderr)
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
     journals = _prepare_outputs(cfg, paths)
@@ -446,6 +450,8 @@ def _run(cfg: RunConfig) -> int:
             raise
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
+    for results, name in zip(all_results, names, strict=False):
+        results.extra["server_info"] = infos[name].to_dict()
     for results, path, journal in zip(all_results, paths, journals, strict=False):
         if not _write(results, path, journal):
             code = max(code, 2)

@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "render_summary",
     "render_table",
     "render_verdict",
+    "short_error",
     "slowest_requests",
 ]
 
@@ -74,6 +76,35 @@ def fmt_num(v: Any, digits: int = 1) -> str:
     if v != 0 and abs(v) < 1:
         return f"{v:.3g}"
     return f"{v:,.{digits}f}"
+
+
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
+
+
+def short_error(text: str, width: int = 160) -> str:
+    """An error on one line: the ``message`` of a JSON error body in place of the body (an
+    OpenAI-shaped ``{"error": {"message": ...}}``), then, if still longer than ``width``, cut
+    at a word boundary with an ellipsis; never mid-word, never inside JSON.
+
+    >>> short_error('HTTP 400: {"error":{"message":"prompt too long","type":"inval...')
+    'HTTP 400: prompt too long'
+    >>> short_error("one two three four", 12)
+    'one two…'
+    """
+    head, brace, body = text.partition("{")
+    if brace:
+        found = _JSON_MESSAGE.search(body)
+        message = found.group(1).replace('\\"', '"').replace("\\\\", "\\") if found else None
+        if message:
+            text = head + message
+        elif len(text) > width:  # a JSON body with no message: not cut inside
+            text = head + "{…}"
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut).rstrip(" ,;:") + "…"
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
@@ -274,7 +305,7 @@ def render_summary(results: Results) -> str:
     )
     first_error = next((r.error for r in results.records if not r.ok and r.error), None)
     if first_error:
-        parts[-1] += f"\n            first error: {first_error[:160]}"
+        parts[-1] += f"\n            first error: {short_error(first_error)}"
     lost = (results.extra.get("locust") or {}).get("lost_by_worker") or {}
     if lost:
         parts[-1] += (
