@@ -101,3 +101,24 @@ def test_an_error_body_is_shortened_to_its_message_and_at_a_word() -> None:
     cut = short_error(long, 60)
     assert cut.endswith("…") and len(cut) <= 60 and long.startswith(cut[:-1])
     assert cut[:-1] == long[: len(cut) - 1] and long[len(cut) - 1] == " "  # at a word
+
+
+def test_the_prefix_cache_section_uses_the_servers_block_size_and_says_why_a_figure_is_empty(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --cache-block-size: the expected hit rate is aligned to the block size the server
+    reports; without --scrape the counters row says to add it; no bare "-"."""
+    out = tmp_path / "p.json"
+    code = main([*RUN, "--endpoint", url, "--prefix-tokens", "64", "--prefixes", "2",
+                 "--suffix-tokens", "16", "--max-tokens", "4", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    section = text[text.index("prefix cache") :].split("\n\n")[0]
+    assert "(16-token blocks (the server's block_size))" in section
+    assert "- (not scraped: add --scrape URL/metrics" in section
+    assert not [line for line in section.splitlines() if line.rstrip().endswith(" -")]
+    # a workload that does not count shared prefixes says why its expected rate is empty
+    assert main([*RUN, "--endpoint", url, "--prompt-tokens", "32", "--max-tokens", "4",
+                 "--out", str(tmp_path / "s.json")]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "expected hit rate" in text and "only a shared-prefix workload" in text
