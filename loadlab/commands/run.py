@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--extra-body", metavar="JSON", help="extra request fields, e.g. '{\"ignore_eos\": true}'")
     a("--no-stream", action="store_true", default=None, help="non-streaming requests")
     a("--seed", type=int, help="seed of the workload and arrivals")
+    a("--cache-bust", action="store_true", default=None,
+      help="start cold: a salt unique to this run after each prompt's first word, so the "
+      "server's prefix cache has none of them; the workload, its lengths and its sharing "
+      "within the run unchanged")  # fmt: skip
     a("--workers", type=int, metavar="N", help="spread the load over N processes")
     a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
     a(
@@ -131,8 +135,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-prefix", type=int, metavar="M", help="requests per prefix")
     g.add_argument("--suffix-tokens", type=int, metavar="S", help="unique tokens after the prefix")
     g.add_argument("--prefix-order", choices=["random", "grouped", "round_robin"])
-    g.add_argument("--cache-bust", action="store_true", default=None,
-                   help="a salt unique to this run in front of every prompt: start cold")  # fmt: skip
     g.add_argument("--cache-block-size", type=int, metavar="B",
                    help="the server's KV block size, for the block-aligned expected hit rate")  # fmt: skip
 
@@ -231,7 +233,6 @@ _PREFIX_FLAGS = {
     "requests_per_prefix": "requests_per_prefix",
     "suffix_tokens": "suffix_tokens",
     "prefix_order": "order",
-    "cache_bust": "cache_bust",
     "cache_block_size": "block_size",
 }
 
@@ -285,6 +286,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         for key, value in demo.items():
             fields.setdefault(key, value)
     _workload_flags(args, fields)
+    if args.cache_bust:  # any workload, its kind and lengths unchanged: its prompts unseen
+        fields["workload"] = {**fields["workload"], "cache_bust": True}
     return RunConfig(**fields)
 
 
