@@ -66,6 +66,7 @@ __all__ = [
     "RunSummary",
     "has_reasoning_or_tools",
     "interrupted_note",
+    "overload_note",
     "summarize",
 ]
 
@@ -91,6 +92,30 @@ def interrupted_note(extra: Mapping[str, Any]) -> str | None:
                 "stop rule and the requests in flight then are missing")  # fmt: skip
     return ("INTERRUPTED: the run was stopped (a signal) before its stop rule; the requests "
             "in flight then are missing")  # fmt: skip
+
+
+def overload_note(run: Run) -> str | None:
+    """In open loop, a server that completes requests more slowly than they arrive (under
+    90 % of the arrival rate, 10 requests or more behind over the window) has a queue that
+    grows without bound: its latencies grow with the run's length instead of describing a
+    steady state. The sentence that says so, or None."""
+    records = run.records
+    if not any(r.intended_ns is not None for r in records):
+        return None  # closed loop: the queue is bounded by the streams
+    lo, hi = run.measurement_window_ns()
+    span_s = (hi - lo) / 1e9
+    if span_s <= 0:
+        return None
+    arrived = sum(1 for r in records if r.sent_ns is not None and lo <= r.sent_ns <= hi)
+    served = throughput(records, (lo, hi)).requests_per_s
+    if not (served < 0.9 * arrived / span_s and arrived - served * span_s >= 10):
+        return None
+    failed = sum(1 for r in records if r.failed)
+    lost = f" ({failed:,} never completed)" if failed else ""
+    return (f"OVERLOADED: requests arrived at {arrived / span_s:.3g}/s and completed at "
+            f"{served:.3g}/s{lost}: the queue grows without bound, so the latencies above grow "
+            "with the run's length and describe no steady state; lower the rate, or add "
+            "capacity")  # fmt: skip
 
 
 class Run(Protocol):
