@@ -84,14 +84,25 @@ def _ci(r: ObjectiveResult) -> str:
     return f"{lo} – {hi}"
 
 
+def _rounded(data: Any) -> Any:
+    """Floats to 6 significant digits (2.9413063599999996 -> 2.94131), inside lists too."""
+    if isinstance(data, float):
+        return float(f"{data:.6g}")
+    if isinstance(data, list | tuple):
+        return [_rounded(x) for x in data]
+    return data
+
+
 def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested config as (dotted key, JSON value) rows."""
+    """Nested config as (dotted key, JSON value) rows, floats rounded (``_rounded``)."""
     if isinstance(data, Mapping) and data:
         rows = []
         for k, v in data.items():
             rows += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
         return rows
-    text = data if isinstance(data, str) else json.dumps(data, default=str, ensure_ascii=False)
+    if isinstance(data, str):
+        return [(prefix or "(value)", data)]
+    text = json.dumps(_rounded(data), default=str, ensure_ascii=False)
     return [(prefix or "(value)", text)]
 
 
