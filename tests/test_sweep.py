@@ -232,3 +232,26 @@ def test_a_sweep_sets_throughput_floors_aside_and_judges_them_at_its_answer(
     assert code == 1
     assert "the lowest level was not conclusive" in out and "--duration" in out
     assert "try lower loads" not in out
+
+
+def test_the_sweep_page_has_the_reports_style_and_the_slo_thresholds() -> None:
+    import base64
+    import re
+
+    from loadlab.runner.sweep import render_html
+    from loadlab.slo import parse_slo
+
+    r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
+    spec = parse_slo({"name": "chat", "objectives": ["ttft_ms.p95 <= 500", "e2e_ms.p99 <= 300",
+                                                     "output_tokens_per_s >= 1000"]})  # fmt: skip
+    page = render_html(r, spec)
+    assert "<style>" in page and "Content-Security-Policy" in page
+    assert "Highest load meeting the SLOs: 4 requests/s" in page
+    assert "ttft_ms.p95 &lt;= 500; e2e_ms.p99 &lt;= 300" in page  # the lines drawn
+    assert "output_tokens_per_s" not in page.split("Dashed lines")[1].split("</p>")[0]
+
+    def dashes(html: str) -> int:
+        svg = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)", html).group(1)).decode()
+        return svg.count("stroke-dasharray")
+
+    assert dashes(page) == dashes(render_html(r)) + 2  # one dashed line per ceiling

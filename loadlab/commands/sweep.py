@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             summary, "--out-dir", lambda p: p.write_text(json.dumps(result.to_dict(), indent=2))
         )
         page = out_dir / "sweep.html"
-        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result)))
+        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result, full_spec)))
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
         if args.predict:

@@ -370,14 +370,19 @@ def judge_floors(result: SweepResult, spec: SLOSpec) -> list[str]:
     return lines
 
 
-def render_html(result: SweepResult) -> str:
-    """A standalone page: the latency-throughput curve (knee marked) and the text table.
+def _threshold_lines(spec: SLOSpec | None) -> dict[str, list[tuple[float, str]]]:
+    """The SLO's ceilings on the plotted metrics: ``{metric: [(threshold, objective text)]}``."""
+    out: dict[str, list[tuple[float, str]]] = {"ttft_ms": [], "e2e_ms": []}
+    for o in spec.objectives if spec is not None else ():
+        if o.metric in out and o.upper_bound and o.request_class is None:
+            out[o.metric].append((o.threshold, str(o)))
+    return out
 
-    The plot is an SVG data URI with text drawn as outlines (as ``loadlab.report.plots``
-    does), and the table is escaped, so nothing from a run reaches the page as markup.
-    """
+
+def _plot(result: SweepResult, lines: dict[str, list[tuple[float, str]]]) -> str:
+    """The two panels as an SVG data URI, text drawn as outlines (as ``loadlab.report.plots``
+    does), so nothing from a run reaches the page as markup."""
     import base64
-    import html
     import io
 
     import matplotlib
@@ -390,9 +395,14 @@ def render_html(result: SweepResult) -> str:
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.9, wspace=0.25)
     ax, ax2 = fig.subplots(1, 2)
     x = [lv.output_tokens_per_s for lv in curve]
-    for key, label in (("e2e_p95_ms", "E2E p95"), ("ttft_p95_ms", "TTFT p95")):
+    for key, label, color in (("e2e_p95_ms", "E2E p95", "tab:blue"),
+                              ("ttft_p95_ms", "TTFT p95", "tab:orange")):  # fmt: skip
         ys = [getattr(lv, key) for lv in curve]
-        ax.plot(x, [float("nan") if y is None else y for y in ys], "o-", label=label)
+        ax.plot(x, [float("nan") if y is None else y for y in ys], "o-", label=label, c=color)
+        for threshold, text in lines[key.replace("_p95", "")]:
+            ax.axhline(threshold, ls="--", lw=1, c=color)
+            ax.annotate(text, (0.01, threshold), xycoords=("axes fraction", "data"), fontsize=7,
+                        color=color, textcoords="offset points", xytext=(0, 2))  # fmt: skip
     for lv in curve:
         if lv.e2e_p95_ms is not None:
             color = "tab:green" if lv.passed else "tab:red"
@@ -409,9 +419,35 @@ def render_html(result: SweepResult) -> str:
                                 "text.parse_math": False}):  # fmt: skip
         buf = io.BytesIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
-    uri = "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>loadlab sweep</title></head>"
-        f"<body><h1>loadlab sweep</h1><img alt='sweep curve' src='{uri}'>"
-        f"<pre>{html.escape(result.to_text())}</pre></body></html>"
+    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def render_html(result: SweepResult, spec: SLOSpec | None = None) -> str:
+    """A standalone page in the report's style: the answer, the latency-throughput curve
+    (knee marked, the SLO's TTFT and E2E thresholds as dashed lines), the levels and the
+    printed text. Every string is escaped by the report's templates."""
+    from loadlab.report.html import render_template
+
+    lines = _threshold_lines(spec)
+    levels = []
+    for lv in result.curve():
+        verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
+        css = {"PASS": "pass", "FAIL": "fail"}.get(verdict, "inconclusive")
+        levels.append({**lv.__dict__, "verdict": verdict, "css": css, "load": _num(lv.load),
+                       "knee": lv.load == result.knee_load,
+                       "why": "; ".join(lv.failed_objectives)})  # fmt: skip
+    answer = ""
+    if result.max_passing_load is not None:
+        answer = f"Highest load meeting the SLOs: {result._with_rate(result.max_passing_load)}"
+    return render_template(
+        "sweep.html.j2",
+        mode=result.mode,
+        unit=result.unit,
+        slo=(spec.name or spec.source) if spec is not None else "",
+        answer=answer,
+        note=result.note,
+        plot=_plot(result, lines),
+        thresholds=[text for pairs in lines.values() for _, text in pairs],
+        levels=levels,
+        text=result.to_text(),
     )
