@@ -202,7 +202,7 @@ def render_comparison_html(
         "rows": rows,
         "gate": cmp.exit_code(fail_on_regression_pct),
         "pct": fail_on_regression_pct,
-        "warnings": list(cmp.warnings),
+        "warnings": [*cmp.warnings, *cmp.cautions],
         "footer": footer_lines(cmp, fail_on_regression_pct),
         "cdfs": plots.comparison_cdfs(runs, numbered_labels(run_labels or cmp.labels)),
     }
