@@ -42,8 +42,14 @@ if TYPE_CHECKING:
     from loadlab.results import Results
     from loadlab.slo import SLOSpec
 
-__all__ = ["CACHE_GAP_PP", "Comparison", "MetricChange", "cache_caution", "compare",
-           "numbered_labels"]
+__all__ = [
+    "CACHE_GAP_PP",
+    "Comparison",
+    "MetricChange",
+    "cache_caution",
+    "compare",
+    "numbered_labels",
+]
 
 # (metric, percentile) rows, in display order. Latency: higher is worse.
 LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")

@@ -172,8 +172,10 @@ class TTFTSplit:
         dists = "cached_ms uncached_ms matched_cached_ms matched_uncached_ms"
         return {
             **{k: getattr(self, k).to_dict() for k in dists.split()},
-            **pick(self, "cached_prompt_p50 uncached_prompt_p50 cached_turns uncached_turns "
-                   "matched_p_value"),
+            **pick(
+                self,
+                "cached_prompt_p50 uncached_prompt_p50 cached_turns uncached_turns matched_p_value",
+            ),
         }
 
 
@@ -293,7 +295,10 @@ def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
 
 def _block_size(workload: Mapping[str, Any], server: Mapping[str, Any]) -> tuple[int | None, str]:
     """The KV block size the expected rate is aligned to, and who said it."""
-    for said, who in ((workload.get("block_size"), "workload"), (server.get("block_size"), "server")):
+    for said, who in (
+        (workload.get("block_size"), "workload"),
+        (server.get("block_size"), "server"),
+    ):
         if isinstance(said, int) and not isinstance(said, bool) and said > 0:
             return said, who
     return None, ""

@@ -426,8 +426,8 @@ def _run(cfg: RunConfig) -> int:
     from loadlab.runner.prompt_sizing import prepared_sizing
 
     cfg, infos, said = preflight(cfg)  # the served model; a request that cannot fit: exit 2
-    for line in said:
-        print(f"loadlab run: {line}", file=sys.stderr)
+    for note in said:
+        print(f"loadlab run: {note}", file=sys.stderr)
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
     journals = _prepare_outputs(cfg, paths)

@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         endpoint = checked.endpoints[0]  # the served model; a request that cannot fit: exit 2
         for note in notes:
             print(f"loadlab sweep: {note}", file=sys.stderr)
+
         def evaluate(load: float) -> Level:
             print(f"loadlab sweep: {mode} {load:g} {unit} ...", file=sys.stderr, flush=True)
             lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)

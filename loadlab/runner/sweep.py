@@ -198,7 +198,8 @@ def find_max_load(
         return result
     if stopped.inconclusive:
         result.note = _longer(stopped, f"level {_num(stopped.load)}") + (
-            " (the limit found may be too low)")
+            " (the limit found may be too low)"
+        )
     for _ in range(bisect_steps):
         mid = (lo + hi) // 2 if integer else (lo + hi) / 2
         if integer and (mid <= lo or mid >= hi):

@@ -65,7 +65,7 @@ def test_a_salted_chat_rerun_starts_cold_and_still_shares_its_own_history(
     launch = pytest.importorskip("reference_server.launch")
     scenario = tmp_path / "chat.toml"
     scenario.write_text(
-        "concurrency = 3\nrequests = 18\nseed = 5\n[workload]\nkind = \"chat\"\nsessions = 6\n"
+        'concurrency = 3\nrequests = 18\nseed = 5\n[workload]\nkind = "chat"\nsessions = 6\n'
         "turns = 3\nthink_time_s = 0.05\nprompt_tokens = 96\noutput_tokens = 16\n"
     )
     run = ["run", "--scenario", str(scenario), "--no-progress",
