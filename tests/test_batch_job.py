@@ -31,9 +31,21 @@ output_tokens = 8
 
 
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with FixedServerProcess(ttft_ms=20, itl_ms=10, tokens=8) as u:
-        yield u
+def batch_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """``scenarios/batch.toml``'s shape, small, run once through the CLI: (results, stdout)."""
+    import contextlib
+    import io
+
+    folder = tmp_path_factory.mktemp("batch")
+    scenario = folder / "batch.toml"
+    scenario.write_text(SCENARIO)
+    out, text = folder / "b.json", io.StringIO()
+    with FixedServerProcess(ttft_ms=20, itl_ms=10, tokens=8) as url:
+        with contextlib.redirect_stdout(text):
+            code = main(["run", "--endpoint", url, "--scenario", str(scenario), "--tokenizer",
+                         "none", "--no-progress", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    yield out, text.getvalue()
 
 
 def test_a_non_streamed_answer_has_no_ttft_itl_or_tpot() -> None:
@@ -52,14 +64,9 @@ def test_the_job_classes_of_a_batch_and_of_a_mix() -> None:
 
 
 def test_a_batch_run_reports_its_job_and_leaves_stream_metrics_out(
-    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    batch_run: tuple[Path, str],
 ) -> None:
-    scenario = tmp_path / "batch.toml"
-    scenario.write_text(SCENARIO)
-    out = tmp_path / "b.json"
-    assert main(["run", "--endpoint", url, "--scenario", str(scenario), "--tokenizer", "none",
-                 "--no-progress", "--out", str(out)]) == 0  # fmt: skip
-    text = capsys.readouterr().out
+    out, text = batch_run
     results = read_results(out)
     (job,) = batch_jobs(results)
     assert (job.request_class, job.documents, job.ok, job.failed) == ("batch", 12, 12, 0)
@@ -82,18 +89,13 @@ def test_a_batch_run_reports_its_job_and_leaves_stream_metrics_out(
 
 
 def test_an_slo_on_tpot_is_not_evaluable_on_a_run_that_did_not_stream(
-    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    batch_run: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    scenario = tmp_path / "batch.toml"
-    scenario.write_text(SCENARIO)
-    out = tmp_path / "b.json"
-    assert main(["run", "--endpoint", url, "--scenario", str(scenario), "--tokenizer", "none",
-                 "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    out, _ = batch_run
     tpot = tmp_path / "tpot.toml"
     tpot.write_text('objectives = ["tpot_ms.p90 <= 40"]\nmin_requests = 1\n')
     e2e = tmp_path / "e2e.toml"
     e2e.write_text('objectives = ["e2e_ms.p90 <= 60000"]\nmin_requests = 1\n')
-    capsys.readouterr()
     assert main(["slo", str(out), "--slo", str(tpot), "--inconclusive", "pass"]) == 2
     text = capsys.readouterr().out
     assert "tpot_ms cannot be judged: the requests were not streamed" in text
