@@ -116,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
 
     full_spec = load_slo(args.slo)
     spec, floors = ceilings_only(full_spec)  # one stream never meets a throughput floor
-    if floors:
-        print(f"loadlab sweep: {floors_line(floors)}", file=sys.stderr)
     step = None
     if args.predict:  # a model file that cannot be used is said before anything is measured
         from loadlab.simulate.setup import step_model_from_args
@@ -144,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         endpoint = checked.endpoints[0]  # the served model; a request that cannot fit: exit 2
         for note in notes:
             print(f"loadlab sweep: {note}", file=sys.stderr)
+        if floors:
+            print(f"loadlab sweep: {floors_line(floors)}", file=sys.stderr)
 
         def evaluate(load: float) -> Level:
             print(f"loadlab sweep: {mode} {load:g} {unit} ...", file=sys.stderr, flush=True)
