@@ -29,7 +29,14 @@ from loadlab.analysis.summary import interrupted_note, summarize
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.prefix_cache import prefix_cache_rows
-from loadlab.report.text import NOT_STREAMED_LINE, PCT_KEYS, fmt_num, latency_rows, pct_cells
+from loadlab.report.text import (
+    NOT_STREAMED_LINE,
+    PCT_KEYS,
+    fmt_num,
+    latency_rows,
+    pct_cells,
+    short_error,
+)
 
 if TYPE_CHECKING:
     from loadlab.analysis.compare import Comparison
@@ -107,7 +114,9 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def _errors(results: Results, limit: int = 20) -> list[tuple[str, int]]:
-    c = Counter(f"{r.outcome}: {r.error}" for r in results.records if r.failed and r.error)
+    c = Counter(
+        f"{r.outcome}: {short_error(r.error, 400)}" for r in results.records if r.failed and r.error
+    )
     return c.most_common(limit)
 
 

@@ -99,7 +99,7 @@ def short_error(text: str, width: int = 160) -> str:
             text = head + message
         elif len(text) > width:  # a JSON body with no message: not cut inside
             text = head + "{…}"
-    text = " ".join(text.split())
+    text = re.sub(r"[ \t\r\n]+", " ", text).strip()  # one line
     if len(text) <= width:
         return text
     cut = text[: width - 1]
