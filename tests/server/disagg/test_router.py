@@ -219,3 +219,17 @@ def test_sigterm_stops_the_server_and_frees_every_semaphore(tmp_path: Any) -> No
     text = log.read_text()
     assert code == 128 + signal.SIGTERM, text
     assert "leaked" not in text, text
+
+
+def test_the_help_says_what_the_ready_line_says_about_prefix_caching(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Disaggregated mode caches prefixes on its prefill workers (its ready line says
+    ``prefix_caching=on``); the help said it did not."""
+    from reference_server.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "not yet in disaggregated mode" not in text
+    assert "in disaggregated mode the prefill workers cache them" in text
