@@ -193,11 +193,13 @@ def test_an_inconclusive_lowest_level_asks_for_longer_levels_not_lower_loads() -
 
     def evaluate(load: float) -> Level:
         why = "only 12 requests were sent; the SLO asks for at least 100 (min_requests)"
-        return Level(load, passed=False, exit_code=2, inconclusive=True, failed_objectives=(why,))
+        return Level(load, passed=False, exit_code=2, sent_rps=2.0, failed_objectives=(why,),
+                     inconclusive=True, undecided=("min_requests",), more_requests=88)  # fmt: skip
 
     r = find_max_load(evaluate, [1, 2, 4])
-    assert "not conclusive" in r.note and "--duration" in r.note and "min_requests" in r.note
-    assert "try lower loads" not in r.note
+    assert r.note.startswith("the lowest level was not conclusive (min_requests); it needs "
+                             "about 88 more requests, at 2 requests/s about 44 s more")  # fmt: skip
+    assert "--duration" in r.note and "try lower loads" not in r.note
 
 
 def test_a_sweep_sets_throughput_floors_aside_and_judges_them_at_its_answer(

@@ -69,9 +69,12 @@ class Level:
     # not passed for want of evidence, not for a measured miss: too few requests, or an
     # objective whose interval straddles its threshold (more requests decide it)
     inconclusive: bool = False
+    undecided: tuple[str, ...] = ()  # then: what lacked evidence ("min_requests", objectives)
+    more_requests: int | None = None  # then: about how many more requests would decide it
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__, failed_objectives=list(self.failed_objectives))
+        return dict(self.__dict__, failed_objectives=list(self.failed_objectives),
+                    undecided=list(self.undecided))  # fmt: skip
 
 
 @dataclass
@@ -217,10 +220,15 @@ def find_max_load(
 
 def _longer(lv: Level, which: str) -> str:
     """What to change when a level did not pass for want of evidence: more requests per
-    level, not a lower load (which sends fewer)."""
-    why = "; ".join(lv.failed_objectives[:2])
-    return (f"{which} was not conclusive ({why}): make each level longer (--duration) or "
-            "send more requests per level; a lower load would not help")  # fmt: skip
+    level (a longer level), not a lower load, which sends fewer."""
+    what = ", ".join(lv.undecided) or "its objectives"
+    need = ""
+    if lv.more_requests:
+        need = f"; it needs about {lv.more_requests:,} more requests"
+        if lv.sent_rps > 0:
+            need += f", at {lv.sent_rps:.3g} requests/s about {lv.more_requests / lv.sent_rps:.0f} s more"
+    return (f"{which} was not conclusive ({what}){need}: make each level longer (--duration) "
+            "or send more requests per level; a lower load would not help")  # fmt: skip
 
 
 def _as_bisect(lv: Level) -> Level:
@@ -305,6 +313,10 @@ def judge_level(
 
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
     missed = any(r.status == "fail" for r in verdict.rows)
+    short = max(0, spec.min_requests - (verdict.counts.sent if verdict.counts else 0))
+    undecided = [str(r.objective) for r in verdict.rows if r.status == "inconclusive"]
+    undecided += ["min_requests"] if short else []
+    more = [r.extra_requests for r in verdict.rows if r.extra_requests] + ([short] if short else [])
     s = summarize(results)
     counts = s.counts
     lo, hi = s.window_ns
@@ -325,6 +337,8 @@ def judge_level(
             [objective_line(r) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
         ),
         inconclusive=verdict.exit_code != 0 and not missed and not results.saturated,
+        undecided=tuple(undecided),
+        more_requests=max(more) if more else None,
     )
 
 
