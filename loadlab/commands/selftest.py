@@ -2,8 +2,8 @@
 server whose chunk write times are the truth (see ``loadlab.selftest.accuracy`` for the definitions).
 
     loadlab selftest                       # rising load: 1, 16, 64, 128, 256 streams
-    loadlab selftest --preset issue64      # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
-    loadlab selftest --preset issue256      # 256 streams at 5 ms ITL, two loadlab processes
+    loadlab selftest --preset streams64    # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
+    loadlab selftest --preset streams256   # 256 streams at 5 ms ITL, two loadlab processes
     loadlab selftest --levels 1,32 --ttft-ms 20 --itl-ms 5 --tokens 32
 """
 
@@ -18,7 +18,13 @@ from pathlib import Path
 from loadlab.errors import ConfigError
 from loadlab.report.output import check_output, write_output
 from loadlab.results import write_results
-from loadlab.selftest.accuracy import PRESETS, SelftestConfig, render_levels, run_selftest
+from loadlab.selftest.accuracy import (
+    PRESETS,
+    SelftestConfig,
+    preset_name,
+    render_levels,
+    run_selftest,
+)
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 
@@ -28,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--preset",
         choices=sorted(PRESETS),
+        type=preset_name,
         default="default",
         help="a named load (default: default)",
     )
@@ -39,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--workers",
         type=int,
-        help="loadlab processes (the server runs in one more; default 1, 2 for --preset issue256)",
+        help="loadlab processes (the server runs in one more; default 1, 2 for --preset streams256)",
     )
     a("--ttft-tol-ms", type=float, help="tolerance on the TTFT error p99")
     a("--itl-tol-ms", type=float, help="tolerance on the ITL p99 error")

@@ -26,9 +26,12 @@ from loadlab.analysis.batch_job import batch_jobs
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
 from loadlab.analysis.summary import interrupted_note, summarize
+from loadlab.analysis.telemetry import energy_of, telemetry_of
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
+from loadlab.report.cost import cost_rows, energy_rows
 from loadlab.report.prefix_cache import prefix_cache_rows
+from loadlab.report.telemetry import gpu_plot
 from loadlab.report.text import (
     NOT_STREAMED_LINE,
     PCT_KEYS,
@@ -164,7 +167,9 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
             "server": plots.server_side(results),
             "prompt": plots.ttft_vs_prompt(results),
             "timeline": plots.timeline(results),
+            "gpu": gpu_plot(results),
         },
+        **_cost_context(results),
         "server_sources": [(k, v[2]) for k, v in series.items()],
         "prefix_cache": prefix_cache_rows(pc) if (pc := prefix_cache_summary(results)) else [],
         "config": _flatten(results.config),
@@ -172,6 +177,17 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "generator": _flatten(gen) if gen else [],
     }
     return render_template("report.html.j2", **ctx)
+
+
+def _cost_context(results: Results) -> dict[str, Any]:
+    """The cost and energy rows (``loadlab.report.cost``) and the GPU source's name."""
+    energy = energy_of(results)
+    tel = telemetry_of(results)
+    return {
+        "cost": cost_rows(results),
+        "energy": energy_rows(energy) if energy is not None else [],
+        "gpu_source": tel.get("source", "") if tel else "",
+    }
 
 
 def _write(text: str, path: str | Path) -> Path:

@@ -20,6 +20,7 @@ from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, interrupted_note, summarize
 from loadlab.records import RequestRecord
+from loadlab.report.cost import cost_lines
 from loadlab.report.prefix_cache import render_prefix_cache_text
 
 if TYPE_CHECKING:
@@ -131,6 +132,8 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
     """(label, distribution) for each latency metric shown (from-intended only for open loop)."""
     open_loop = is_open_loop(results)
     same = summary.itl_per_token_ms == summary.itl_ms  # one token per chunk: nothing to add
+    # embeddings / rerank only: nothing streamed, so only end-to-end latency applies
+    pooled = bool(results.records) and all(r.inputs is not None for r in results.records)
     return [
         (label, summary.latency(name))
         for label, name, ol in LATENCY_ROWS
@@ -138,6 +141,7 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
         and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
         and not (same and name == "itl_per_token_ms")
         and (summary.streamed or name not in metrics.STREAM_METRICS)
+        and not (pooled and not name.startswith("e2e"))
     ]
 
 
@@ -292,6 +296,11 @@ def render_summary(results: Results) -> str:
         f"throughput  output {fmt_num(t.output_tokens_per_s)} tok/s   "
         f"total {fmt_num(t.total_tokens_per_s)} tok/s   "
         f"requests {fmt_num(t.requests_per_s, 2)} req/s"
+        + (
+            f"   inputs {fmt_num(t.inputs_per_s, 2)}/s   input {fmt_num(t.input_tokens_per_s)} tok/s"
+            if t.inputs_per_s is not None
+            else ""
+        )
     )
     parts.extend(batch_job_text(job) for job in batch_jobs(results))
     err_pct = f" ({c.error_rate * 100:.1f} %)" if c.sent else ""
@@ -337,6 +346,7 @@ def render_summary(results: Results) -> str:
             "chunks disagree on the output token count"
         )
     parts.extend(_length_lines(s))
+    parts.extend(cost_lines(results))  # prices and GPU energy, when the run has them
     if results.saturated:
         parts.append("GENERATOR SATURATED: this run cannot pass an SLO gate.")
     return "\n\n".join(parts) + "\n"

@@ -11,7 +11,7 @@ totals, each counted from the server's usage as its own tool recorded it.
 The tiny model's weights are random, so most tokens it picks are single bytes of multi-byte
 UTF-8 characters, which vLLM streams as chunks with empty text until the character completes.
 vllm bench counts such a chunk as a token (in TTFT and ITL); loadlab does not (a chunk with no
-text carries no visible token, ``../shared/ARCHITECTURE.md``); a real model rarely sends one.
+text carries no visible token, ``docs/metrics.md``); a real model rarely sends one.
 So both tools send the same ``allowed_token_ids``: the tokens that decode to whole ASCII text.
 
 Usage::
@@ -56,7 +56,7 @@ _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
 
 @dataclass(frozen=True)
 class BenchLoad:
-    """The workload of the issue: random 256 in / 64 out, concurrency 8, 200 requests."""
+    """The side-by-side's workload: random 256 in / 64 out, concurrency 8, 200 requests."""
 
     requests: int = 200
     concurrency: int = 8
