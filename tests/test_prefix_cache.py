@@ -90,11 +90,14 @@ def test_cached_and_uncached_ttft_are_compared_only_over_prompts_of_like_length(
     assert "prompts p50 162 tokens, turn 1" in shown["TTFT, cached requests"]
     assert shown["TTFT, uncached requests"].endswith("prompts p50 64 tokens)")
     assert shown["TTFT cached vs uncached, like for like"].startswith("not compared")
-    # long uncached prompts too (new sessions with long first messages): compared in the band
-    # they share; 1,000-token prompts sit in a band of their own and are left out
+    # long first messages too: still no like for like, the cached requests are later turns
     long_first = [timed(170, 0, 90.0 + i) for i in range(6)]
+    assert ttft_split(first + later + long_first).matched_cached_ms.count == 0
+    # first turns of one length, some with a prefix cached (a shared system prompt): compared
+    # where turn and length band agree; the 1,000-token prompt and the later turns left out
+    warm_first = [timed(162, 96, 48.0 + i) for i in range(6)]
     other = [timed(1000, 0, 400.0)]
-    split = ttft_split(first + later + long_first + other)
+    split = ttft_split(first + later + long_first + warm_first + other)
     assert split.matched_cached_ms.count == 6 and split.matched_uncached_ms.count == 6
     assert split.matched_uncached_ms.at(50) == 92.5 and split.matched_cached_ms.at(50) == 50.5
     same = rows(split)["TTFT cached vs uncached, like for like"]

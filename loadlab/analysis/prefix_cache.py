@@ -21,9 +21,9 @@ and those that were not (``== 0``), from the latency population of the summary. 
 groups are rarely alike: in a chat run the cached requests are the later turns, whose prompts
 carry the history (longer, and sent once the load has built up), the uncached ones the first
 turns. So beside the two groups (each with its prompt length and turns) the comparison is also
-made like for like (``TTFTSplit``): only over prompt-length bands (``band``: lengths within a
-factor of about 1.4) that hold requests of both groups; none such, and it says it cannot be
-made.
+made like for like (``TTFTSplit``): only over the requests whose turn and prompt-length band
+(``band``: lengths within a factor of about 1.4) requests of the other group share; none such
+(a chat run: every cached request a later turn), and it says it cannot be made.
 
 The server's KV block size aligns the expected rate: the workload's ``block_size``
 (``--cache-block-size``), else what the server said (``results.extra["server_info"]``,
@@ -161,7 +161,7 @@ class TTFTSplit:
     uncached_prompt_p50: float | None
     cached_turns: tuple[int, int] | None  # (first, last) turn of each group
     uncached_turns: tuple[int, int] | None
-    # over the prompt-length bands holding requests of both groups only
+    # over the (turn, prompt-length band) pairs holding requests of both groups only
     matched_cached_ms: Distribution
     matched_uncached_ms: Distribution
     # two-sided Mann-Whitney U of the matched groups' TTFTs: is the difference more than
@@ -188,12 +188,14 @@ def ttft_split(records: Sequence[RequestRecord]) -> TTFTSplit:
     timed = [(r, t) for r in records if (t := ttft_ms(r)) is not None]
     cached = [(r, t) for r, t in timed if (r.cached_prompt_tokens or 0) > 0]
     uncached = [(r, t) for r, t in timed if r.cached_prompt_tokens == 0]
-    both = {band(_prompt_tokens(r)) for r, _ in cached} & {
-        band(_prompt_tokens(r)) for r, _ in uncached
-    }
+
+    def like(r: RequestRecord) -> tuple[int, int]:
+        return r.turn, band(_prompt_tokens(r))
+
+    both = {like(r) for r, _ in cached} & {like(r) for r, _ in uncached}
 
     def matched(group: list[tuple[RequestRecord, float]]) -> list[float]:
-        return [t for r, t in group if band(_prompt_tokens(r)) in both]
+        return [t for r, t in group if like(r) in both]
 
     def prompt_p50(group: list[tuple[RequestRecord, float]]) -> float | None:
         return percentile([float(_prompt_tokens(r)) for r, _ in group], 50) if group else None

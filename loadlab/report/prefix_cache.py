@@ -51,9 +51,9 @@ def _like_for_like(t: TTFTSplit) -> str | None:
         return None
     a, b = t.matched_cached_ms, t.matched_uncached_ms
     if not (a.count and b.count):
-        return ("not compared: no prompt-length band (lengths within x1.4) holds both groups; "
+        return ("not compared: no turn and prompt length (within x1.4) holds both groups; "
                 "the cached requests differ in more than their cache (longer prompts, later "
-                "turns), so their TTFT above is not the cache's effect")  # fmt: skip
+                "turns sent under other load), so their TTFT above is not the cache's effect")  # fmt: skip
     ca, ub = a.at(50) or 0.0, b.at(50) or 0.0
     ratio = f" = {ca / ub:.2f}x" if ub > 0 else ""
     p = t.matched_p_value
@@ -63,11 +63,8 @@ def _like_for_like(t: TTFTSplit) -> str | None:
         verdict = f"no difference shown (Mann-Whitney p {p:.2g})"
     else:
         verdict = f"cached {'faster' if ca < ub else 'slower'} (Mann-Whitney p {p:.2g})"
-    text = (f"p50 {ca:.1f} vs {ub:.1f} ms{ratio}: {verdict}; n {a.count:,} vs {b.count:,}, "
-            "over the prompt-length bands that hold both groups")  # fmt: skip
-    if t.cached_turns and t.uncached_turns and t.uncached_turns[1] < t.cached_turns[0]:
-        text += " (still different turns: sent at other points of their sessions)"
-    return text
+    return (f"p50 {ca:.1f} vs {ub:.1f} ms{ratio}: {verdict}; n {a.count:,} vs {b.count:,}, "
+            "over the turns and prompt lengths that hold both groups")  # fmt: skip
 
 
 def prefix_cache_rows(pc: PrefixCacheSummary) -> list[tuple[str, str]]:
