@@ -486,8 +486,6 @@ ROWS = {row.want: row for row in tour_rows()}
 KNOWN_BUGS = {
     "vendors on latency and price": "every run uses seed 0, so the second endpoint finds the "
     "first one's prompts in the server's prefix cache",
-    "highest load within SLOs": "a measured sweep holds the SLO's throughput floors at one "
-    "stream and advises lower loads",
 }
 FAST = {"gate CI on SLOs"}  # under 5 s once the first row's run exists
 

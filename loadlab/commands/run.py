@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--extra-body", metavar="JSON", help="extra request fields, e.g. '{\"ignore_eos\": true}'")
     a("--no-stream", action="store_true", default=None, help="non-streaming requests")
     a("--seed", type=int, help="seed of the workload and arrivals")
+    a("--cache-bust", action="store_true", default=None,
+      help="start cold: a salt unique to this run after each prompt's first word, so the "
+      "server's prefix cache has none of them; the workload, its lengths and its sharing "
+      "within the run unchanged")  # fmt: skip
     a("--workers", type=int, metavar="N", help="spread the load over N processes")
     a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
     a(
@@ -141,8 +145,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-prefix", type=int, metavar="M", help="requests per prefix")
     g.add_argument("--suffix-tokens", type=int, metavar="S", help="unique tokens after the prefix")
     g.add_argument("--prefix-order", choices=["random", "grouped", "round_robin"])
-    g.add_argument("--cache-bust", action="store_true", default=None,
-                   help="a salt unique to this run in front of every prompt: start cold")  # fmt: skip
     g.add_argument("--cache-block-size", type=int, metavar="B",
                    help="the server's KV block size, for the block-aligned expected hit rate")  # fmt: skip
 
@@ -243,7 +245,6 @@ _PREFIX_FLAGS = {
     "requests_per_prefix": "requests_per_prefix",
     "suffix_tokens": "suffix_tokens",
     "prefix_order": "order",
-    "cache_bust": "cache_bust",
     "cache_block_size": "block_size",
 }
 
@@ -298,6 +299,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         for key, value in demo.items():
             fields.setdefault(key, value)
     _workload_flags(args, fields)
+    if args.cache_bust:  # any workload, its kind and lengths unchanged: its prompts unseen
+        fields["workload"] = {**fields["workload"], "cache_bust": True}
     return RunConfig(**fields)
 
 
@@ -450,8 +453,12 @@ def _write(results: Results, path: Path, journal: Path) -> Path | None:
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         raise ConfigError("--interleave runs in one process; drop --workers")
+    from loadlab.runner.preflight import preflight
     from loadlab.runner.prompt_sizing import prepared_sizing
 
+    cfg, infos, said = preflight(cfg)  # the served model; a request that cannot fit: exit 2
+    for note in said:
+        print(f"loadlab run: {note}", file=sys.stderr)
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
     journals = _prepare_outputs(cfg, paths)
@@ -478,6 +485,8 @@ def _run(cfg: RunConfig) -> int:
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
     misplaced = False
+    for results, name in zip(all_results, names, strict=False):
+        results.extra["server_info"] = infos[name].to_dict()
     for results, path, journal in zip(all_results, paths, journals, strict=False):
         written = _write(results, path, journal)
         if written != path:  # elsewhere, or nowhere: not the file asked for
