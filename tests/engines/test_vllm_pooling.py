@@ -32,7 +32,7 @@ from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.results import read_results
 from loadlab.workloads import build_requests
-from tests.engines.conftest import ROOT, START_TIMEOUT_S, Engine, loadlab_run
+from tests.engines.conftest import ROOT, START_TIMEOUT_S, Engine, loadlab_env, loadlab_run
 from tests.helpers.vllm_server import ENV_PYTHON, SERVED_MODEL, VllmServer
 
 ENV_EMBEDDER, ENV_RERANKER = "LOADLAB_TINY_EMBEDDER", "LOADLAB_TINY_RERANKER"
@@ -98,8 +98,8 @@ def _sent(out: Path, api: str) -> dict[str, RequestSpec]:
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)  # noqa: S310 - loopback
     with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - loopback URL
         answer: dict[str, Any] = json.load(resp)
     return answer
@@ -135,9 +135,8 @@ def test_compare_of_two_embedding_runs(engines: dict[str, Engine], tmp_path: Pat
     wl = '{kind = "embeddings", batch_size = 2, input_tokens = 24}'
     a, _ = _run(engines["embed"], tmp_path, "embeddings", wl, "a")
     b, _ = _run(engines["embed"], tmp_path, "embeddings", wl, "b")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "loadlab", "compare", str(a), str(b)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          env=loadlab_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "e2e_ms.p50" in proc.stdout and "ttft_ms" not in proc.stdout
 
