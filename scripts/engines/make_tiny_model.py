@@ -5,14 +5,19 @@ Nothing is downloaded.
 - ``make_tiny_embedder``: a BERT-architecture ``BertModel`` (vLLM serves it on
   ``/v1/embeddings``, CLS pooling);
 - ``make_tiny_reranker``: a ``BertForSequenceClassification`` with one label, a cross-encoder
-  (vLLM serves it on ``/rerank``, ``/v1/rerank`` and ``/score``).
+  (vLLM serves it on ``/rerank``, ``/v1/rerank`` and ``/score``);
+- ``make_tiny_vlm``: a ``Blip2ForConditionalGeneration`` (a 64-pixel ViT, a Q-Former of 8
+  queries, an OPT language model) with the chat model's tokenizer and template plus
+  ``<image>``: vLLM puts 8 ``<image>`` tokens before the prompt for its one image. (vLLM 0.32's
+  LLaVA and PaliGemma cannot be served by the CPU build: their code imports transformers' Pixtral
+  image processor, which needs torchvision, whose wheel does not load against the pinned torch.)
 
 The BERT tokenizer frames a text as ``[CLS] text [SEP]`` and a (query, document) pair as
 ``[CLS] query [SEP] document [SEP]`` (token types 0 then 1), as BERT's own does.
 
 Run with the engine's Python (it needs ``torch``, ``transformers`` and ``tokenizers``)::
 
-    python scripts/engines/make_tiny_model.py DIR [EMBED_DIR RERANK_DIR]
+    python scripts/engines/make_tiny_model.py DIR [EMBED_DIR RERANK_DIR [VLM_DIR]]
 
 Shapes are chosen for vLLM's CPU build: hidden 128 with 2 heads gives head_dim 64 (vLLM's CPU
 attention rejects head_dim 16); 2048 positions so prompts of 1,900 tokens fit. The tokenizer is
@@ -27,7 +32,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "make_tiny_embedder", "make_tiny_model", "make_tiny_reranker"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "make_tiny_embedder",
+    "make_tiny_model",
+    "make_tiny_reranker",
+    "make_tiny_vlm",
+]
 
 # <|role|>content\n per message, then <|assistant|> when a generation prompt is asked for.
 CHAT_TEMPLATE = (
@@ -143,10 +154,69 @@ def make_tiny_reranker(out: Path, *, seed: int = 0, max_positions: int = 512) ->
     return _bert(out, seed=seed, classifier=True, max_positions=max_positions)
 
 
+def make_tiny_vlm(out: Path, *, seed: int = 0, max_positions: int = 2048) -> int:
+    """A BLIP-2 (one image a prompt, 8 image tokens) and its processor in ``out``."""
+    import torch
+    from tokenizers import processors
+    from transformers import (
+        Blip2Config,
+        Blip2ForConditionalGeneration,
+        Blip2Processor,
+        Blip2QFormerConfig,
+        Blip2VisionConfig,
+        OPTConfig,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _bpe(seed, [*_SPECIAL, "<image>", "<pad>"])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos)]
+    )
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}  # names (S106)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **special)
+    fast.chat_template = CHAT_TEMPLATE
+    # the PIL image processor: the default one needs torchvision, which the CPU build lacks
+    image = BlipImageProcessorPil(size={"height": 64, "width": 64})
+    proc = Blip2Processor(image_processor=image, tokenizer=fast, num_query_tokens=8)
+    proc.chat_template = CHAT_TEMPLATE
+    proc.save_pretrained(str(out))
+    width = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}
+    vision = Blip2VisionConfig(num_hidden_layers=2, image_size=64, patch_size=16, **width)
+    qformer = Blip2QFormerConfig(
+        num_hidden_layers=2, encoder_hidden_size=128, vocab_size=len(fast), **width
+    )
+    text = OPTConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        ffn_dim=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        word_embed_proj_dim=128,
+        max_position_embeddings=max_positions,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+    )
+    cfg = Blip2Config(
+        vision_config=vision.to_dict(),
+        qformer_config=qformer.to_dict(),
+        text_config=text.to_dict(),
+        num_query_tokens=8,
+        image_token_index=fast.convert_tokens_to_ids("<image>"),
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    Blip2ForConditionalGeneration(cfg).save_pretrained(str(out), safe_serialization=True)
+    return len(fast)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 4):
-        sys.exit("usage: make_tiny_model.py DIR [EMBED_DIR RERANK_DIR]")
+    if len(sys.argv) not in (2, 4, 5):
+        sys.exit("usage: make_tiny_model.py DIR [EMBED_DIR RERANK_DIR [VLM_DIR]]")
     print(f"tiny model in {sys.argv[1]}: vocab {make_tiny_model(Path(sys.argv[1]))}")
-    if len(sys.argv) == 4:
-        for make, d in ((make_tiny_embedder, sys.argv[2]), (make_tiny_reranker, sys.argv[3])):
-            print(f"tiny {make.__name__[10:]} in {d}: vocab {make(Path(d))}")
+    makers = (make_tiny_embedder, make_tiny_reranker, make_tiny_vlm)
+    for make, d in zip(makers, sys.argv[2:], strict=False):
+        print(f"tiny {make.__name__[10:]} in {d}: vocab {make(Path(d))}")

