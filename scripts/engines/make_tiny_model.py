@@ -71,32 +71,50 @@ def _bpe(seed: int, special: list[str]) -> Any:
     return tok
 
 
-def make_tiny_model(out: Path, *, seed: int = 0, max_positions: int = 2048) -> int:
-    """Write the model and tokenizer to ``out``; returns the vocabulary size."""
-    import torch
+def _chat_tokenizer(seed: int, extra: tuple[str, ...] = ()) -> Any:
+    """The chat models' tokenizer: ``<s>`` first, the chat template; ``extra`` special tokens
+    (``<pad>`` among them becomes the pad token)."""
     from tokenizers import processors
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out.mkdir(parents=True, exist_ok=True)
-    tok = _bpe(seed, _SPECIAL)
+    tok = _bpe(seed, [*_SPECIAL, *extra])
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", bos)]
     )
     special = {"bos_token": "<s>", "eos_token": "</s>"}  # token names, not secrets (S106)
+    if "<pad>" in extra:
+        special["pad_token"] = "<pad>"  # noqa: S105 - a token name
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **special)
     fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _text_dims(fast: Any, max_positions: int) -> dict[str, Any]:
+    """A chat model's language-model shape: 2 layers, hidden 128, 2 heads of 64."""
+    return {
+        "vocab_size": len(fast),
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": max_positions,
+        "bos_token_id": fast.bos_token_id,
+        "eos_token_id": fast.eos_token_id,
+    }
+
+
+def make_tiny_model(out: Path, *, seed: int = 0, max_positions: int = 2048) -> int:
+    """Write the model and tokenizer to ``out``; returns the vocabulary size."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    fast = _chat_tokenizer(seed)
     fast.save_pretrained(str(out))
     cfg = LlamaConfig(
-        vocab_size=len(fast),
-        hidden_size=128,
+        **_text_dims(fast, max_positions),
         intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=max_positions,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
@@ -157,7 +175,6 @@ def make_tiny_reranker(out: Path, *, seed: int = 0, max_positions: int = 512) ->
 def make_tiny_vlm(out: Path, *, seed: int = 0, max_positions: int = 2048) -> int:
     """A BLIP-2 (one image a prompt, 8 image tokens) and its processor in ``out``."""
     import torch
-    from tokenizers import processors
     from transformers import (
         Blip2Config,
         Blip2ForConditionalGeneration,
@@ -165,19 +182,11 @@ def make_tiny_vlm(out: Path, *, seed: int = 0, max_positions: int = 2048) -> int
         Blip2QFormerConfig,
         Blip2VisionConfig,
         OPTConfig,
-        PreTrainedTokenizerFast,
     )
     from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
 
     out.mkdir(parents=True, exist_ok=True)
-    tok = _bpe(seed, [*_SPECIAL, "<image>", "<pad>"])
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", bos)]
-    )
-    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}  # names (S106)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **special)
-    fast.chat_template = CHAT_TEMPLATE
+    fast = _chat_tokenizer(seed, ("<image>", "<pad>"))
     # the PIL image processor: the default one needs torchvision, which the CPU build lacks
     image = BlipImageProcessorPil(size={"height": 64, "width": 64})
     proc = Blip2Processor(image_processor=image, tokenizer=fast, num_query_tokens=8)
@@ -189,15 +198,9 @@ def make_tiny_vlm(out: Path, *, seed: int = 0, max_positions: int = 2048) -> int
         num_hidden_layers=2, encoder_hidden_size=128, vocab_size=len(fast), **width
     )
     text = OPTConfig(
-        vocab_size=len(fast),
-        hidden_size=128,
+        **_text_dims(fast, max_positions),
         ffn_dim=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
         word_embed_proj_dim=128,
-        max_position_embeddings=max_positions,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
     )
     cfg = Blip2Config(

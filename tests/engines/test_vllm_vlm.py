@@ -49,22 +49,39 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         server.stop()
 
 
+def _run(vlm: Engine, tmp: Path, text_tokens: int, images: str, requests: int) -> tuple[int, list]:
+    """``loadlab run`` of a synthetic chat workload with ``images``: its exit code and records."""
+    scenario = tmp / "vlm.toml"
+    scenario.write_text(
+        f'[workload]\nkind = "synthetic"\nprompt_tokens = {text_tokens}\noutput_tokens = 4\n'
+        f"images = {images}\n"
+    )
+    out = tmp / "vlm.json"
+    run = loadlab_run(out, ["--endpoint", vlm.url, "--model", vlm.model, "--api", "chat",
+                            "--scenario", str(scenario), "--concurrency", "2",
+                            "--requests", str(requests), "--tokenizer", _DIR])  # fmt: skip
+    recs = read_results(out).records
+    assert len(recs) == requests, run["_stderr"][-2000:]  # none lost
+    return run["_rc"], recs
+
+
 @pytest.mark.parametrize("fmt", ["png", "jpeg"])
 def test_image_prompts_are_counted_as_the_server_counts_them(
     vlm: Engine, tmp_path: Path, fmt: str
 ) -> None:
-    scenario = tmp_path / "vlm.toml"
-    scenario.write_text(
-        '[workload]\nkind = "synthetic"\nprompt_tokens = 48\noutput_tokens = 4\n'
-        f'images = {{ count = 1, width = 512, height = 256, format = "{fmt}", patch = 16, '
-        "max_side = 64 }\n"
+    images = (
+        f'{{ count = 1, width = 512, height = 256, format = "{fmt}", patch = 16, max_side = 64 }}'
     )
-    out = tmp_path / "vlm.json"
-    run = loadlab_run(out, ["--endpoint", vlm.url, "--model", vlm.model, "--api", "chat",
-                            "--scenario", str(scenario), "--concurrency", "4", "--requests", "8",
-                            "--tokenizer", _DIR])  # fmt: skip
-    assert run["_rc"] == 0, run["_stderr"][-2000:]
-    recs = read_results(out).records
-    assert len(recs) == 8 and all(r.ok for r in recs), [r.error for r in recs]
+    rc, recs = _run(vlm, tmp_path, 48, images, 8)
+    assert rc == 0 and all(r.ok for r in recs), [r.error for r in recs]
     assert {(r.images, r.image_pixels) for r in recs} == {(1, 512 * 256)}
     assert [(r.prompt_tokens_requested, r.prompt_tokens) for r in recs] == [(48 + 8, 48 + 8)] * 8
+
+
+def test_two_images_where_the_model_takes_one_are_http_400(vlm: Engine, tmp_path: Path) -> None:
+    """vLLM refuses a second image for BLIP-2 with a 400: every record says so, none is lost,
+    and the run exits 3 (no request succeeded)."""
+    rc, recs = _run(vlm, tmp_path, 24, "{ count = 2, width = 64, patch = 16, max_side = 64 }", 4)
+    assert rc == 3
+    assert {(r.outcome, r.http_status, r.images) for r in recs} == {("http_400", 400, 2)}
+    assert all("image" in (r.error or "") for r in recs), recs[0].error
