@@ -140,7 +140,7 @@ def test_malformed_trace_line_fails_the_scenario_before_any_load(tmp_path):
 
 def test_tokenizer_file_without_the_package_fails_up_front(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
-    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\ntokenizer = "tokenizer.json"\n')
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\ntokenizer = "tokenizer.json"\n')
     try:
         import tokenizers  # noqa: F401
     except ImportError:

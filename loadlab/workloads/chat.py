@@ -45,7 +45,8 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for
+from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for, text_seed
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist, sample_pairs
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_float, get_int
 from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
@@ -93,8 +94,9 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         )
 
 
-def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def chat_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     turns_d, think_d, prompt_d, output_d = _dists(params, ())
     divide = get_bool(params, "divide_prompt_by_turns", prompt_d is None)
@@ -106,10 +108,16 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
     counts = {"sessions": 0, "turns": 0, "sessions_cut_by_context": 0}
 
     def specs() -> Iterator[RequestSpec]:
-        rng_turns, rng_think = rng_for(cfg.seed, "turns"), rng_for(cfg.seed, "think")
-        rng_prompt, rng_output = rng_for(cfg.seed, "prompt"), rng_for(cfg.seed, "output")
-        rng_pairs = rng_for(cfg.seed, "pairs")
-        make = TurnMaker("chat", "s", params, cls, rng_for(cfg.seed, "text"), chars_per_token)
+        rng_turns, rng_think = (
+            rng_for(cfg.request_seed, "turns"),
+            rng_for(cfg.request_seed, "think"),
+        )
+        rng_prompt, rng_output = (
+            rng_for(cfg.request_seed, "prompt"),
+            rng_for(cfg.request_seed, "output"),
+        )
+        rng_pairs = rng_for(cfg.request_seed, "pairs")
+        make = TurnMaker("chat", "s", params, cls, rng_for(text_seed(cfg), "text"), chars_per_token)
         emitted = 0
         for s, start in sessions(n_sessions, starts):
             n_turns = int(turns_d.sample_int(rng_turns, 1)[0])

@@ -32,7 +32,9 @@ from loadlab.workloads.base import (
     check_common,
     common_extra_body,
     rng_for,
+    text_seed,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.params import (
     TRACES,
     WorkloadError,
@@ -145,8 +147,9 @@ def _rows(params: Mapping[str, Any], path: Path, stats: TraceStats) -> Iterator[
     )
 
 
-def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     path = validate(cfg, params, scan=False)  # build_requests' priming reads the first row
     time_scale = float(get_float(params, "time_scale", 1.0))
     rate_scale = float(get_float(params, "rate_scale", 1.0))
@@ -162,7 +165,7 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     rows = _rows(params, path, stats)
 
     def specs() -> Iterator[RequestSpec]:
-        thin_rng, text_rng = rng_for(cfg.seed, "thin"), rng_for(cfg.seed, "text")
+        thin_rng, text_rng = rng_for(cfg.request_seed, "thin"), rng_for(text_seed(cfg), "text")
         whole, frac = int(rate_scale), rate_scale - int(rate_scale)
         for row in rows:
             if max_total is not None and row.prompt_tokens + row.output_tokens > max_total:
@@ -190,7 +193,7 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
                     text = prefix_prompt(
                         row.hash_ids,
                         p_tok,
-                        seed=cfg.seed,
+                        seed=text_seed(cfg),
                         chars_per_token=chars_per_token,
                         rng=text_rng,
                         tag=rid,

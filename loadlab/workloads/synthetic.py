@@ -33,6 +33,7 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.params import check_keys
 
 __all__ = ["KEYS", "synthetic_requests", "validate"]
@@ -46,16 +47,17 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     check_common(params, bases)
 
 
-def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def synthetic_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     prompt_dist, output_dist = length_dists(params, cfg.prompt_tokens, cfg.max_tokens, ())
     times = open_loop_times(cfg, cfg.requests)
     n = len(times) if times is not None else cfg.requests
 
     def specs() -> Iterator[RequestSpec]:
-        prompts = int_stream(prompt_dist, rng_for(cfg.seed, "prompt"))
-        outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
+        prompts = int_stream(prompt_dist, rng_for(cfg.request_seed, "prompt"))
+        outputs = int_stream(output_dist, rng_for(cfg.request_seed, "output"))
         yield from independent_requests(
             cfg, "synthetic", "syn", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )

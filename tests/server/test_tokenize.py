@@ -9,8 +9,7 @@ import pytest
 from loadlab.analysis.token_checks import prompt_match
 from loadlab.clients.counting import post_json, server_counter, server_says_byte
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.workers import run_load
-from loadlab.workloads import build_requests
+from loadlab.runner.run import run
 from tests.helpers.server import AUTH
 
 
@@ -36,9 +35,10 @@ def test_run_sends_prompts_the_server_counts_as_requested(
     counter = server_counter(ep)
     assert counter is not None and counter.url.endswith("/tokenize")
     cfg = RunConfig(concurrency=4, requests=12, max_tokens=4, endpoints=(ep,), progress=False,
-                    workload={"kind": "synthetic", "tokenizer": method,
+                    tokenizer=method,
+                    workload={"kind": "synthetic",
                               "prompt_tokens": {"dist": "uniform", "low": 5, "high": 100}})  # fmt: skip
-    results = run_load(cfg, ep, build_requests, progress=False)
+    results = run(cfg, write=False).runs[0].results
     assert all(r.ok for r in results.records)
     match = prompt_match(results.records)
     assert match.compared == 12 and match.exact == 12, match
@@ -81,8 +81,8 @@ def test_dataset_prompts_cut_to_the_requested_length_as_the_server_counts(
     path = str(PACKAGE_DATA / "samples" / "sharegpt.json")
     cfg = RunConfig(concurrency=2, requests=6, max_tokens=2, endpoints=(ep,), progress=False,
                     workload={"kind": "dataset", "path": path, "turns": "first",
-                              "tokenizer": "auto", "prompt_tokens": 60, "output_tokens": 2})  # fmt: skip
-    results = run_load(cfg, ep, build_requests, progress=False)
+                              "prompt_tokens": 60, "output_tokens": 2})  # fmt: skip
+    results = run(cfg, write=False).runs[0].results  # tokenizer "auto": RunConfig's default
     assert all(r.ok for r in results.records) and len(results.records) == 6
     match = prompt_match(results.records)
     assert match.compared == 6 and match.exact == 6, match
