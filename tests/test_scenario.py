@@ -61,8 +61,8 @@ def test_the_reasoning_slo_example_loads() -> None:
 def test_same_scenario_and_seed_give_the_same_requests(monkeypatch):
     monkeypatch.chdir(ROOT)
     for name in ("chat", "batch", "azure_conv", "dataset"):
-        a = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
-        b = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
+        a = list(build_requests(load_scenario(f"scenarios/{name}.toml", overrides={"seed": 1})))
+        b = list(build_requests(load_scenario(f"scenarios/{name}.toml", overrides={"seed": 1})))
         assert a == b
     other = load_scenario("scenarios/chat.toml", overrides={"seed": 2})
     chat1 = list(build_requests(load_scenario("scenarios/chat.toml")))

@@ -43,7 +43,6 @@ __all__ = ["add_arguments", "parse_levels", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_run_arguments(p)  # every run flag: the levels are runs
     s = p.add_argument_group("sweep")
     s.add_argument(
         "--rates",
@@ -59,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--mode", default="continuous", help="embedded reference server mode")
     s.add_argument("--predict", action="store_true",
                    help="also simulate the sweep; print and plot predicted beside measured")  # fmt: skip
+    add_run_arguments(p)  # every run flag: the levels are runs
     from loadlab.simulate.setup import add_server_arguments, add_step_arguments
 
     add_server_arguments(p, mode=False)  # --mode above is the simulated server's too

@@ -117,10 +117,10 @@ def build_requests(
     repeats."""
     kind = _kind(cfg.workload)
     stream: RequestStream = KINDS[kind][1](cfg, sizing)
-    if not prefix.fits_itself(cfg, sizing):  # a prefix workload with a tokenizer fits its own
-        stream = exact_prompts(stream, sizing)
     if kind != "mix":  # a mix gives each part its own
         stream = with_reasoning_effort(stream, cfg.workload)
+    if not prefix.fits_itself(cfg, sizing):  # a prefix workload with a tokenizer fits its own
+        stream = exact_prompts(stream, sizing)  # outermost: its read-ahead is counted exactly
     return stream.read_ahead(read_ahead) if read_ahead > 0 else stream
 
 

@@ -65,9 +65,15 @@ PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin":
 class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
-    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
+    def __init__(
+        self,
+        specs: Iterable[RequestSpec],
+        extra: Callable[[], dict[str, Any]],
+        ready: Callable[[], None] | None = None,
+    ):
         self._extra = extra
         self._it: Iterator[RequestSpec] = iter(specs)
+        self._ready = ready  # called once the read-ahead is built
 
     def read_ahead(
         self, count: int = PREFETCH_SPECS, max_chars: int = PREFETCH_CHARS
@@ -88,6 +94,8 @@ class RequestStream(Iterator[RequestSpec]):
             ahead.append(spec)
             chars += len(spec.prompt)
         self._it = itertools.chain(ahead, self._it)
+        if self._ready is not None:
+            self._ready()
         return self
 
     def __next__(self) -> RequestSpec:

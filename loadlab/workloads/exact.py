@@ -293,10 +293,9 @@ def exact_prompts(stream: RequestStream, how: Sizing | None) -> RequestStream:
             stream, lambda: {**stream.extra(), "prompt_fit": {"method": how.method}}
         )
     fitter = how.fitter()
-    out = RequestStream(
+    return RequestStream(
         fitter.fit_all(stream),
         lambda: {**stream.extra(), "prompt_fit": {"method": how.method, **fitter.extra()}},
+        # past the read-ahead (built before the run starts), no blocking call on the hot path
+        ready=fitter.stop_asking if how.remote else None,
     )
-    if how.remote:
-        fitter.stop_asking()  # past the read-ahead, no blocking call on the hot path
-    return out
