@@ -9,6 +9,8 @@ workload building and, with N workers, starting them. Calibration requests carry
 
     python3 benchmarks/workers_first_request.py                      # 1 vs 2 workers, 5 rounds
     python3 benchmarks/workers_first_request.py --workers 1,2,4 --rounds 3 --requests 400
+    python3 benchmarks/workers_first_request.py --duration 2   # an endless stream: each process
+                                                               # builds its 2,048-request read-ahead
 
 Prints, per worker count, the median and range over the rounds (the counts alternate in each
 round, so a machine that slows down mid-way weighs on every count alike).
@@ -36,7 +38,7 @@ def first_request_s(url: str, workers: int, args: argparse.Namespace, out: Path)
     urllib.request.urlopen(reset).read()  # noqa: S310 - the loopback server started here
     cmd = [
         sys.executable, "-m", "loadlab", "run", "--endpoint", url, "--model", "m",
-        "--concurrency", str(max(workers, args.concurrency)), "--requests", str(args.requests),
+        "--concurrency", str(max(workers, args.concurrency)), *_stop(args),
         "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", "8",
         "--workers", str(workers), "--no-progress", "--out", str(out),
     ]  # fmt: skip
@@ -52,11 +54,18 @@ def first_request_s(url: str, workers: int, args: argparse.Namespace, out: Path)
     return (min(load) - t0) / 1e9
 
 
+def _stop(args: argparse.Namespace) -> list[str]:
+    return (
+        ["--duration", str(args.duration)] if args.duration else ["--requests", str(args.requests)]
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--duration", type=float, help="stop by time instead of --requests")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=256)
     args = p.parse_args()

@@ -111,17 +111,11 @@ def agent_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStrea
     counts = {"sessions": 0, "turns_planned": 0}  # a tool turn is sent only if called
 
     def specs() -> Iterator[RequestSpec]:
-        rng_turns, rng_think = (
-            rng_for(cfg.request_seed, "turns"),
-            rng_for(cfg.request_seed, "think"),
-        )
-        rng_prompt, rng_output = (
-            rng_for(cfg.request_seed, "prompt"),
-            rng_for(cfg.request_seed, "output"),
-        )
-        make = TurnMaker(
-            "agent", "a", params, cls, rng_for(text_seed(cfg), "text"), chars_per_token
-        )
+        seed = cfg.request_seed
+        rng_turns, rng_think = rng_for(seed, "turns"), rng_for(seed, "think")
+        rng_prompt, rng_output = rng_for(seed, "prompt"), rng_for(seed, "output")
+        text = rng_for(text_seed(cfg), "text")
+        make = TurnMaker("agent", "a", params, cls, text, chars_per_token)
         emitted = 0
         for s, start in sessions(n_sessions, starts):
             rounds = int(d["tool_rounds"].sample_int(rng_turns, 1)[0])

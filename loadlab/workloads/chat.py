@@ -108,16 +108,12 @@ def chat_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream
     counts = {"sessions": 0, "turns": 0, "sessions_cut_by_context": 0}
 
     def specs() -> Iterator[RequestSpec]:
-        rng_turns, rng_think = (
-            rng_for(cfg.request_seed, "turns"),
-            rng_for(cfg.request_seed, "think"),
-        )
-        rng_prompt, rng_output = (
-            rng_for(cfg.request_seed, "prompt"),
-            rng_for(cfg.request_seed, "output"),
-        )
-        rng_pairs = rng_for(cfg.request_seed, "pairs")
-        make = TurnMaker("chat", "s", params, cls, rng_for(text_seed(cfg), "text"), chars_per_token)
+        seed = cfg.request_seed
+        rng_turns, rng_think = rng_for(seed, "turns"), rng_for(seed, "think")
+        rng_prompt, rng_output = rng_for(seed, "prompt"), rng_for(seed, "output")
+        rng_pairs = rng_for(seed, "pairs")
+        text = rng_for(text_seed(cfg), "text")
+        make = TurnMaker("chat", "s", params, cls, text, chars_per_token)
         emitted = 0
         for s, start in sessions(n_sessions, starts):
             n_turns = int(turns_d.sample_int(rng_turns, 1)[0])

@@ -21,11 +21,11 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 from loadlab.selftest.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
+from tests.helpers.fault_server import FaultServer
 
 __all__ = ["RecordingServer"]
 
@@ -34,36 +34,14 @@ def _event(obj: dict[str, Any]) -> bytes:
     return chunk_frame(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
 
-class RecordingServer:
-    """``async with RecordingServer() as srv``: serves on 127.0.0.1 until the block ends."""
+class RecordingServer(FaultServer):
+    """``async with RecordingServer() as srv``: serves on 127.0.0.1 until the block ends (the
+    fault server's life cycle, this module's answers)."""
 
     def __init__(self, count: str = "bytes", tokenize: bool = True) -> None:
+        super().__init__()
         self.count, self.tokenize = count, tokenize
-        self.url = ""
         self.bodies: list[dict[str, Any]] = []
-        self._server: asyncio.Server | None = None
-        self._conns: set[HTTPConnection] = set()
-
-    async def __aenter__(self) -> RecordingServer:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for conn in list(self._conns):
-            conn.abort()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    def _protocol(self) -> HTTPConnection:
-        conn = HTTPConnection(self)
-        self._conns.add(conn)
-        return conn
-
-    def connection_lost(self, conn: HTTPConnection) -> None:
-        self._conns.discard(conn)
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         """A request's prompt tokens as this server counts them."""
