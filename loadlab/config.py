@@ -26,7 +26,7 @@ from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limi
 
 __all__ = ["DEMO", "EndpointConfig", "RunConfig"]
 
-APIS = ("chat", "completions", "anthropic", "responses")
+APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
 SEED_RANGE = 10**9  # a drawn seed is below it: short enough to type back as --seed
 
 # ``loadlab run`` with no endpoint and no scenario (the README's first command): a short chat
@@ -123,6 +123,12 @@ class RunConfig:
     saturation_lag_ms: float = 20.0  # event-loop lag past which the generator is saturated
     max_event_bytes: int = 4 << 20  # longest SSE line, event or whole body; over: protocol_error
     redact_headers: tuple[str, ...] = ()  # header names stored as *** beyond credential-like ones
+    # Cost and energy (docs/cost.md): price tables and GPU telemetry sources by endpoint name
+    # ("*": every endpoint); a source is a DCGM exporter's URL or "nvml"
+    pricing: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    gpu_metrics: Mapping[str, str] = field(default_factory=dict)
+    gpu_interval_s: float = 1.0
+    gpu_baseline_s: float = 5.0  # idle GPU samples before the first request
 
     def __post_init__(self) -> None:
         if (self.rate_rps is None) == (self.concurrency is None):
@@ -136,6 +142,16 @@ class RunConfig:
         if self.transport not in ("raw", "aiohttp"):
             raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
         self._check_numbers()
+        self._check_cost()
+
+    def _check_cost(self) -> None:
+        """Price tables valid (``loadlab.analysis.cost``), GPU sampling periods in range."""
+        from loadlab.analysis.cost import check_tables
+
+        check_tables(self.pricing, "pricing")
+        _number("--gpu-interval", self.gpu_interval_s, 0.0, 3600.0, "s", "give seconds",
+                open_lo=True)  # fmt: skip
+        _number("--gpu-baseline", self.gpu_baseline_s, 0.0, 3600.0, "s", "give seconds")
 
     def _check_numbers(self) -> None:
         """Every number finite, of its type and within its range (``loadlab.limits``)."""
@@ -227,6 +243,7 @@ class RunConfig:
             ep["headers"] = redact_headers(ep["headers"], self.redact_headers)
         if self.scrape:
             out["scrape"] = public_url(self.scrape)
+        out["gpu_metrics"] = {k: public_url(v) for k, v in self.gpu_metrics.items()}
         return out
 
 

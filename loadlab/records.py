@@ -114,6 +114,9 @@ class RequestSpec:
     tool_turn: bool = False
     tool_results: tuple[Mapping[str, Any], ...] = ()
     reasoning_effort: str | None = None  # "low" | "medium" | "high", passed to the API
+    # Embeddings and rerank (``loadlab.workloads.pooling``): the texts to embed, or the
+    # documents to rank against ``prompt`` (the query); nothing is generated
+    inputs: tuple[str, ...] = ()
 
     def new_messages(self) -> list[Mapping[str, Any]]:
         """What this request adds to its session: the tool results, else the user message.
@@ -130,7 +133,8 @@ class RequestSpec:
     shared_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        at_least("max_tokens", self.max_tokens, 1, f" ({self.request_id})")
+        # embeddings and rerank generate nothing (max_tokens 0); every other request >= 1
+        at_least("max_tokens", self.max_tokens, 0 if self.inputs else 1, f" ({self.request_id})")
         if self.intended_at_s is not None and self.intended_at_s < 0:
             raise ValueError(
                 f"intended_at_s must be >= 0 (an offset from the run start), "
@@ -193,6 +197,7 @@ class RequestRecord:
     reasoning_tokens: int | None = None  # usage's reasoning_tokens, else reasoning_chunks
     tool_call_chunks: int = 0  # chunks of tool-call arguments (in chunk_ns: output tokens)
     tool_calls: int = 0  # tool calls in the answer
+    inputs: int | None = None  # embeddings / rerank: the texts sent (no chunks, no TTFT)
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
@@ -209,6 +214,7 @@ class RequestRecord:
             prompt_tokens_requested=spec.prompt_tokens,
             max_tokens=spec.max_tokens,
             shared_prefix_tokens=spec.shared_prefix_tokens,
+            inputs=len(spec.inputs) if spec.inputs else None,
             **fields,
         )
 
@@ -265,6 +271,7 @@ _LEFT_OUT_AT_DEFAULT = (
     "tool_calls",
     "cached_prompt_tokens",
     "shared_prefix_tokens",
+    "inputs",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
 
@@ -306,6 +313,7 @@ _FIELD_TYPES = {
     "reasoning_tokens": "int?",
     "tool_call_chunks": "int",
     "tool_calls": "int",
+    "inputs": "int?",
 }
 
 

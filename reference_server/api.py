@@ -45,6 +45,8 @@ from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose
 from reference_server.checks import at_least
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
+from reference_server.metrics import gpu_lines
+from reference_server.pooling import add_pooling_routes
 from reference_server.protocol import (
     ChatRequest,
     ChatStream,
@@ -258,6 +260,10 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     @app.exception_handler(_ApiError)
     async def _api(_: Request, exc: _ApiError) -> JSONResponse:
         return exc.response()
+
+    add_pooling_routes(app, engine, model_name=settings.model_name,
+                       max_model_len=settings.max_model_len, encode=settings.encode,
+                       api_error=_ApiError)  # fmt: skip
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -486,4 +492,5 @@ def _render_metrics(engine: EngineLike, in_flight: int) -> str:
         "prefix_cache_hits_total": g.prefix_cache_hits_total,
     }
     text = engine.stats.render(gauges=gauges, counters=counters)
-    return text + "".join(line + "\n" for line in engine.extra_metrics())
+    extra = [*engine.extra_metrics(), *gpu_lines()]  # GPU lines: on CUDA only
+    return text + "".join(line + "\n" for line in extra)

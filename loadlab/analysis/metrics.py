@@ -97,18 +97,27 @@ def ttft_from_intended_ms(r: RequestRecord) -> float | None:
 
 
 def e2e_ms(r: RequestRecord) -> float | None:
-    """End-to-end latency: last token-carrying chunk minus ``sent`` (ms)."""
-    if r.sent_ns is None or not r.chunk_ns:
+    """End-to-end latency: last token-carrying chunk minus ``sent`` (ms); for embeddings and
+    rerank (nothing streamed: ``inputs`` set), the answer's end minus ``sent``."""
+    end = _last_ns(r)
+    if r.sent_ns is None or end is None:
         return None
-    return (r.chunk_ns[-1] - r.sent_ns) / NS_PER_MS
+    return (end - r.sent_ns) / NS_PER_MS
+
+
+def _last_ns(r: RequestRecord) -> int | None:
+    if r.chunk_ns:
+        return r.chunk_ns[-1]
+    return r.end_ns if r.inputs is not None and r.outcome == "ok" else None
 
 
 def e2e_from_intended_ms(r: RequestRecord) -> float | None:
     """E2E latency from the intended send time (falls back to ``sent``)."""
     start = r.intended_ns if r.intended_ns is not None else r.sent_ns
-    if start is None or not r.chunk_ns:
+    end = _last_ns(r)
+    if start is None or end is None:
         return None
-    return (r.chunk_ns[-1] - start) / NS_PER_MS
+    return (end - start) / NS_PER_MS
 
 
 def itl_ms(r: RequestRecord) -> list[float]:
@@ -412,11 +421,18 @@ class Throughput:
     requests_per_s: float
     output_tokens_per_s_series: tuple[float, ...]
     series_bin_s: float
+    # embeddings and rerank (records with ``inputs``): texts and their tokens per second, of
+    # the requests that completed ok inside the window; None for a run that sent none
+    inputs_per_s: float | None = None
+    input_tokens_per_s: float | None = None
 
     def to_dict(self) -> dict[str, float]:
         """The results file's ``summary.throughput`` (without the series)."""
         out = asdict(self)
         del out["output_tokens_per_s_series"]
+        for key in ("inputs_per_s", "input_tokens_per_s"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -436,6 +452,8 @@ def throughput(
     out_tokens = 0.0
     prompt_tokens = 0
     completed = 0
+    inputs = input_tokens = 0
+    pooled = False
     series: Counter[int] = Counter()
     bin_ns = int(bin_s * NS_PER_S)
     for r in records:
@@ -446,8 +464,13 @@ def throughput(
         answered = r.ok or bool(r.chunk_ns)
         if answered and r.sent_ns is not None and lo <= r.sent_ns <= hi:
             prompt_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
-        if r.ok and r.chunk_ns and lo <= r.chunk_ns[-1] <= hi:
+        last = _last_ns(r)
+        if r.ok and last is not None and lo <= last <= hi:
             completed += 1
+            if r.inputs is not None:
+                inputs += r.inputs
+                input_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
+        pooled = pooled or r.inputs is not None
     n_bins = (max(series) + 1) if series else 0
     return Throughput(
         window_s=span_s,
@@ -457,6 +480,8 @@ def throughput(
         requests_per_s=completed / span_s,
         output_tokens_per_s_series=tuple(series.get(i, 0) / bin_s for i in range(n_bins)),
         series_bin_s=bin_s,
+        inputs_per_s=inputs / span_s if pooled else None,
+        input_tokens_per_s=input_tokens / span_s if pooled else None,
     )
 
 

@@ -96,6 +96,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="scrape period" + _default("scrape_interval_s", " s"))  # fmt: skip
     g.add_argument("--no-progress", action="store_true", default=None, help="no live progress line")
 
+    g = p.add_argument_group("cost and energy (docs/cost.md)")
+    g.add_argument("--pricing", metavar="FILE",
+                   help="prices (TOML): an API vendor's per million tokens, or GPU-hours")  # fmt: skip
+    g.add_argument("--price", action="append", metavar="[ENDPOINT:]KEY=VALUE,..",
+                   help="a price, e.g. output=0.6,input=0.15 or gpu_hour=2.5,gpus=8 (repeatable)")  # fmt: skip
+    g.add_argument("--gpu-metrics", action="append", metavar="[ENDPOINT=]URL|nvml",
+                   help="sample GPUs during the run: a DCGM exporter's /metrics URL, or NVML here")  # fmt: skip
+    g.add_argument("--gpu-interval", type=float, metavar="S",
+                   help="GPU sample period" + _default("gpu_interval_s", " s"))  # fmt: skip
+    g.add_argument("--gpu-baseline", type=float, metavar="S",
+                   help="seconds of idle GPU samples before the first request"
+                        + _default("gpu_baseline_s", " s"))  # fmt: skip
+
     g = p.add_argument_group("shared prefixes (workload kind 'prefix'; docs/workloads.md)")
     g.add_argument("--prefix-tokens", type=int, metavar="N", help="tokens of each shared prefix")
     g.add_argument("--prefixes", type=int, metavar="P",
@@ -163,6 +176,8 @@ _FIELDS = {
     "scrape_interval": "scrape_interval_s",
     "interleave": "interleave",
     "saturation_lag_ms": "saturation_lag_ms",
+    "gpu_interval": "gpu_interval_s",
+    "gpu_baseline": "gpu_baseline_s",
 }
 
 
@@ -264,6 +279,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.no_progress:
         fields["progress"] = False
     fields["endpoints"] = tuple(_endpoints(args, base_endpoints))
+    _cost_flags(args, fields)
     if not fields["endpoints"] and not args.scenario:
         demo = dict(DEMO)
         if "rate_rps" in given:
@@ -275,6 +291,32 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             fields.setdefault(key, value)
     _workload_flags(args, fields)
     return RunConfig(**fields)
+
+
+def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """``--pricing``, ``--price`` and ``--gpu-metrics`` over the scenario's tables, by endpoint
+    name (``*``: every endpoint); a shared pricing file may name endpoints this run lacks."""
+    if getattr(args, "pricing", None) or getattr(args, "price", None):
+        from loadlab.analysis.cost import pricing_tables
+
+        fields["pricing"] = pricing_tables(args.pricing, args.price, fields.get("pricing"))
+    gpu = dict(fields.get("gpu_metrics") or {})
+    for text in getattr(args, "gpu_metrics", None) or []:
+        name, sep, source = text.partition("=")
+        if not sep or name.startswith(("http://", "https://")):
+            name, source = "*", text
+        gpu[name] = source
+    if gpu:
+        fields["gpu_metrics"] = gpu
+    names = {ep.name for ep in fields["endpoints"]}
+    unknown = sorted(set(gpu) - names - {"*"}) if names else []
+    if unknown:
+        raise ConfigError(f"--gpu-metrics: no endpoint named {', '.join(unknown)}; "
+                          f"endpoints: {', '.join(sorted(names))}")  # fmt: skip
+    if names and fields.get("pricing"):
+        from loadlab.analysis.cost import unpriced
+
+        unpriced(fields["pricing"], names)
 
 
 def _extra_body(text: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     parser.add_argument("--csv", metavar="FILE", help="write the per-request table as CSV")
     parser.add_argument("--slo", metavar="FILE", help="add the verdict against this SLO file")
+    parser.add_argument("--pricing", metavar="FILE", help="price the run with this pricing file")
     parser.add_argument(
         "--inconclusive",
         choices=("fail", "pass"),
@@ -79,10 +80,20 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a results file or --from-journal JOURNAL (one of them)")
     if args.out and not args.from_journal:
         raise ConfigError("--out writes a results file rebuilt with --from-journal; give that")
+    if args.results and not args.from_journal:
+        from loadlab.analysis.recorded import is_recorded_trace, render_trace_summary, trace_summary
+
+        if is_recorded_trace(args.results):  # a `loadlab record` trace, not a results file
+            print(render_trace_summary(trace_summary(args.results)))
+            return 0
     if args.from_journal:
         results = read_journal(args.from_journal)
     else:
         results = read_results(args.results)
+    if args.pricing:  # prices applied after the run (the file's own otherwise)
+        from loadlab.analysis.cost import apply_pricing
+
+        apply_pricing(results, args.pricing)
     source = args.results or args.from_journal
     spec = load_slo(args.slo) if args.slo else None
     print(render_summary(results))

@@ -62,6 +62,11 @@ def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
         f"Intervals: {(1 - cmp.alpha) * 100:g} % for the whole table (Bonferroni over "
         f"{len(cmp.rows)} rows); latency by a bootstrap over requests, rates by Fisher's exact test."
     ]
+    if any(r.metric.startswith("usd_") for r in cmp.rows):
+        out.append(
+            "Cost rows: each setup's prices (docs/cost.md), bootstrapped over its sessions (API "
+            "prices) or whole seconds of the window (GPU-hours)."
+        )
     if any(n > 1 for n in cmp.repeats):
         out.append(
             "Files that share a label are runs of one setup: the bootstrap draws the runs, then "

@@ -25,9 +25,12 @@ from loadlab._version import __version__
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
 from loadlab.analysis.summary import summarize
+from loadlab.analysis.telemetry import energy_of, telemetry_of
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
+from loadlab.report.cost import cost_rows, energy_rows
 from loadlab.report.prefix_cache import prefix_cache_rows
+from loadlab.report.telemetry import gpu_plot
 from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
 
 if TYPE_CHECKING:
@@ -140,7 +143,9 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
             "server": plots.server_side(results),
             "prompt": plots.ttft_vs_prompt(results),
             "timeline": plots.timeline(results),
+            "gpu": gpu_plot(results),
         },
+        **_cost_context(results),
         "server_sources": [(k, v[2]) for k, v in series.items()],
         "prefix_cache": prefix_cache_rows(pc) if (pc := prefix_cache_summary(results)) else [],
         "config": _flatten(results.config),
@@ -148,6 +153,17 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "generator": _flatten(gen) if gen else [],
     }
     return render_template("report.html.j2", **ctx)
+
+
+def _cost_context(results: Results) -> dict[str, Any]:
+    """The cost and energy rows (``loadlab.report.cost``) and the GPU source's name."""
+    energy = energy_of(results)
+    tel = telemetry_of(results)
+    return {
+        "cost": cost_rows(results),
+        "energy": energy_rows(energy) if energy is not None else [],
+        "gpu_source": tel.get("source", "") if tel else "",
+    }
 
 
 def _write(text: str, path: str | Path) -> Path:

@@ -18,6 +18,7 @@ from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, summarize
 from loadlab.records import RequestRecord
+from loadlab.report.cost import cost_lines
 from loadlab.report.prefix_cache import render_prefix_cache_text
 
 if TYPE_CHECKING:
@@ -98,12 +99,15 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
     """(label, distribution) for each latency metric shown (from-intended only for open loop)."""
     open_loop = is_open_loop(results)
     same = summary.itl_per_token_ms == summary.itl_ms  # one token per chunk: nothing to add
+    # embeddings / rerank only: nothing streamed, so only end-to-end latency applies
+    pooled = bool(results.records) and all(r.inputs is not None for r in results.records)
     return [
         (label, summary.latency(name))
         for label, name, ol in LATENCY_ROWS
         if (open_loop or not ol)
         and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
         and not (same and name == "itl_per_token_ms")
+        and not (pooled and not name.startswith("e2e"))
     ]
 
 
@@ -230,6 +234,11 @@ def render_summary(results: Results) -> str:
         f"throughput  output {fmt_num(t.output_tokens_per_s)} tok/s   "
         f"total {fmt_num(t.total_tokens_per_s)} tok/s   "
         f"requests {fmt_num(t.requests_per_s, 2)} req/s"
+        + (
+            f"   inputs {fmt_num(t.inputs_per_s, 2)}/s   input {fmt_num(t.input_tokens_per_s)} tok/s"
+            if t.inputs_per_s is not None
+            else ""
+        )
     )
     err_pct = f" ({c.error_rate * 100:.1f} %)" if c.sent else ""
     by = ", ".join(f"{k} {v:,}" for k, v in c.by_outcome.items() if k != "ok") or "none"
@@ -274,6 +283,7 @@ def render_summary(results: Results) -> str:
             "chunks disagree on the output token count"
         )
     parts.extend(_length_lines(s))
+    parts.extend(cost_lines(results))  # prices and GPU energy, when the run has them
     if results.saturated:
         parts.append("GENERATOR SATURATED: this run cannot pass an SLO gate.")
     return "\n\n".join(parts) + "\n"

@@ -164,24 +164,24 @@ def run_specs(
 ) -> Results:
     """The load ``build(cfg)`` describes against ``endpoint``, in this process or over
     ``cfg.workers`` processes (each rebuilds it: ``build`` must give the same requests in every
-    process); every process appends its finished records to ``journal`` when given."""
-    if cfg.workers > 1:
-        return run_processes(
-            cfg, endpoint, build, client_factory=client_factory, kind=kind, journal=journal,
-            token_ends=token_ends,
-        )  # fmt: skip
-    return run_async(
-        run_endpoint(
-            cfg,
-            endpoint,
-            build(cfg),
-            client_factory=client_factory,
-            progress=progress,
-            kind=kind,
-            journal=journal,
-            token_ends=token_ends,
-        )
-    )
+    process); every process appends its finished records to ``journal`` when given. GPU
+    telemetry (``--gpu-metrics``) is sampled beside it, its idle baseline taken first."""
+    from loadlab.runner.telemetry import for_run
+
+    with for_run(cfg, endpoint.name) as gpu:
+        if cfg.workers > 1:
+            results = run_processes(
+                cfg, endpoint, build, client_factory=client_factory, kind=kind, journal=journal,
+                token_ends=token_ends,
+            )  # fmt: skip
+        else:
+            coro = run_endpoint(
+                cfg, endpoint, build(cfg), client_factory=client_factory, progress=progress,
+                kind=kind, journal=journal, token_ends=token_ends,
+            )  # fmt: skip
+            results = run_async(coro)
+    gpu.attach(results)
+    return results
 
 
 def run_prepared(

@@ -64,6 +64,11 @@ class Level:
     error_rate: float = 0.0
     path: str | None = None  # this level's results file
     failed_objectives: tuple[str, ...] = ()
+    # at the run's prices and from its GPU power (docs/cost.md); None: none given
+    usd_per_million_output_tokens: float | None = None
+    usd_per_1k_requests: float | None = None
+    usd_per_session: float | None = None
+    joules_per_output_token: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__, failed_objectives=list(self.failed_objectives))
@@ -137,11 +142,33 @@ class SweepResult:
             lines.append(
                 f"highest load meeting the SLOs: {self._with_rate(self.max_passing_load)}{nxt}"
             )
+        lines += self._cost_lines()
         if self.knee_load is not None:
             lines.append(f"knee: {self._with_rate(self.knee_load)}")
         if self.note:
             lines.append(f"note: {self.note}")
         return "\n".join(lines)
+
+    def _cost_lines(self) -> list[str]:
+        """Each level's price per million output tokens, and the cost at the SLO-max load."""
+        priced = [lv for lv in self.curve() if lv.usd_per_million_output_tokens is not None]
+        if not priced:
+            return []
+        from loadlab.report.cost import usd
+
+        out = ["$ per million output tokens by load: " + ", ".join(
+            f"{_num(lv.load)}: {usd(lv.usd_per_million_output_tokens)}" for lv in priced)]  # fmt: skip
+        best = next((lv for lv in reversed(self.levels) if lv.load == self.max_passing_load), None)
+        if best is not None and best.usd_per_million_output_tokens is not None:
+            energy = (f", {best.joules_per_output_token:.3g} J per output token"
+                      if best.joules_per_output_token is not None else "")  # fmt: skip
+            out.append(
+                f"cost at the SLO-max load ({self._with_rate(best.load)}): "
+                f"{usd(best.usd_per_million_output_tokens)} per million output tokens, "
+                f"{usd(best.usd_per_1k_requests)} per 1,000 requests, "
+                f"{usd(best.usd_per_session)} per session{energy}"
+            )
+        return out
 
 
 def _num(x: float | None) -> str:
@@ -277,12 +304,15 @@ def judge_level(
     results: Results, spec: SLOSpec, load: float, path: str | None, inconclusive: str = "fail"
 ) -> Level:
     """A level from its results (measured or predicted) judged against ``spec``."""
+    from loadlab.analysis.cost import cost_of
     from loadlab.analysis.summary import summarize
+    from loadlab.analysis.telemetry import energy_of
     from loadlab.report.text import objective_line
     from loadlab.slo import evaluate
 
     verdict = evaluate(results, spec, inconclusive="pass" if inconclusive == "pass" else "fail")
     s = summarize(results)
+    bill, energy = cost_of(results), energy_of(results)
     counts = s.counts
     lo, hi = s.window_ns
     sent = sum(1 for r in results.records if r.sent_ns is not None and lo <= r.sent_ns <= hi)
@@ -301,6 +331,10 @@ def judge_level(
         failed_objectives=tuple(
             [objective_line(r) for r in verdict.failed_rows()] + list(verdict.invalid_reasons)
         ),
+        usd_per_million_output_tokens=bill.usd_per_million_output_tokens if bill else None,
+        usd_per_1k_requests=bill.usd_per_1k_requests if bill else None,
+        usd_per_session=bill.usd_per_session if bill else None,
+        joules_per_output_token=energy.joules_per_output_token if energy is not None else None,
     )
 
 

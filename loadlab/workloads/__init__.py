@@ -40,7 +40,17 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import agent, batch, chat, dataset, mix, prefix, replay, synthetic
+from loadlab.workloads import (
+    agent,
+    batch,
+    chat,
+    dataset,
+    mix,
+    pooling,
+    prefix,
+    replay,
+    synthetic,
+)
 from loadlab.workloads.base import PREFETCH_SPECS, RequestStream, with_reasoning_effort
 from loadlab.workloads.exact import Sizing, exact_prompts
 from loadlab.workloads.lengths import DATASETS
@@ -66,6 +76,8 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "agent": (agent.validate, agent.agent_requests),
     "prefix": (prefix.validate, prefix.prefix_requests),
     "dataset": (dataset.validate, dataset.dataset_requests),
+    "embeddings": (pooling.validate, pooling.embedding_requests),
+    "rerank": (pooling.validate, pooling.rerank_requests),
 }
 KINDS["mix"] = (
     functools.partial(mix.validate, kinds=KINDS),

@@ -59,7 +59,7 @@ PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
 
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7,
-            "prefix": 8, "prefix_text": 9}  # fmt: skip
+            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11}  # fmt: skip
 
 
 class RequestStream(Iterator[RequestSpec]):

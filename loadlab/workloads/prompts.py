@@ -118,9 +118,12 @@ def _block_offset(block_id: int, seed: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def block_text(block_id: int, *, seed: int = 0, chars_per_token: float = 1.0) -> str:
-    """The text of one 512-token prefix block: the same for the same id (and seed)."""
-    n = text_chars(BLOCK_TOKENS, chars_per_token)
+def block_text(
+    block_id: int, *, seed: int = 0, chars_per_token: float = 1.0, block_tokens: int = BLOCK_TOKENS
+) -> str:
+    """The text of one prefix block (512 tokens, Mooncake's, unless ``block_tokens`` says
+    otherwise): the same for the same id (and seed)."""
+    n = text_chars(block_tokens, chars_per_token)
     head = f"<{block_id}> "
     return (head + _cut(_block_offset(block_id, seed), n))[:n]
 
@@ -133,6 +136,7 @@ def prefix_prompt(
     chars_per_token: float = 1.0,
     rng: np.random.Generator | None = None,
     tag: str = "",
+    block_tokens: int = BLOCK_TOKENS,
 ) -> str:
     """A Mooncake prompt: the blocks of ``hash_ids`` in order, the last one cut so the whole
     is ``text_chars(tokens)`` long. When the ids cover fewer tokens than ``tokens`` the rest
@@ -143,7 +147,11 @@ def prefix_prompt(
     for h in hash_ids:
         if have >= n:
             break
-        parts.append(block_text(int(h), seed=seed, chars_per_token=chars_per_token))
+        parts.append(
+            block_text(
+                int(h), seed=seed, chars_per_token=chars_per_token, block_tokens=block_tokens
+            )
+        )
         have += len(parts[-1])
     if have < n:
         fill = rng if rng is not None else np.random.default_rng(seed)
