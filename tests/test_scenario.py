@@ -147,3 +147,22 @@ def test_tokenizer_file_without_the_package_fails_up_front(tmp_path):
         assert "pip install tokenizers" in error_of(p)
     else:
         pytest.skip("tokenizers is installed")
+
+
+def test_a_tokenizer_in_the_workload_table_says_where_it_goes(tmp_path):
+    """The tokenizer is a setting of the run (a mix's table never took it): the message names
+    the file, the key and where to write it instead."""
+    for workload in ('kind = "chat"', 'kind = "mix"\n[[workload.mix]]\nkind = "chat"'):
+        body = f'rate_rps = 1\nrequests = 3\n[workload]\ntokenizer = "byte"\n{workload}\n'
+        p = write(tmp_path, body)
+        assert error_of(p) == (
+            f"{p}: workload.tokenizer: the tokenizer is a setting of the run, not of its "
+            "workload: write `tokenizer = ...` at the top of the scenario file (before any "
+            "[table]), give --tokenizer, or RunConfig(tokenizer=...)"
+        )
+    p = write(tmp_path, 'tokenizer = "byte"\nrate_rps = 1\nrequests = 3\n[workload]\nkind = "mix"\n'
+              '[[workload.mix]]\nkind = "chat"\n')  # fmt: skip
+    assert load_scenario(p).tokenizer == "byte"
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "mix"\nturns = 2\n'
+              '[[workload.mix]]\nkind = "chat"\n')  # fmt: skip
+    assert error_of(p).startswith(f"{p}: workload.turns: unknown key for kind 'mix'; valid keys")
