@@ -92,6 +92,7 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     """Issue 17, item 13: a chat workload's rate counts sessions; at 4 sessions/s of two-turn
     sessions about 8 requests/s go out, and the text says both."""
     from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.runner.run import prepare
     from loadlab.runner.sweep import run_level
     from loadlab.selftest.fixed_server import FixedServerProcess
     from loadlab.slo import parse_slo
@@ -104,10 +105,10 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     spec = parse_slo({"objectives": ["ttft_ms.p90 <= 5000"], "min_requests": 1}, source="t")
     unit = rate_unit(workload)
     with FixedServerProcess(ttft_ms=10, itl_ms=5, tokens=4) as url:
-        ep = EndpointConfig(url=url, name="fx")
+        prepared = prepare(base, EndpointConfig(url=url, name="fx"))
 
         def evaluate(load: float) -> Level:
-            return run_level(base, ep, spec, load, "rate", tmp_path, inconclusive="pass")
+            return run_level(base, prepared, spec, load, "rate", tmp_path, inconclusive="pass")
 
         r = find_max_load(evaluate, [4.0], bisect_steps=0, mode="rate", load_unit=unit)
     lv = r.levels[0]
