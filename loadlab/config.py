@@ -13,6 +13,7 @@ for a side-by-side run. ``loadlab.runner.run`` runs one, whoever asks.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import secrets
@@ -24,7 +25,7 @@ from loadlab.errors import ConfigError
 from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
-__all__ = ["DEMO", "EndpointConfig", "RunConfig"]
+__all__ = ["DEMO", "EndpointConfig", "RunConfig", "extra_body_from_flag"]
 
 APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
 SEED_RANGE = 10**9  # a drawn seed is below it: short enough to type back as --seed
@@ -268,3 +269,14 @@ def _number(
             f"{flag} must be a finite number {low} and <= {hi:g}{' ' + unit if unit else ''}, "
             f"got {value} ({fix})"
         )
+
+
+def extra_body_from_flag(text: str) -> dict[str, Any]:
+    """``--extra-body``'s JSON object; ``ConfigError`` saying what is wrong otherwise."""
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+    if not isinstance(extra, dict):
+        raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+    return extra

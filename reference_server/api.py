@@ -59,6 +59,7 @@ from reference_server.protocol import (
 )
 from reference_server.responses import ResponsesRequest, ResponsesStream, responses_prompt
 from reference_server.sequence import Sequence
+from reference_server.vision import MAX_SIDE, PATCH, ImageError
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -261,6 +262,11 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     async def _api(_: Request, exc: _ApiError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(ImageError)
+    async def _image(_: Request, exc: ImageError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error", "messages", None),
+                            status_code=400)  # fmt: skip
+
     add_pooling_routes(app, engine, model_name=settings.model_name,
                        max_model_len=settings.max_model_len, encode=settings.encode,
                        api_error=_ApiError)  # fmt: skip
@@ -276,7 +282,8 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
 
     @app.get("/v1/server_info")
     async def server_info() -> dict[str, Any]:
-        info = {**settings.info, "model": settings.model_name, "max_queue": settings.max_queue}
+        info = {**settings.info, "model": settings.model_name, "max_queue": settings.max_queue,
+                "image_patch": PATCH, "image_max_side": MAX_SIDE}  # fmt: skip
         return {"tokenizer": "byte", **info}  # loadlab sizes prompts locally when it sees "byte"
 
     @app.post("/tokenize")

@@ -89,7 +89,7 @@ def test_html_page_escapes_and_embeds_the_plot() -> None:
 
 @pytest.mark.slow
 def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_path) -> None:
-    """Issue 17, item 13: a chat workload's rate counts sessions; at 4 sessions/s of two-turn
+    """A chat workload's rate counts sessions; at 4 sessions/s of two-turn
     sessions about 8 requests/s go out, and the text says both."""
     from loadlab.config import EndpointConfig, RunConfig
     from loadlab.runner.run import prepare

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from typing import Any
 
-from loadlab.config import APIS, DEMO, EndpointConfig, RunConfig
+from loadlab.config import APIS, DEMO, EndpointConfig, RunConfig, extra_body_from_flag
 from loadlab.errors import ConfigError
 from loadlab.headers import check_header
 
@@ -271,7 +270,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         fields["rate_rps"] = None
     fields.update(given)
     if args.extra_body is not None:
-        fields["extra_body"] = _extra_body(args.extra_body)
+        fields["extra_body"] = extra_body_from_flag(args.extra_body)
     if args.redact_header:
         fields["redact_headers"] = tuple(args.redact_header)
     if args.no_stream:
@@ -317,16 +316,6 @@ def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
         from loadlab.analysis.cost import unpriced
 
         unpriced(fields["pricing"], names)
-
-
-def _extra_body(text: str) -> dict[str, Any]:
-    try:
-        extra = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
-    if not isinstance(extra, dict):
-        raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
-    return extra
 
 
 def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:

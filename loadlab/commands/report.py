@@ -15,6 +15,7 @@ slo`` is the CI gate.)
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,7 @@ def write_csv(results: Results, path: str | Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.journal import read_journal
+    from loadlab.journal import journal_note, read_journal
     from loadlab.report.text import render_summary, render_verdict
     from loadlab.results import read_results, write_results
     from loadlab.slo import evaluate, load_slo
@@ -88,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
     if args.from_journal:
         results = read_journal(args.from_journal)
+        note = journal_note(results)
+        if note:
+            print(f"loadlab report: {args.from_journal}: {note}", file=sys.stderr)
     else:
         results = read_results(args.results)
     if args.pricing:  # prices applied after the run (the file's own otherwise)

@@ -1,17 +1,16 @@
 """Where a run's files go: one results file per endpoint (``--out``, else
-``reports/run-<UTC time>.json``), each with its journal started before any request is sent
-(``loadlab.journal``), and a comparison next to them when the run had several endpoints.
+``reports/run-<UTC time>-<pid>.json``), each with its journal started before any request is
+sent (``loadlab.journal``), and a comparison next to them when the run had several endpoints.
 
 Example::
 
     out = Outputs.start(cfg)             # paths checked, journals started
-    note = out.write(0, results)         # None, or where the records are when the write failed
+    path, note = out.write(0, results)   # where the file is (None: nowhere), and what to say
     out.discard(first=1)                 # journals of endpoints that never ran
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loadlab.config import RunConfig
-from loadlab.journal import prepare_output
-from loadlab.results import Results, write_results
+from loadlab.journal import default_out_path, discard_journal, prepare_output, save_results
+from loadlab.results import Results
 
 if TYPE_CHECKING:
     from loadlab.analysis.compare import Comparison
@@ -29,9 +28,8 @@ __all__ = ["Outputs", "out_paths"]
 
 
 def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
-    """One results file per endpoint: the --out name, or reports/run-<UTC time>.json."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = Path(cfg.out) if cfg.out else Path("reports") / f"run-{stamp}.json"
+    """One results file per endpoint: the --out name, or reports/run-<UTC time>-<pid>.json."""
+    base = Path(cfg.out) if cfg.out else default_out_path("run")
     if len(names) == 1:
         return [base]
     return [base.with_name(f"{base.stem}-{n}{base.suffix or '.json'}") for n in names]
@@ -64,27 +62,16 @@ class Outputs:
         ]
         return cls(paths, journals)
 
-    def write(self, index: int, results: Results) -> str | None:
-        """Write endpoint ``index``'s results file and drop its journal; on failure, what to
-        tell the user (where every record is, and how to rebuild the file)."""
-        path, journal = self.paths[index], self.journals[index]
-        try:
-            write_results(results, path)
-        except OSError as exc:
-            return (
-                f"could not write {path}: {exc.strerror or exc}. Every record is in the journal "
-                f"{journal}: rebuild the results with "
-                f"loadlab report --from-journal {journal} --out NEW.json"
-            )
-        with contextlib.suppress(OSError):
-            journal.unlink()
-        return None
+    def write(self, index: int, results: Results) -> tuple[Path | None, str | None]:
+        """Write endpoint ``index``'s results file (on a full disk: on another one) and drop
+        its journal; where the file is (None: nowhere) and, when that is not the path asked
+        for, what to tell the user (``loadlab.journal.save_results``)."""
+        return save_results(results, self.paths[index], self.journals[index])
 
     def discard(self, first: int = 0) -> None:
         """Drop the journals from endpoint ``first`` on (they never ran: nothing to keep)."""
         for journal in self.journals[first:]:
-            with contextlib.suppress(OSError):
-                journal.unlink()
+            discard_journal(journal)
 
     def write_comparison(self, cmp: Comparison, names: list[str]) -> tuple[Path, Path]:
         """``<out>.compare.md`` and ``<out>.compare.json`` next to the results files."""

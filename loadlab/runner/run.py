@@ -98,7 +98,8 @@ class EndpointRun:
 
     endpoint: str
     results: Results
-    path: Path | None = None  # its results file; None when the run writes none
+    path: Path | None = None  # its results file; None when the run wrote none
+    misplaced: bool = False  # written elsewhere (a full disk), or nowhere: not the file asked for
     verdict: Verdict | None = None  # against the config's SLO file
     notes: list[str] = field(default_factory=list)  # what went wrong around it, to be said
     exit_code: int = 0
@@ -294,7 +295,10 @@ def _finish(
             outcome.comparison_files = outputs.write_comparison(outcome.comparison, names)
     if any(r.extra.get("interrupted") for r in done):
         outcome.interrupted = True
-        outcome.notes.append("interrupted; the results so far were written")
+        written = outputs is not None and not any(r.misplaced for r in outcome.runs)
+        outcome.notes.append(
+            "interrupted" + ("; the results so far were written" if written else "")
+        )
         outcome.exit_code = signals.exit_code()
     return outcome
 
@@ -302,11 +306,11 @@ def _finish(
 def _judged(cfg: RunConfig, results: Results, i: int, outputs: Outputs | None) -> EndpointRun:
     run = EndpointRun(cfg.endpoints[i].name, results)
     if outputs is not None:
-        run.path = outputs.paths[i]
-        failed = outputs.write(i, results)
-        if failed is not None:
-            run.notes.append(failed)
-            run.exit_code = 2
+        run.path, note = outputs.write(i, results)
+        if note is not None:
+            run.notes.append(note)
+        if run.path != outputs.paths[i]:  # elsewhere, or nowhere: not the file asked for
+            run.exit_code, run.misplaced = 2, True
     if "journal_error" in results.extra:
         run.notes.append(f"the journal stopped: {results.extra['journal_error']}")
     if cfg.slo:

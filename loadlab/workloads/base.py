@@ -59,7 +59,7 @@ PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
 
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7,
-            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11}  # fmt: skip
+            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11, "images": 12}  # fmt: skip
 
 
 class RequestStream(Iterator[RequestSpec]):
@@ -84,7 +84,7 @@ class RequestStream(Iterator[RequestSpec]):
         corpus, opening a trace) and the first requests' prompt building stay off the runner's
         hot path, so they never show up as send lag, and errors in the first lines surface
         before any load. Bounded so endless streams stay cheap. A Locust user reads none
-        ahead: its stream is one of hundreds started on a live gevent loop (issue 17)."""
+        ahead: its stream is one of hundreds started on a live gevent loop."""
         ahead: list[RequestSpec] = []
         chars = 0
         while len(ahead) < count and chars < max_chars:
