@@ -213,6 +213,9 @@ class RequestRecord:
     inputs: int | None = None  # embeddings / rerank: the texts sent (no chunks, no TTFT)
     images: int | None = None  # images sent with the request, and their pixels in all
     image_pixels: int | None = None
+    # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
+    # latency but no TTFT, ITL or TPOT (those are absent, never zero)
+    streamed: bool = True
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
@@ -293,6 +296,7 @@ _LEFT_OUT_AT_DEFAULT = (
     "inputs",
     "images",
     "image_pixels",
+    "streamed",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
 
@@ -337,6 +341,7 @@ _FIELD_TYPES = {
     "inputs": "int?",
     "images": "int?",
     "image_pixels": "int?",
+    "streamed": "bool",
 }
 
 

@@ -481,10 +481,7 @@ def test_the_prefix_workload_hits_the_expected_rate(
 ROWS = {row.want: row for row in tour_rows()}
 
 # Rows that fail today because of a bug being fixed elsewhere: the check is the row's promise.
-KNOWN_BUGS = {
-    "highest load within SLOs": "a measured sweep holds the SLO's throughput floors at one "
-    "stream and advises lower loads",
-}
+KNOWN_BUGS = {}
 FAST = {"gate CI on SLOs"}  # under 5 s once the first row's run exists
 
 

@@ -67,6 +67,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exact-output", action="store_true", default=None,
                    help="ask for exactly --max-tokens output tokens (ignore_eos/min_tokens "
                         "where supported)")  # fmt: skip
+    g.add_argument("--cache-bust", action="store_true", default=None,
+                   help="start cold: a salt unique to this run after each prompt's first word, "
+                        "so the server's prefix cache has none of them; the workload, its "
+                        "lengths and its sharing within the run unchanged")  # fmt: skip
 
     g = p.add_argument_group("request")
     g.add_argument("--endpoint", action="append", metavar="[NAME=]URL",
@@ -115,8 +119,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-prefix", type=int, metavar="M", help="requests per prefix")
     g.add_argument("--suffix-tokens", type=int, metavar="S", help="unique tokens after the prefix")
     g.add_argument("--prefix-order", choices=["random", "grouped", "round_robin"])
-    g.add_argument("--cache-bust", action="store_true", default=None,
-                   help="a salt unique to this run in front of every prompt: start cold")  # fmt: skip
     g.add_argument("--cache-block-size", type=int, metavar="B",
                    help="the server's KV block size, for the block-aligned expected hit rate")  # fmt: skip
 
@@ -246,7 +248,6 @@ _PREFIX_FLAGS = {
     "requests_per_prefix": "requests_per_prefix",
     "suffix_tokens": "suffix_tokens",
     "prefix_order": "order",
-    "cache_bust": "cache_bust",
     "cache_block_size": "block_size",
 }
 
@@ -320,8 +321,9 @@ def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
 
 def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
     """The flags that change ``[workload]``: the prefix flags (over the scenario's prefix
-    workload, else a prefix workload of their own), ``--exact-output``, and ``--tokenizer``,
-    which replaces a scenario's ``chars_per_token`` estimate."""
+    workload, else a prefix workload of their own), ``--exact-output``, ``--cache-bust`` (any
+    workload, its kind and lengths unchanged: its prompts unseen), and ``--tokenizer``, which
+    replaces a scenario's ``chars_per_token`` estimate."""
     workload = dict(fields.get("workload") or {"kind": "synthetic"})
     prefix = {key: getattr(args, attr) for attr, key in _PREFIX_FLAGS.items()
               if getattr(args, attr, None) is not None}  # fmt: skip
@@ -332,4 +334,6 @@ def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
         workload.pop("chars_per_token", None)
     if args.exact_output:
         workload["exact_output"] = True
+    if args.cache_bust:
+        workload["cache_bust"] = True
     fields["workload"] = workload

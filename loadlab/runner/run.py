@@ -9,7 +9,9 @@ event loop); ``loadlab sweep`` prepares its endpoint once and runs each level wi
 2. settles what all its endpoints and processes share (``settle``): the seed, drawn when none
    is given (so no run finds an earlier run's prompts in a server's prefix cache), and the
    cache-busting salt;
-3. starts the embedded reference server when the config names no endpoint;
+3. starts the embedded reference server when the config names no endpoint, and asks each
+   endpoint about itself (``loadlab.runner.preflight``: its model when none is given, a
+   request that cannot fit its context refused with the numbers);
 4. checks every results path and starts its journal, before any request (``Outputs``);
 5. sizes each endpoint's prompts once (``prepare``: ``loadlab.runner.prompt_sizing``); the
    sizing goes with the endpoint to whatever builds its requests, ``--workers`` processes too;
@@ -44,14 +46,16 @@ from loadlab.runner import signals
 from loadlab.runner.endpoint import LOCAL_START_DELAY_NS, ClientFactory, TokenEnds, run_endpoint
 from loadlab.runner.fanout import BuildRequests, run_processes
 from loadlab.runner.outputs import Outputs
+from loadlab.runner.preflight import preflight
 from loadlab.runner.prompt_sizing import size_prompts
 from loadlab.runner.runner import run_async
 from loadlab.workloads import build_requests, validate_workload
+from loadlab.workloads.base import with_run_salt
 from loadlab.workloads.exact import Sizing
-from loadlab.workloads.prefix import with_run_salt
 
 if TYPE_CHECKING:
     from loadlab.analysis.compare import Comparison
+    from loadlab.clients.server_info import ServerInfo
     from loadlab.slo import Verdict
 
 __all__ = [
@@ -205,6 +209,7 @@ def run(cfg: RunConfig, *, write: bool = True, log: Log = _silent) -> RunOutcome
     check(cfg)
     cfg = settle(cfg, log)
     with _endpoints(cfg, log) as cfg:
+        cfg, infos = _preflight(cfg, log)
         outputs = Outputs.start(cfg) if write else None
         done: list[Results] = []
         notes: list[str] = []
@@ -226,7 +231,7 @@ def run(cfg: RunConfig, *, write: bool = True, log: Log = _silent) -> RunOutcome
                     outputs.discard()
                 raise
             notes.append(f"{exc}; the results of the endpoints before it are written")
-        return _finish(cfg, done, outputs, notes)
+        return _finish(cfg, done, outputs, notes, infos)
 
 
 async def run_here(cfg: RunConfig, *, write: bool = True, log: Log = _silent) -> RunOutcome:
@@ -243,6 +248,7 @@ async def run_here(cfg: RunConfig, *, write: bool = True, log: Log = _silent) ->
         if not cfg.endpoints:
             ep = await asyncio.to_thread(stack.enter_context, _embedded_server(log))
             cfg = cfg.replace(endpoints=(ep,))
+        cfg, infos = await asyncio.to_thread(_preflight, cfg, log)
         outputs = Outputs.start(cfg) if write else None
         try:
             prep = await asyncio.to_thread(prepare, cfg, cfg.endpoints[0], log)
@@ -255,7 +261,7 @@ async def run_here(cfg: RunConfig, *, write: bool = True, log: Log = _silent) ->
             if outputs is not None:
                 outputs.discard()
             raise
-        return _finish(cfg, [results], outputs, [])
+        return _finish(cfg, [results], outputs, [], infos)
 
 
 async def _interleaved(
@@ -278,12 +284,25 @@ async def _interleaved(
     return list(await asyncio.gather(*runs))
 
 
+def _preflight(cfg: RunConfig, log: Log) -> tuple[RunConfig, dict[str, ServerInfo]]:
+    """``cfg`` with each endpoint's served model, and what each server said about itself."""
+    cfg, infos, notes = preflight(cfg)
+    for note in notes:
+        log(note)
+    return cfg, infos
+
+
 def _finish(
-    cfg: RunConfig, done: list[Results], outputs: Outputs | None, notes: list[str]
+    cfg: RunConfig,
+    done: list[Results],
+    outputs: Outputs | None,
+    notes: list[str],
+    infos: dict[str, ServerInfo],
 ) -> RunOutcome:
     """Write each endpoint's results, judge them, compare several, decide the exit code."""
     outcome = RunOutcome(cfg, [], notes=notes)
     for i, results in enumerate(done):
+        results.extra["server_info"] = infos[cfg.endpoints[i].name].to_dict()
         outcome.runs.append(_judged(cfg, results, i, outputs))
     if outputs is not None:
         outputs.discard(first=len(done))

@@ -13,6 +13,10 @@
 
 Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
 (chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
+``cache_bust = true`` (``--cache-bust``) on any kind starts the run cold: a salt unique to the
+run goes after every prompt's first word (``salted``), so no prompt matches what the server
+cached before, while the lengths, the requests and the sharing within the run stay as they
+were (``salt = "..."`` fixes it; a ``prefix`` workload places its own).
 
 Open loop (``cfg.rate_rps`` set): specs come in order of ``intended_at_s`` (a chat session's
 later turns follow its first, with ``intended_at_s = None``). Closed loop: all ``None``.
@@ -33,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -51,10 +56,11 @@ from loadlab.workloads import (
     replay,
     synthetic,
 )
-from loadlab.workloads.base import PREFETCH_SPECS, RequestStream, with_reasoning_effort
+from loadlab.workloads.base import PREFETCH_SPECS, RequestStream, run_salt, with_reasoning_effort
 from loadlab.workloads.exact import Sizing, exact_prompts
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import TRACES, WorkloadError, closest, resolve_path
+from loadlab.workloads.prompts import salted
 from loadlab.workloads.tokenizers import check_tokenizer
 
 __all__ = [
@@ -131,9 +137,19 @@ def build_requests(
     stream: RequestStream = KINDS[kind][1](cfg, sizing)
     if kind != "mix":  # a mix gives each part its own
         stream = with_reasoning_effort(stream, cfg.workload)
+    salt = run_salt(cfg.workload) if kind != "prefix" else ""  # a prefix workload salts its own
+    if salt:
+        stream = _salted(stream, salt)
     if not prefix.fits_itself(cfg, sizing):  # a prefix workload with a tokenizer fits its own
         stream = exact_prompts(stream, sizing)  # outermost: its read-ahead is counted exactly
     return stream.read_ahead(read_ahead) if read_ahead > 0 else stream
+
+
+def _salted(stream: RequestStream, salt: str) -> RequestStream:
+    """Every prompt with the run's salt (``cache_bust``, ``salt``): unseen by the server's
+    prefix cache, the same lengths and shape (``loadlab.workloads.prompts.salted``)."""
+    specs = (dataclasses.replace(s, prompt=salted(s.prompt, salt)) for s in stream)
+    return RequestStream(specs, lambda: {**stream.extra(), "cache_bust": True, "salt": salt})
 
 
 def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,10 @@ __all__ = [
     "length_dists",
     "open_loop_times",
     "rng_for",
+    "run_salt",
     "text_seed",
     "with_reasoning_effort",
+    "with_run_salt",
 ]
 
 # keys every kind accepts
@@ -51,6 +54,8 @@ COMMON_KEYS = frozenset(
         "exact_output",
         "chars_per_token",
         "reasoning_effort",  # passed to the API on every request (build_requests)
+        "cache_bust",  # true: every prompt salted for this run (``run_salt``): start cold
+        "salt",  # a fixed salt (two runs with one salt share their prompts)
     }
 )
 
@@ -124,6 +129,25 @@ def text_seed(cfg: RunConfig) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
+def run_salt(params: Mapping[str, Any]) -> str:
+    """The workload's salt: ``salt`` when given (or drawn by ``with_run_salt``), a new one
+    with ``cache_bust`` (unique: nothing the server cached before can match it), else ""."""
+    if "salt" in params:
+        return str(params["salt"]).strip()
+    if get_bool(params, "cache_bust", False):
+        return uuid.uuid4().hex[:12]
+    return ""
+
+
+def with_run_salt(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
+    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
+    wl = cfg.workload
+    if not wl.get("cache_bust") or "salt" in wl:
+        return cfg
+    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
+
+
 def open_loop_times(cfg: RunConfig, n: int | None) -> list[float] | None:
     """Arrival offsets (s) from ``cfg.arrival`` in open loop; ``None`` in closed loop."""
     if cfg.rate_rps is None:
@@ -190,6 +214,9 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         raise WorkloadError(
             f"workload.reasoning_effort = {effort!r}: a string such as 'low', 'medium', 'high'"
         )
+    get_bool(params, "cache_bust", False)
+    if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
+        raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
     get_float(params, "chars_per_token", None)
     if "request_class" in params and not isinstance(params["request_class"], str):
         raise WorkloadError(

@@ -92,4 +92,5 @@ def batch_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStrea
             cfg, "batch", "batch", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
 
-    return RequestStream(specs(), lambda: {"kind": "batch", "documents": n})
+    cls = str(params.get("request_class", "batch"))
+    return RequestStream(specs(), lambda: {"kind": "batch", "documents": n, "request_class": cls})

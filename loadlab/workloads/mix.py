@@ -57,7 +57,8 @@ def _parts(params: Mapping[str, Any], kinds: Kinds) -> list[tuple[dict[str, Any]
     parts = params.get("mix")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
         raise WorkloadError("workload.mix: a list of workload tables, e.g. [[workload.mix]]")
-    check_keys("mix", params, {"kind", "mix", *_FOR_EVERY_PART})
+    # cache_bust and salt salt the merged stream (build_requests), not each part again
+    check_keys("mix", params, {"kind", "mix", "cache_bust", "salt", *_FOR_EVERY_PART})
     out, classes = [], set()
     for i, p in enumerate(parts):
         sub = {**{k: params[k] for k in _FOR_EVERY_PART if k in params}, **p}
