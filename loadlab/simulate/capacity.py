@@ -76,12 +76,11 @@ def predicted_sweep(
     objective it cannot yet decide at the SLO's confidence (0 errors in 150 requests against
     ``error_rate <= 0.01``) is not held against it; beside a measured sweep, use its policy."""
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     runs: dict[float, Any] = {}
 
     def evaluate(load: float) -> Level:
-        cfg = without_asking(level_config(base, load, mode))  # no server counts a simulation
+        cfg = level_config(base, load, mode)  # no prompt sizing: no server counts a simulation
         results = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
         runs[float(load)] = results
         return judge_level(results, spec, load, None, inconclusive)
