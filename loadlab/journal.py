@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from loadlab.errors import ConfigError, ResultsError
 from loadlab.records import RequestRecord
 from loadlab.results import Results, redact
@@ -144,9 +146,7 @@ class JournalWriter:
         await self.flush()
 
     def _write(self, batch: list[RequestRecord]) -> None:
-        data = "".join(
-            json.dumps({"record": r.to_dict()}, separators=(",", ":")) + "\n" for r in batch
-        ).encode()
+        data = b"".join(map(_line, batch))
         with self._lock:
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -160,6 +160,17 @@ class JournalWriter:
                 self.written += len(batch)
             except OSError as exc:
                 self.error = f"{self.path}: {exc.strerror or exc}"
+
+
+def _line(rec: RequestRecord) -> bytes:
+    """One record's journal line. orjson takes a tenth of json's time over a record's
+    timestamps, and this runs for every request while the run goes on (in the flush thread,
+    which holds the GIL while it serialises); json writes what orjson refuses."""
+    entry = {"record": rec.to_dict()}
+    try:
+        return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # an integer past 64 bits in ``server``
+        return (json.dumps(entry, separators=(",", ":")) + "\n").encode()
 
 
 def read_journal(path: str | os.PathLike[str]) -> Results:
