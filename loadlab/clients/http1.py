@@ -196,24 +196,31 @@ class ResponseReader:
             if data:
                 self.reusable = False  # bytes outside an exchange
             return
+        if self._chunked and self._state == _SIZE and not self._buf:
+            # The usual read of a token stream: exactly one whole chunk, handed to the sink
+            # here (``_deliver`` inline, and no stamp kept for ``end``: this runs every read)
+            nl = data.find(b"\r\n", 0, 10)
+            if nl > 0:
+                try:
+                    end = nl + 2 + int(data[:nl], 16)
+                except ValueError:  # a chunk extension, or garbage: the full way
+                    end = 0
+                # a piece of one byte or more, then CRLF and nothing after it
+                if end > nl + 2 and data[end : end + 3] == b"\r\n":
+                    try:
+                        if not sink.on_bytes(data[nl + 2 : end], t):
+                            return
+                        self.reusable = False  # the sink stopped: unread body on the wire
+                        error, message = None, ""
+                    except Exception as exc:  # a sink bug must end this request, not hang it
+                        error, message = Failure.PROTOCOL, f"{type(exc).__name__}: {exc}"
+                    self._read_ns = t
+                    self.end(error, message)
+                    self._read_ns = None
+                    return
         self._read_ns = t
         try:
             if self._chunked:
-                if self._state == _SIZE and not self._buf:
-                    # The usual read of a token stream: exactly one whole chunk, handed to the
-                    # sink here (``_deliver`` inline: this runs for every read)
-                    nl = data.find(b"\r\n", 0, 10)
-                    if nl > 0:
-                        try:
-                            end = nl + 2 + int(data[:nl], 16)
-                        except ValueError:  # a chunk extension, or garbage: the full way
-                            end = 0
-                        # a piece of one byte or more, then CRLF and nothing after it
-                        if end > nl + 2 and data[end : end + 3] == b"\r\n":
-                            if sink.on_bytes(data[nl + 2 : end], t):
-                                self.reusable = False  # unread body left on the wire
-                                self.end(None)
-                            return
                 self._chunks(data, t)
             elif self._head:
                 self._response_head(data, t)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loadlab.clients.sse import RawEvent, SSEDecoder, SSELimitError
-from loadlab.clients.state import StreamState
+from loadlab.clients.state import StreamState, loads
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
 
 __all__ = ["TokenFrameState", "TypedEventState"]
@@ -46,9 +46,15 @@ _Frame = tuple[bytes, int, _MatchAt, _MatchAt]  # TokenFrameState._tpl
 
 @functools.lru_cache(maxsize=256)
 def _text_then(tail: bytes) -> re.Pattern[bytes]:
-    """A plain JSON string body (as ``_plain``), then ``tail``: one call matches a token
-    event's text and the rest of its frame. Streams of one server share their tails."""
-    return re.compile(rb'([^"\\\x00-\x1f]+)' + re.escape(tail))
+    """A JSON string body, then ``tail``: one call matches a token event's text and the rest
+    of its frame. Streams of one server share their tails.
+
+    The body is bytes that are neither a quote nor a control character. A quote in the text
+    is escaped (a backslash before it), so the body cannot stop there and meet ``tail``,
+    which starts with the string's closing quote and goes to the end of the event; a body
+    with a backslash is unescaped by the JSON parser, which refuses a bad escape or a
+    closing quote escaped away (the read then goes the full way)."""
+    return re.compile(rb'([^"\x00-\x1f]+)' + re.escape(tail))
 
 
 _SLOTS: dict[type, tuple[str, ...]] = {}
@@ -88,10 +94,11 @@ class TokenFrameState(StreamState):
             if data.startswith(head) and (m := whole(data, lh)) is not None:
                 # the usual read: one token event (its text, then the frame's tail, then
                 # nothing); four calls, the fewest this can take
-                try:
-                    text = m[1].decode()
-                except UnicodeDecodeError:
-                    pass  # not UTF-8: the full way (which replaces what it cannot decode)
+                raw = m[1]
+                try:  # a text with escapes ("\n", "\u00e9") is unescaped by the JSON parser
+                    text = loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
+                except ValueError:
+                    pass  # not UTF-8, a bad escape: the full way (and its verdict)
                 else:
                     self._stamps.append(t_ns - self._t0)
                     self._parts.append(text)
@@ -99,9 +106,10 @@ class TokenFrameState(StreamState):
             else:  # several token events in one read (a backlog), maybe more after them
                 pos, n = 0, len(data)
                 while data.startswith(head, pos) and (m := first(data, pos + lh)) is not None:
+                    raw = m[1]
                     try:
-                        text = m[1].decode()
-                    except UnicodeDecodeError:
+                        text = loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
+                    except ValueError:
                         break
                     self._stamps.append(t_ns - self._t0)
                     self._parts.append(text)
