@@ -1,4 +1,4 @@
-"""The simulator held against measured sweeps of the reference server (issue 21's acceptance).
+"""The simulator held against measured sweeps of the reference server.
 
 For each mode: start the reference server, warm it up, put a calibration load on it (closed
 loop, ``--calibrate``: a few seconds at a low and at a full batch), fit a step-time model to

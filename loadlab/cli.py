@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("loadlab.commands.simulate", "predict a run by simulation; write a results file"),
     "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
     "lab": ("loadlab.commands.lab", "the reference server's four modes side by side"),
+    "record": (
+        "loadlab.commands.record",
+        "a proxy that records the shape of real traffic (no text) for replay",
+    ),
 }
 
 

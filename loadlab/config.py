@@ -11,6 +11,7 @@ side-by-side run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -21,9 +22,9 @@ from loadlab.errors import ConfigError
 from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
-__all__ = ["EndpointConfig", "RunConfig"]
+__all__ = ["EndpointConfig", "RunConfig", "extra_body_from_flag"]
 
-APIS = ("chat", "completions", "anthropic", "responses")
+APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,12 @@ class RunConfig:
     saturation_lag_ms: float = 20.0  # event-loop lag past which the generator is saturated
     max_event_bytes: int = 4 << 20  # longest SSE line, event or whole body; over: protocol_error
     redact_headers: tuple[str, ...] = ()  # header names stored as *** beyond credential-like ones
+    # Cost and energy (docs/cost.md): price tables and GPU telemetry sources by endpoint name
+    # ("*": every endpoint); a source is a DCGM exporter's URL or "nvml"
+    pricing: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    gpu_metrics: Mapping[str, str] = field(default_factory=dict)
+    gpu_interval_s: float = 1.0
+    gpu_baseline_s: float = 5.0  # idle GPU samples before the first request
 
     def __post_init__(self) -> None:
         if (self.rate_rps is None) == (self.concurrency is None):
@@ -106,6 +113,16 @@ class RunConfig:
         if self.transport not in ("raw", "aiohttp"):
             raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
         self._check_numbers()
+        self._check_cost()
+
+    def _check_cost(self) -> None:
+        """Price tables valid (``loadlab.analysis.cost``), GPU sampling periods in range."""
+        from loadlab.analysis.cost import check_tables
+
+        check_tables(self.pricing, "pricing")
+        _number("--gpu-interval", self.gpu_interval_s, 0.0, 3600.0, "s", "give seconds",
+                open_lo=True)  # fmt: skip
+        _number("--gpu-baseline", self.gpu_baseline_s, 0.0, 3600.0, "s", "give seconds")
 
     def _check_numbers(self) -> None:
         """Every number finite, of its type and within its range (``loadlab.limits``)."""
@@ -179,6 +196,7 @@ class RunConfig:
             ep["headers"] = redact_headers(ep["headers"], self.redact_headers)
         if self.scrape:
             out["scrape"] = public_url(self.scrape)
+        out["gpu_metrics"] = {k: public_url(v) for k, v in self.gpu_metrics.items()}
         return out
 
 
@@ -203,3 +221,14 @@ def _number(
             f"{flag} must be a finite number {low} and <= {hi:g}{' ' + unit if unit else ''}, "
             f"got {value} ({fix})"
         )
+
+
+def extra_body_from_flag(text: str) -> dict[str, Any]:
+    """``--extra-body``'s JSON object; ``ConfigError`` saying what is wrong otherwise."""
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+    if not isinstance(extra, dict):
+        raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+    return extra

@@ -16,6 +16,7 @@ from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.bodies import build_body
 from loadlab.clients.openai import OpenAIClient, OpenAIStreamState
+from loadlab.clients.pooling import PoolingClient
 from loadlab.clients.responses import ResponsesClient, ResponsesStreamState
 from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient
@@ -31,6 +32,7 @@ __all__ = [
     "Message",
     "OpenAIClient",
     "OpenAIStreamState",
+    "PoolingClient",
     "ResponsesClient",
     "ResponsesStreamState",
     "SSEDecoder",
@@ -56,12 +58,18 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
     The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
     unlimited (an open loop without a cap must never wait for a connection).
     """
-    kinds: tuple[type[StreamingClient], ...] = (OpenAIClient, AnthropicClient, ResponsesClient)
+    kinds: tuple[type[StreamingClient], ...] = (
+        OpenAIClient,
+        AnthropicClient,
+        ResponsesClient,
+        PoolingClient,
+    )
     kind = next((k for k in kinds if endpoint.api in k.APIS), None)
     if kind is None:
         raise ConfigError(
             f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client; "
-            "use api = 'chat', 'completions', 'anthropic' or 'responses'"
+            "use api = 'chat', 'completions', 'anthropic', 'responses', 'embeddings', 'rerank' "
+            "or 'score'"
         )
     return kind(
         endpoint,

@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slo", metavar="FILE", help="SLO file: adds goodput (requests meeting it, per s)"
     )
+    parser.add_argument(
+        "--pricing", metavar="FILE", help="prices by label (docs/cost.md): adds cost rows"
+    )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
     parser.add_argument(
@@ -66,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     if pct is not None and pct < 0:
         raise ConfigError("--fail-on-regression must be >= 0 (a percentage)")
     runs = [read_results(p) for p in args.results]
+    if args.pricing:  # each file priced by its label's table (else its endpoint's, else all)
+        from loadlab.analysis.cost import apply_pricing
+
+        for r, label in zip(runs, labels, strict=True):
+            apply_pricing(r, args.pricing, label)
     spec = load_slo(args.slo) if args.slo else None
     cmp = compare(runs, labels, slo=spec, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed)
     print(render_comparison(cmp, pct), end="")

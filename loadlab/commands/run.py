@@ -31,8 +31,8 @@ from loadlab.analysis.token_checks import prompt_match, prompt_warning
 from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError, UsageError, require
 from loadlab.headers import check_header
-from loadlab.journal import prepare_output
-from loadlab.results import Results, write_results
+from loadlab.journal import default_out_path, discard_journal, prepare_output, save_results
+from loadlab.results import Results
 from loadlab.runner import signals
 from loadlab.runner.workers import BuildRequests, run_endpoint, run_load
 
@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--extra-body", metavar="JSON", help="extra request fields, e.g. '{\"ignore_eos\": true}'")
     a("--no-stream", action="store_true", default=None, help="non-streaming requests")
     a("--seed", type=int, help="seed of the workload and arrivals")
+    a("--cache-bust", action="store_true", default=None,
+      help="start cold: a salt unique to this run after each prompt's first word, so the "
+      "server's prefix cache has none of them; the workload, its lengths and its sharing "
+      "within the run unchanged")  # fmt: skip
     a("--workers", type=int, metavar="N", help="spread the load over N processes")
     a("--timeout", type=float, metavar="S", help="whole-request timeout in seconds")
     a(
@@ -123,6 +127,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--interleave", action="store_true", default=None, help="several endpoints at once")
     a("--saturation-lag-ms", type=float, help="generator-saturation threshold (loop lag p99)")
     a("--no-progress", action="store_true", default=None, help="no live progress line")
+    c = p.add_argument_group("cost and energy (docs/cost.md)")
+    c.add_argument("--pricing", metavar="FILE",
+                   help="prices (TOML): an API vendor's per million tokens, or GPU-hours")  # fmt: skip
+    c.add_argument("--price", action="append", metavar="[ENDPOINT:]KEY=VALUE,..",
+                   help="a price, e.g. output=0.6,input=0.15 or gpu_hour=2.5,gpus=8 (repeatable)")  # fmt: skip
+    c.add_argument("--gpu-metrics", action="append", metavar="[ENDPOINT=]URL|nvml",
+                   help="sample GPUs during the run: a DCGM exporter's /metrics URL, or NVML here")  # fmt: skip
+    c.add_argument("--gpu-interval", type=float, metavar="S", help="GPU sample period (default 1)")
+    c.add_argument("--gpu-baseline", type=float, metavar="S",
+                   help="seconds of idle GPU samples before the first request (default 5)")  # fmt: skip
     g = p.add_argument_group("shared prefixes (workload kind 'prefix'; docs/workloads.md)")
     g.add_argument("--prefix-tokens", type=int, metavar="N", help="tokens of each shared prefix")
     g.add_argument(
@@ -131,8 +145,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-prefix", type=int, metavar="M", help="requests per prefix")
     g.add_argument("--suffix-tokens", type=int, metavar="S", help="unique tokens after the prefix")
     g.add_argument("--prefix-order", choices=["random", "grouped", "round_robin"])
-    g.add_argument("--cache-bust", action="store_true", default=None,
-                   help="a salt unique to this run in front of every prompt: start cold")  # fmt: skip
     g.add_argument("--cache-block-size", type=int, metavar="B",
                    help="the server's KV block size, for the block-aligned expected hit rate")  # fmt: skip
 
@@ -162,6 +174,8 @@ _FIELDS = {
     "scrape_interval": "scrape_interval_s",
     "interleave": "interleave",
     "saturation_lag_ms": "saturation_lag_ms",
+    "gpu_interval": "gpu_interval_s",
+    "gpu_baseline": "gpu_baseline_s",
 }
 
 
@@ -231,7 +245,6 @@ _PREFIX_FLAGS = {
     "requests_per_prefix": "requests_per_prefix",
     "suffix_tokens": "suffix_tokens",
     "prefix_order": "order",
-    "cache_bust": "cache_bust",
     "cache_block_size": "block_size",
 }
 
@@ -275,6 +288,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.no_progress:
         fields["progress"] = False
     fields["endpoints"] = tuple(_endpoints(args, base_endpoints))
+    _cost_flags(args, fields)
     if not fields["endpoints"] and not args.scenario:
         demo = dict(DEMO_DEFAULTS)
         if "rate_rps" in given:
@@ -285,7 +299,35 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         for key, value in demo.items():
             fields.setdefault(key, value)
     _workload_flags(args, fields)
+    if args.cache_bust:  # any workload, its kind and lengths unchanged: its prompts unseen
+        fields["workload"] = {**fields["workload"], "cache_bust": True}
     return RunConfig(**fields)
+
+
+def _cost_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """``--pricing``, ``--price`` and ``--gpu-metrics`` over the scenario's tables, by endpoint
+    name (``*``: every endpoint); a shared pricing file may name endpoints this run lacks."""
+    if getattr(args, "pricing", None) or getattr(args, "price", None):
+        from loadlab.analysis.cost import pricing_tables
+
+        fields["pricing"] = pricing_tables(args.pricing, args.price, fields.get("pricing"))
+    gpu = dict(fields.get("gpu_metrics") or {})
+    for text in getattr(args, "gpu_metrics", None) or []:
+        name, sep, source = text.partition("=")
+        if not sep or name.startswith(("http://", "https://")):
+            name, source = "*", text
+        gpu[name] = source
+    if gpu:
+        fields["gpu_metrics"] = gpu
+    names = {ep.name for ep in fields["endpoints"]}
+    unknown = sorted(set(gpu) - names - {"*"}) if names else []
+    if unknown:
+        raise ConfigError(f"--gpu-metrics: no endpoint named {', '.join(unknown)}; "
+                          f"endpoints: {', '.join(sorted(names))}")  # fmt: skip
+    if names and fields.get("pricing"):
+        from loadlab.analysis.cost import unpriced
+
+        unpriced(fields["pricing"], names)
 
 
 def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
@@ -307,9 +349,8 @@ def _workload_flags(args: argparse.Namespace, fields: dict[str, Any]) -> None:
 
 
 def out_paths(cfg: RunConfig, names: list[str]) -> list[Path]:
-    """One results file per endpoint: the --out name, or reports/run-<UTC time>.json."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = Path(cfg.out) if cfg.out else Path("reports") / f"run-{stamp}.json"
+    """One results file per endpoint: the --out name, or reports/run-<UTC time>-<pid>.json."""
+    base = Path(cfg.out) if cfg.out else default_out_path("run")
     if len(names) == 1:
         return [base]
     return [base.with_name(f"{base.stem}-{n}{base.suffix or '.json'}") for n in names]
@@ -400,27 +441,24 @@ def _prepare_outputs(cfg: RunConfig, paths: list[Path]) -> list[Path]:
     ]
 
 
-def _write(results: Results, path: Path, journal: Path) -> bool:
-    """Write the results file and drop its journal; on failure say where the records are."""
-    try:
-        write_results(results, path)
-    except OSError as exc:
-        warn(
-            f"loadlab run: could not write {path}: {exc.strerror or exc}. Every record is in the "
-            f"journal {journal}: rebuild the results with "
-            f"loadlab report --from-journal {journal} --out NEW.json"
-        )
-        return False
-    with contextlib.suppress(OSError):
-        journal.unlink()
-    return True
+def _write(results: Results, path: Path, journal: Path) -> Path | None:
+    """Write the results file (on a full disk: on another one) and drop its journal; returns
+    where it is, and says so when that is not ``path`` (``loadlab.journal.save_results``)."""
+    written, note = save_results(results, path, journal)
+    if note:
+        warn(f"loadlab run: {note}")
+    return written
 
 
 def _run(cfg: RunConfig) -> int:
     if cfg.interleave and cfg.workers > 1:
         raise ConfigError("--interleave runs in one process; drop --workers")
+    from loadlab.runner.preflight import preflight
     from loadlab.runner.prompt_sizing import prepared_sizing
 
+    cfg, infos, said = preflight(cfg)  # the served model; a request that cannot fit: exit 2
+    for note in said:
+        print(f"loadlab run: {note}", file=sys.stderr)
     names = [ep.name for ep in cfg.endpoints]
     paths = out_paths(cfg, names)
     journals = _prepare_outputs(cfg, paths)
@@ -446,9 +484,13 @@ def _run(cfg: RunConfig) -> int:
             raise
         warn(f"loadlab run: {exc}; the results of the endpoints before it are written")
     code = 0
+    misplaced = False
+    for results, name in zip(all_results, names, strict=False):
+        results.extra["server_info"] = infos[name].to_dict()
     for results, path, journal in zip(all_results, paths, journals, strict=False):
-        if not _write(results, path, journal):
-            code = max(code, 2)
+        written = _write(results, path, journal)
+        if written != path:  # elsewhere, or nowhere: not the file asked for
+            code, misplaced = max(code, 2), True
         if "journal_error" in results.extra:
             warn(f"loadlab run: the journal stopped: {results.extra['journal_error']}")
         print(summary_text(results))
@@ -458,7 +500,8 @@ def _run(cfg: RunConfig) -> int:
         line = prompt_warning(prompt_match(results.records))
         if line:
             warn(line)
-        print(f"results: {path}")
+        if written is not None:
+            print(f"results: {written}")
         code = max(code, _slo_exit(cfg, results))
         if not any(r.ok for r in results.records):
             # a load test in which nothing succeeded must not look green in CI
@@ -467,10 +510,9 @@ def _run(cfg: RunConfig) -> int:
     if len(all_results) > 1:
         print(_comparison(all_results, names, paths[0]))
     for journal in journals[len(all_results) :]:  # endpoints never run: nothing to keep
-        with contextlib.suppress(OSError):
-            journal.unlink()
+        discard_journal(journal)
     if any(r.extra.get("interrupted") for r in all_results):
-        warn("loadlab run: interrupted; the results so far were written")
+        warn(f"loadlab run: interrupted{'' if misplaced else '; the results so far were written'}")
         return signals.exit_code()
     return code
 

@@ -96,6 +96,7 @@ def _fit(args: argparse.Namespace) -> StepTimeModel | int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlab.analysis.summary import overload_note
     from loadlab.results import write_results
     from loadlab.simulate import Simulator
     from loadlab.simulate.fit import extrapolation
@@ -133,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = write_results(results, Path(cfg.out or f"reports/predicted-{stamp}.json"))
     print(run_cmd.summary_text(results))
+    overloaded = overload_note(results)
+    if overloaded:
+        run_cmd.warn(f"loadlab simulate: the simulated server is {overloaded}")
     print(
         f"predicted: {out.num_steps:,} steps ({out.stretch_steps:,} by the decode shortcut), "
         f"{out.preemptions} preemptions, {len(out.requests):,} requests in {out.wall_s:.2f} s"

@@ -5,8 +5,10 @@
     loadlab sweep --slo slo.toml --concurrencies 1,2,4,8,16 --duration 20   # embedded server
 
 Each level is one ``loadlab run`` (every ``run`` flag applies: workload, scenario, warm-up,
-seed...) judged by the SLO file; rising levels until one fails, then bisection between the
-last pass and the first fail. Writes one results file per level, ``sweep.json`` (the
+seed...) judged by the SLO file's ceilings; rising levels until one fails, then bisection
+between the last pass and the first fail. The file's floors (``output_tokens_per_s >= 1000``)
+are set aside, as ``capacity --simulate`` does (a low load fails them by design), and judged
+at the highest passing level. Writes one results file per level, ``sweep.json`` (the
 summary) and ``sweep.html`` (the curve) into ``--out-dir``, and prints the latency-throughput curve with its knee. Exit code:
 0 when some level met the SLOs, 1 when none did, 2 on bad input.
 
@@ -91,7 +93,15 @@ def _server(mode: str, preset: str) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.runner.sweep import Level, find_max_load, render_html, run_level
+    from loadlab.runner.sweep import (
+        Level,
+        ceilings_only,
+        find_max_load,
+        floors_line,
+        judge_floors,
+        render_html,
+        run_level,
+    )
 
     if (args.rates is None) == (args.concurrencies is None):
         raise ConfigError("give exactly one of --rates R1,R2,.. or --concurrencies C1,C2,..")
@@ -104,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
     from loadlab.slo import load_slo  # scipy: only once the flags are right
 
-    spec = load_slo(args.slo)
+    full_spec = load_slo(args.slo)
+    spec, floors = ceilings_only(full_spec)  # one stream never meets a throughput floor
     step = None
     if args.predict:  # a model file that cannot be used is said before anything is measured
         from loadlab.simulate.setup import step_model_from_args
@@ -125,6 +136,15 @@ def run(args: argparse.Namespace) -> int:
     check_folder(out_dir, "--out-dir")
 
     def sweep(endpoint: EndpointConfig) -> int:
+        from loadlab.runner.preflight import preflight
+
+        checked, _, notes = preflight(base.replace(endpoints=(endpoint,)))
+        endpoint = checked.endpoints[0]  # the served model; a request that cannot fit: exit 2
+        for note in notes:
+            print(f"loadlab sweep: {note}", file=sys.stderr)
+        if floors:
+            print(f"loadlab sweep: {floors_line(floors)}", file=sys.stderr)
+
         def evaluate(load: float) -> Level:
             print(f"loadlab sweep: {mode} {load:g} {unit} ...", file=sys.stderr, flush=True)
             lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)
@@ -142,12 +162,13 @@ def run(args: argparse.Namespace) -> int:
             result = find_max_load(
                 evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
             )
+        result.floors = judge_floors(result, full_spec)
         summary = out_dir / "sweep.json"
         write_output(
             summary, "--out-dir", lambda p: p.write_text(json.dumps(result.to_dict(), indent=2))
         )
         page = out_dir / "sweep.html"
-        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result)))
+        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result, full_spec)))
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
         if args.predict:

@@ -1,4 +1,4 @@
-"""Stop signals: SIGINT, SIGTERM and SIGHUP all end a run the same way (issue 17, item 1).
+"""Stop signals: SIGINT, SIGTERM and SIGHUP all end a run the same way.
 
 What each does (docs/failure-and-recovery.md):
 

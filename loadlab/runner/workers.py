@@ -244,9 +244,17 @@ def run_load(
     A workload tokenizer that asks the endpoint (``server``, ``calibrate``, ``auto``) is
     resolved here first, once (``loadlab.runner.prompt_sizing``; a caller that resolved it already, as
     ``loadlab run`` does to print its warnings, is reused)."""
+    from loadlab.runner.telemetry import for_run
+
     cfg = with_run_salt(cfg)  # before the workers fork: one cache-busting salt for all
     with prepared_sizing(cfg.replace(endpoints=(endpoint,))):
-        return _run_load(cfg, endpoint, build_requests, client_factory, progress, kind, journal)
+        # GPU telemetry beside the load (--gpu-metrics), its idle baseline taken first
+        with for_run(cfg, endpoint.name) as gpu:
+            results = _run_load(
+                cfg, endpoint, build_requests, client_factory, progress, kind, journal
+            )
+        gpu.attach(results)
+        return results
 
 
 def _run_load(

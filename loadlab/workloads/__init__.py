@@ -13,6 +13,10 @@
 
 Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
 (chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
+``cache_bust = true`` (``--cache-bust``) on any kind starts the run cold: a salt unique to the
+run goes after every prompt's first word (``salted``), so no prompt matches what the server
+cached before, while the lengths, the requests and the sharing within the run stay as they
+were (``salt = "..."`` fixes it; a ``prefix`` workload places its own).
 
 Open loop (``cfg.rate_rps`` set): specs come in order of ``intended_at_s`` (a chat session's
 later turns follow its first, with ``intended_at_s = None``). Closed loop: all ``None``.
@@ -41,11 +45,22 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import agent, batch, chat, dataset, mix, prefix, replay, synthetic
-from loadlab.workloads.base import PREFETCH_SPECS, RequestStream
+from loadlab.workloads import (
+    agent,
+    batch,
+    chat,
+    dataset,
+    mix,
+    pooling,
+    prefix,
+    replay,
+    synthetic,
+)
+from loadlab.workloads.base import PREFETCH_SPECS, RequestStream, run_salt
 from loadlab.workloads.exact import exact_prompts, sizing
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import TRACES, WorkloadError, closest, resolve_path
+from loadlab.workloads.prompts import salted
 from loadlab.workloads.tokenizers import resolve_tokenizer
 
 __all__ = [
@@ -67,6 +82,8 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "agent": (agent.validate, agent.agent_requests),
     "prefix": (prefix.validate, prefix.prefix_requests),
     "dataset": (dataset.validate, dataset.dataset_requests),
+    "embeddings": (pooling.validate, pooling.embedding_requests),
+    "rerank": (pooling.validate, pooling.rerank_requests),
 }
 KINDS["mix"] = (
     functools.partial(mix.validate, kinds=KINDS),
@@ -120,6 +137,9 @@ def build_requests(
     if not chars_per_token > 0:
         raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
     stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
+    salt = run_salt(wl) if _kind(wl) != "prefix" else ""  # a prefix workload salts its own
+    if salt:
+        stream = _salted(stream, salt)
     if not prefix.fits_itself(cfg):  # a prefix workload with a tokenizer fits its own
         stream = exact_prompts(stream, how)
     effort = wl.get("reasoning_effort")
@@ -127,6 +147,13 @@ def build_requests(
         with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
         stream = RequestStream(with_effort, stream.extra)
     return stream.read_ahead(read_ahead) if read_ahead > 0 else stream
+
+
+def _salted(stream: RequestStream, salt: str) -> RequestStream:
+    """Every prompt with the run's salt (``cache_bust``, ``salt``): unseen by the server's
+    prefix cache, the same lengths and shape (``loadlab.workloads.prompts.salted``)."""
+    specs = (dataclasses.replace(s, prompt=salted(s.prompt, salt)) for s in stream)
+    return RequestStream(specs, lambda: {**stream.extra(), "cache_bust": True, "salt": salt})
 
 
 def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:

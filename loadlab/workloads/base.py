@@ -9,6 +9,7 @@ lines, failed rows, thinning...), which the run command stores as
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = [
     "length_dists",
     "open_loop_times",
     "rng_for",
+    "run_salt",
+    "with_run_salt",
 ]
 
 # keys every kind accepts
@@ -48,6 +51,8 @@ COMMON_KEYS = frozenset(
         "chars_per_token",
         "tokenizer",
         "reasoning_effort",  # passed to the API on every request (build_requests)
+        "cache_bust",  # true: every prompt salted for this run (``run_salt``): start cold
+        "salt",  # a fixed salt (two runs with one salt share their prompts)
     }
 )
 
@@ -56,7 +61,7 @@ PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
 
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7,
-            "prefix": 8, "prefix_text": 9}  # fmt: skip
+            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11, "images": 12}  # fmt: skip
 
 
 class RequestStream(Iterator[RequestSpec]):
@@ -75,7 +80,7 @@ class RequestStream(Iterator[RequestSpec]):
         corpus, opening a trace) and the first requests' prompt building stay off the runner's
         hot path, so they never show up as send lag, and errors in the first lines surface
         before any load. Bounded so endless streams stay cheap. A Locust user reads none
-        ahead: its stream is one of hundreds started on a live gevent loop (issue 17)."""
+        ahead: its stream is one of hundreds started on a live gevent loop."""
         ahead: list[RequestSpec] = []
         chars = 0
         while len(ahead) < count and chars < max_chars:
@@ -97,6 +102,25 @@ class RequestStream(Iterator[RequestSpec]):
 def rng_for(seed: int, purpose: str) -> np.random.Generator:
     """The seeded generator for one purpose of one run (``PURPOSES``)."""
     return np.random.default_rng([seed, PURPOSES[purpose]])
+
+
+def run_salt(params: Mapping[str, Any]) -> str:
+    """The workload's salt: ``salt`` when given (or drawn by ``with_run_salt``), a new one
+    with ``cache_bust`` (unique: nothing the server cached before can match it), else ""."""
+    if "salt" in params:
+        return str(params["salt"]).strip()
+    if get_bool(params, "cache_bust", False):
+        return uuid.uuid4().hex[:12]
+    return ""
+
+
+def with_run_salt(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
+    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
+    wl = cfg.workload
+    if not wl.get("cache_bust") or "salt" in wl:
+        return cfg
+    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
 
 
 def open_loop_times(cfg: RunConfig, n: int | None) -> list[float] | None:
@@ -156,6 +180,9 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         raise WorkloadError(
             f"workload.reasoning_effort = {effort!r}: a string such as 'low', 'medium', 'high'"
         )
+    get_bool(params, "cache_bust", False)
+    if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
+        raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
     get_float(params, "chars_per_token", None)
     if "request_class" in params and not isinstance(params["request_class"], str):
         raise WorkloadError(

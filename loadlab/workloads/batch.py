@@ -90,4 +90,5 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
             cfg, "batch", "batch", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
 
-    return RequestStream(specs(), lambda: {"kind": "batch", "documents": n})
+    cls = str(params.get("request_class", "batch"))
+    return RequestStream(specs(), lambda: {"kind": "batch", "documents": n, "request_class": cls})

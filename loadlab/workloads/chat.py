@@ -50,7 +50,7 @@ from loadlab.workloads.lengths import Dist, parse_dist, sample_pairs
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_float, get_int
 from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
 
-__all__ = ["DEFAULT_THINK", "KEYS", "chat_requests", "validate"]
+__all__ = ["DEFAULT_THINK", "KEYS", "chat_requests", "turn_context", "validate"]
 
 KEYS = SESSION_KEYS | {
     "turns",
@@ -93,6 +93,17 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         )
 
 
+def turn_context(history_tokens: int, turn: int, prompt_tokens: int, output_tokens: int) -> int:
+    """Tokens turn ``turn`` of a session holds: its prompt is the earlier messages and answers
+    (``history_tokens``), "\\n"-joined (one separator token between messages, as on the
+    reference server: ``2 * turn`` of them), then this message; then its answer.
+
+    >>> turn_context(0, 0, 64, 32), turn_context(96, 1, 64, 32)
+    (96, 194)
+    """
+    return history_tokens + 2 * turn + prompt_tokens + output_tokens
+
+
 def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
     params = cfg.workload
     validate(cfg, params)
@@ -127,8 +138,7 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
                 if divide:
                     p_tok = math.ceil(p_tok / n_turns)
                 p_tok, out = clamp(p_tok, max_prompt), clamp(int(ans[k]), max_output)
-                # the sent prompt: earlier messages and answers, "\n"-joined, then this message
-                if max_context is not None and context + 2 * k + p_tok + out > max_context:
+                if max_context is not None and turn_context(context, k, p_tok, out) > max_context:
                     counts["sessions_cut_by_context"] += 1
                     break
                 context += p_tok + out

@@ -193,7 +193,7 @@ class PromptFitter:
     def fit(self, spec: RequestSpec) -> RequestSpec:
         n = spec.prompt_tokens
         count = self.count if spec.turn == 0 else self.count_text
-        if n is None or count is None:
+        if n is None or count is None or spec.inputs:  # embeddings / rerank: sized per input
             return spec
         if not self._asking:
             self.cut_only += 1

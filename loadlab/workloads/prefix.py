@@ -57,7 +57,6 @@ Example::
 from __future__ import annotations
 
 import bisect
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +76,8 @@ from loadlab.workloads.base import (
     int_stream,
     open_loop_times,
     rng_for,
+    run_salt,
+    with_run_salt,
 )
 from loadlab.workloads.exact import FitTally, fit_prompt
 from loadlab.workloads.lengths import parse_dist
@@ -102,8 +103,6 @@ KEYS = COMMON_KEYS | {
     "suffix_tokens",
     "output_tokens",
     "order",
-    "cache_bust",
-    "salt",
     "block_size",
 }
 ORDERS = ("random", "grouped", "round_robin")
@@ -150,32 +149,12 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         raise WorkloadError(
             f"workload.order = {params['order']!r}: choose one of {', '.join(ORDERS)}"
         )
-    get_bool(params, "cache_bust", False)
-    if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
-        raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
     if "max_prompt_tokens" in params:
         raise WorkloadError(
             "workload.max_prompt_tokens: a prefix workload's prompt is prefix_tokens + "
             "suffix_tokens; bound suffix_tokens instead"
         )
     check_common(params, bases)
-
-
-def _salt(params: Mapping[str, Any]) -> str:
-    if "salt" in params:  # given, or drawn for this run by with_run_salt
-        return str(params["salt"]).strip()
-    if get_bool(params, "cache_bust", False):
-        return uuid.uuid4().hex[:12]  # unique to this run: nothing cached can match it
-    return ""
-
-
-def with_run_salt(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
-    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
-    wl = cfg.workload
-    if wl.get("kind") != "prefix" or not wl.get("cache_bust") or "salt" in wl:
-        return cfg
-    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
 
 
 def _prefix_texts(n: int, tokens: int, salt: str, seed: int, cpt: float) -> list[str]:
@@ -286,7 +265,7 @@ def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestS
     output_dist = parse_dist(params.get("output_tokens", cfg.max_tokens), "output_tokens")
     _, max_output = caps(params)
     cls = str(params.get("request_class", "prefix"))
-    salt = _salt(params)
+    salt = run_salt(params)
     times = open_loop_times(cfg, plan.total)
     n = len(times) if times is not None else plan.total
     local = _local_tokens(cfg)
