@@ -41,20 +41,29 @@ _LEARN_TRIES = 3  # token frames learned per stream (see TokenFrameState._learn_
 _plain = re.compile(rb'[^"\\\x00-\x1f]+').fullmatch
 
 _MatchAt = Callable[[bytes, int], "re.Match[bytes] | None"]  # a Pattern's match or fullmatch
-_Frame = tuple[bytes, int, _MatchAt, _MatchAt]  # TokenFrameState._tpl
+_Frame = tuple[bytes, int, _MatchAt, _MatchAt, _MatchAt]  # TokenFrameState._tpl
 
 
 @functools.lru_cache(maxsize=256)
-def _text_then(tail: bytes) -> re.Pattern[bytes]:
+def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     """A JSON string body, then ``tail``: one call matches a token event's text and the rest
     of its frame. Streams of one server share their tails.
 
-    The body is bytes that are neither a quote nor a control character. A quote in the text
-    is escaped (a backslash before it), so the body cannot stop there and meet ``tail``,
-    which starts with the string's closing quote and goes to the end of the event; a body
-    with a backslash is unescaped by the JSON parser, which refuses a bad escape or a
-    closing quote escaped away (the read then goes the full way)."""
-    return re.compile(rb'([^"\x00-\x1f]+)' + re.escape(tail))
+    The first pattern's body is bytes that are neither a quote nor a control character: the
+    usual text, matched fastest. A quote in the text is escaped (a backslash before it), so
+    that body cannot stop there and meet ``tail``, which starts with the string's closing
+    quote and runs to the end of the event. The second pattern, tried when the first fails,
+    also takes escaped pairs (``\\"``, ``\\\\``), so a text with a quote in it stays on the
+    fast way; a lone backslash cannot end its body. A body with a backslash is unescaped by
+    the JSON parser, which refuses a bad escape (the read then goes the full way). The
+    quantifiers are possessive: giving bytes back could never let ``tail`` match (the byte
+    after a body is a quote, or the match is lost), and a body that does not end in ``tail``
+    is given up at once, not retried over every split of its text."""
+    escaped_tail = re.escape(tail)
+    return (
+        re.compile(rb'([^"\x00-\x1f]++)' + escaped_tail),
+        re.compile(rb'((?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f])++)' + escaped_tail),
+    )
 
 
 _SLOTS: dict[type, tuple[str, ...]] = {}
@@ -90,7 +99,7 @@ class TokenFrameState(StreamState):
     def on_bytes(self, data: bytes, t_ns: int) -> bool:
         fast = self._fast
         if fast is not None:  # token events in the stream's learned frame (_learn_frame)
-            head, lh, whole, first = fast
+            head, lh, whole, first, quoted = fast
             if data.startswith(head) and (m := whole(data, lh)) is not None:
                 # the usual read: one token event (its text, then the frame's tail, then
                 # nothing); four calls, the fewest this can take
@@ -105,7 +114,10 @@ class TokenFrameState(StreamState):
                     return False
             else:  # several token events in one read (a backlog), maybe more after them
                 pos, n = 0, len(data)
-                while data.startswith(head, pos) and (m := first(data, pos + lh)) is not None:
+                while data.startswith(head, pos) and (
+                    (m := first(data, pos + lh)) is not None
+                    or (m := quoted(data, pos + lh)) is not None  # a text with a quote
+                ):
                     raw = m[1]
                     try:
                         text = loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
@@ -204,8 +216,8 @@ class TokenFrameState(StreamState):
                         end = start + len(raw)
                         head, tail = data[:start], data[end:]
                         if self._frame_holds(head, tail, event[1]):
-                            text_tail = _text_then(tail)
-                            self._tpl = (head, start, text_tail.fullmatch, text_tail.match)
+                            plain, quoted = _text_then(tail)
+                            self._tpl = (head, start, plain.fullmatch, plain.match, quoted.match)
                         break
         self._fast = self._tpl if self._tpl is not None and dec.idle() else None
         return failed
