@@ -1,11 +1,13 @@
-"""``RunConfig``: every knob of a run, shared by the CLI flags and the scenario files.
+"""``RunConfig``: every knob of a run, with its default, for the CLI, the scenario files and
+the Python API alike.
 
 ``loadlab run --scenario scenarios/chat.toml --rate 4`` reads the file into a ``RunConfig`` and
-then applies the flags that were given on the command line (flags win). A scenario file's
-top-level keys are these field names; ``[workload]`` is passed to
+then applies the flags that were given on the command line (flags win); a flag that is not
+given leaves the field's default below, which is also what ``--help`` shows. A scenario
+file's top-level keys are these field names; ``[workload]`` is passed to
 ``loadlab.workloads.build_requests`` and interpreted there (kind = "synthetic" | "chat" |
-"batch" | "trace", with that kind's parameters). ``[[endpoints]]`` lists named endpoints for a
-side-by-side run.
+"batch" | "trace" | ..., with that kind's parameters). ``[[endpoints]]`` lists named endpoints
+for a side-by-side run. ``loadlab.runner.run`` runs one, whoever asks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import json
 import math
 import numbers
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +25,28 @@ from loadlab.errors import ConfigError
 from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
-__all__ = ["EndpointConfig", "RunConfig", "extra_body_from_flag"]
+__all__ = ["DEMO", "EndpointConfig", "RunConfig", "extra_body_from_flag"]
 
 APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
+SEED_RANGE = 10**9  # a drawn seed is below it: short enough to type back as --seed
+
+# ``loadlab run`` with no endpoint and no scenario (the README's first command): a short chat
+# load against the embedded reference server, small enough to finish in about a minute on 2
+# CPU cores, big enough to show percentiles. Fields given on the command line win.
+DEMO: Mapping[str, Any] = {
+    "concurrency": 4,
+    "requests": 24,
+    "duration_s": 45.0,  # a cap on a slow machine; 24 requests usually end it sooner
+    "prompt_tokens": 64,
+    "max_tokens": 32,
+    "workload": {
+        "kind": "chat",
+        "turns": 2,
+        "think_time_s": 0.5,
+        "prompt_tokens": 64,
+        "output_tokens": 32,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -82,9 +104,17 @@ class RunConfig:
     transport: str = "raw"  # "raw" (lowest overhead, exact read times) | "aiohttp" (proxies)
     timeout_s: float = 120.0  # whole request
     read_timeout_s: float = 30.0  # longest silence inside a stream
-    seed: int = 0
+    # None: every run draws its own (``seeded``), recorded in its results file, so a run never
+    # finds an earlier run's prompts in a server's prefix cache; give one to repeat a run
+    seed: int | None = None
     workers: int = 1  # processes on this machine
     workload: Mapping[str, Any] = field(default_factory=lambda: {"kind": "synthetic"})
+    # how prompts are made exactly their token count as each endpoint counts them: "auto"
+    # (the endpoint's tokenizer route, else a calibration, else an estimate with a warning),
+    # "server", "calibrate", a tokenizer folder, tokenizer.json, tiktoken file or cached model
+    # id, "byte" (the reference server's), or "none" (a characters-per-token estimate); a
+    # workload's ``chars_per_token`` also means an estimate (``loadlab.runner.prompt_sizing``)
+    tokenizer: str = "auto"
     out: str | None = None  # results file; default reports/<timestamp>.json
     slo: str | None = None  # SLO file; the run's exit code follows the verdict
     scrape: str | None = None  # Prometheus /metrics URL to sample during the run
@@ -182,11 +212,29 @@ class RunConfig:
                 )
         _integer("--prompt-tokens", self.prompt_tokens, 1, MAX_TOKENS, "tokens per request")
         _integer("--max-tokens", self.max_tokens, 1, MAX_TOKENS, "tokens per request")
-        _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
+        if self.seed is not None:
+            _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer.strip():
+            raise ConfigError(
+                f"--tokenizer must name a tokenizer or a method (auto, server, calibrate, byte, "
+                f"none), got {self.tokenizer!r}"
+            )
         _integer("--max-event-bytes", self.max_event_bytes, 1024, 1 << 30, "the default is 4 MiB")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def request_seed(self) -> int:
+        """The seed the requests are built from: ``seed``, or 0 for a config no run has seeded
+        (a build outside a run, such as a simulation's or a test's, then repeats)."""
+        return 0 if self.seed is None else int(self.seed)
+
+    def seeded(self) -> RunConfig:
+        """This config with its seed: the one given, else one drawn now (a fresh run)."""
+        if self.seed is not None:
+            return self
+        return self.replace(seed=secrets.randbelow(SEED_RANGE))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the results file: API keys are never in a RunConfig (only variable

@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import ipaddress
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -72,8 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         "--prefix-caching",
         choices=("on", "off"),
         default="on",
-        help="reuse the KV blocks of prompt prefixes seen before (default on, as vLLM); "
-        "not yet in disaggregated mode",
+        help="reuse the KV blocks of prompt prefixes seen before (default on, as vLLM); in "
+        "disaggregated mode the prefill workers cache them",
     )
     p.add_argument("--max-model-len", type=int, help="cap the context (default: the model's)")
     p.add_argument("--max-batched-tokens", type=int, help="tokens per step (chunked: default 512)")
@@ -245,8 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"max_num_seqs={config.max_num_seqs} max_model_len={info['max_model_len']} "
         f"prefix_caching={'on' if info.get('prefix_caching') else 'off'}"
     )
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again with
+    # the handler it found: with the default one the process dies there, before atexit, and
+    # the disaggregated workers' queues leak their semaphores. Ours exits instead (128 +
+    # the signal, the code the signal would give), so atexit stops the workers and frees them.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on)
     server.run()
     return 0
+
+
+def _exit_on(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

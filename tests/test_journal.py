@@ -430,3 +430,27 @@ def test_a_journal_with_every_record_twice_is_read_once(url: str, tmp_path: Path
     with journal.open("a") as fh:
         fh.write(json.dumps({"record": other.to_dict()}) + "\n")
     assert len(read_journal(journal).records) == 41
+
+
+def test_a_run_rebuilt_from_its_journal_says_so_and_is_no_slo_evidence(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The journal a killed run leaves, rebuilt: the text summary and the HTML report say the
+    run was interrupted, and ``loadlab slo`` answers "not valid evidence" (exit 2) where the
+    same records in a whole run pass."""
+    journal, _ = _real_journal(url, tmp_path)
+    whole = tmp_path / "first.json"  # the run whose records the journal holds
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p90 <= 60000"]\nmin_requests = 1\n')
+    rebuilt, page = tmp_path / "rebuilt.json", tmp_path / "rebuilt.html"
+    capsys.readouterr()
+    assert cli.main(["report", "--from-journal", str(journal), "--out", str(rebuilt),
+                     "--html", str(page)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert f"INTERRUPTED: rebuilt from the journal {journal}" in text
+    assert "INTERRUPTED: rebuilt from the journal" in page.read_text()
+    assert cli.main(["slo", str(whole), "--slo", str(slo), "--inconclusive", "pass"]) == 0
+    capsys.readouterr()
+    assert cli.main(["slo", str(rebuilt), "--slo", str(slo), "--inconclusive", "pass"]) == 2
+    out = capsys.readouterr().out
+    assert "NOT VALID EVIDENCE: INTERRUPTED" in out and "verdict: INVALID (exit 2)" in out

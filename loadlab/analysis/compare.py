@@ -34,6 +34,7 @@ from scipy import stats
 
 from loadlab.analysis import metrics
 from loadlab.analysis.cost import COST_METRICS, Pricing, cost_units, pricing_of
+from loadlab.analysis.prefix_cache import server_hit_rate, usage_hit_rate
 from loadlab.analysis.summary import has_reasoning_or_tools
 from loadlab.errors import ConfigError
 from loadlab.records import RequestRecord
@@ -42,7 +43,14 @@ if TYPE_CHECKING:
     from loadlab.results import Results
     from loadlab.slo import SLOSpec
 
-__all__ = ["Comparison", "MetricChange", "compare", "numbered_labels"]
+__all__ = [
+    "CACHE_GAP_PP",
+    "Comparison",
+    "MetricChange",
+    "cache_caution",
+    "compare",
+    "numbered_labels",
+]
 
 # (metric, percentile) rows, in display order. Latency: higher is worse.
 LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
@@ -85,6 +93,9 @@ class Comparison:
     alpha: float = 0.05
     warnings: tuple[str, ...] = ()
     repeats: tuple[int, ...] = ()  # runs per setup (files that share a label); () = one each
+    # said beside the table, the gate unchanged: setups whose prefix caches were not equally
+    # warm (``cache_caution``)
+    cautions: tuple[str, ...] = ()
 
     def regressions(self, pct: float) -> list[tuple[MetricChange, int]]:
         return [
@@ -108,6 +119,7 @@ class Comparison:
             "repeats": list(self.repeats or [1] * len(self.labels)),
             "alpha": self.alpha,
             "warnings": list(self.warnings),
+            "cautions": list(self.cautions),
             "rows": [
                 {
                     "metric": r.metric,
@@ -534,10 +546,41 @@ def compare(
         for label, r in zip(labels, results_list, strict=True)
         if r.saturated
     )
+    caution = cache_caution(setups, names)
     return Comparison(
         labels=tuple(names),
         rows=tuple(rows),
         alpha=alpha,
         warnings=tuple(dict.fromkeys(warnings)),
         repeats=tuple(len(runs) for runs in setups),
+        cautions=(caution,) if caution else (),
     )
+
+
+CACHE_GAP_PP = 5.0  # setups whose prefix-cache hit rates differ by more are said not alike
+
+
+def _hit_rate(run: Results) -> float | None:
+    """A run's prefix-cache hit rate: the server's counters, else the usage's cached tokens."""
+    server = server_hit_rate(run.server_samples)
+    if server is not None and server[0] is not None:
+        return server[0]
+    return usage_hit_rate(run.records)
+
+
+def cache_caution(setups: Sequence[Sequence[Results]], labels: Sequence[str]) -> str | None:
+    """A sentence when the setups' prefix-cache hit rates (the mean of each setup's runs)
+    differ by more than ``CACHE_GAP_PP`` points: runs that did not start equally cold (a
+    second run against one server finds the first's prompts cached) differ in TTFT for that
+    reason alone. None when they agree, or fewer than two setups say."""
+    rates = {}
+    for label, runs in zip(labels, setups, strict=True):
+        said = [v for r in runs if (v := _hit_rate(r)) is not None]
+        if said:
+            rates[label] = sum(said) / len(said)
+    if len(rates) < 2 or (max(rates.values()) - min(rates.values())) * 100 <= CACHE_GAP_PP:
+        return None
+    each = ", ".join(f"{label} {rate * 100:.1f} %" for label, rate in rates.items())
+    return (f"prefix-cache hit rates differ ({each} of prompt tokens): the runs did not start "
+            "equally cold, so part of their TTFT difference is the cache's. Unless that is "
+            "what is compared, run each with --cache-bust (or its own --seed)")  # fmt: skip

@@ -14,6 +14,9 @@ Per request (milliseconds; ``None`` when undefined for that request)::
                  omission aware: a request that waited to be sent shows the wait)
     max_gap_ms   the longest gap of one stream (a stall), stall_count: gaps over k x its median
 
+A request asked without streaming (``RequestRecord.streamed`` False) has an E2E latency (its
+body's arrival) but no TTFT, TTFAT, ITL or TPOT: those are ``None`` (empty for ITL), never 0.
+
 Over a run: exact percentiles (numpy, linear interpolation) of ok requests sent inside the
 measurement window; throughput over the window; goodput from per-request objectives.
 ``percentile`` is the one percentile of loadlab: every figure it prints or gates on (the
@@ -43,6 +46,7 @@ from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, RequestRecord, is_faile
 __all__ = [
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
+    "STREAM_METRICS",
     "TOKEN_METRICS",
     "Counts",
     "Distribution",
@@ -82,8 +86,9 @@ DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
 
 def ttft_ms(r: RequestRecord) -> float | None:
-    """Time to first token: first token-carrying chunk minus ``sent`` (ms)."""
-    if r.sent_ns is None or not r.chunk_ns:
+    """Time to first token: first token-carrying chunk minus ``sent`` (ms); ``None`` for a
+    request not streamed (its one chunk is the whole answer)."""
+    if r.sent_ns is None or not r.chunk_ns or not r.streamed:
         return None
     return (r.chunk_ns[0] - r.sent_ns) / NS_PER_MS
 
@@ -91,7 +96,7 @@ def ttft_ms(r: RequestRecord) -> float | None:
 def ttft_from_intended_ms(r: RequestRecord) -> float | None:
     """TTFT from the intended send time (falls back to ``sent`` in closed loop)."""
     start = r.intended_ns if r.intended_ns is not None else r.sent_ns
-    if start is None or not r.chunk_ns:
+    if start is None or not r.chunk_ns or not r.streamed:
         return None
     return (r.chunk_ns[0] - start) / NS_PER_MS
 
@@ -122,6 +127,8 @@ def e2e_from_intended_ms(r: RequestRecord) -> float | None:
 
 def itl_ms(r: RequestRecord) -> list[float]:
     """Every gap between consecutive token-carrying chunks of one stream (ms)."""
+    if not r.streamed:
+        return []
     c = r.chunk_ns
     return [(c[i] - c[i - 1]) / NS_PER_MS for i in range(1, len(c))]
 
@@ -141,7 +148,7 @@ def itl_per_token_ms(r: RequestRecord) -> list[float]:
     ends (a chunk of k tokens after a gap g gives k values g / k). Equal to ``itl_ms`` when
     every chunk carries one token; empty when the split is not known (``chunk_token_counts``)."""
     counts = chunk_token_counts(r)
-    if counts is None:
+    if counts is None or not r.streamed:
         return []
     c = r.chunk_ns
     out: list[float] = []
@@ -162,8 +169,9 @@ def output_token_count(r: RequestRecord) -> int:
 
 def ttfat_ms(r: RequestRecord) -> float | None:
     """Time to first answer token: the first chunk carrying answer content minus ``sent``
-    (ms); ``None`` when no answer content came (an answer that is only a tool call)."""
-    if r.sent_ns is None or r.answer_ns is None:
+    (ms); ``None`` when no answer content came (an answer that is only a tool call), or
+    the request was not streamed."""
+    if r.sent_ns is None or r.answer_ns is None or not r.streamed:
         return None
     return (r.answer_ns - r.sent_ns) / NS_PER_MS
 
@@ -192,9 +200,10 @@ def answer_token_count(r: RequestRecord) -> int:
 
 
 def tpot_ms(r: RequestRecord) -> float | None:
-    """Time per output token after the first: (t_last - t_first) / (output_tokens - 1) (ms)."""
+    """Time per output token after the first: (t_last - t_first) / (output_tokens - 1) (ms);
+    ``None`` for a request not streamed (its tokens came in one body, not one by one)."""
     n = output_token_count(r)
-    if n < 2 or len(r.chunk_ns) < 1:
+    if n < 2 or len(r.chunk_ns) < 1 or not r.streamed:
         return None
     return (r.chunk_ns[-1] - r.chunk_ns[0]) / NS_PER_MS / (n - 1)
 
@@ -496,6 +505,17 @@ LATENCY_METRICS = (
     "tpot_ms",
     "e2e_ms",
     "e2e_from_intended_ms",
+    "max_gap_ms",
+    "ttfat_ms",
+    "reasoning_ms",
+)
+# The latency metrics a request has only when it was streamed (``RequestRecord.streamed``).
+STREAM_METRICS = (
+    "ttft_ms",
+    "ttft_from_intended_ms",
+    "itl_ms",
+    "itl_per_token_ms",
+    "tpot_ms",
     "max_gap_ms",
     "ttfat_ms",
     "reasoning_ms",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -81,11 +82,15 @@ def excerpt(text: str, secrets: Sequence[str] = ()) -> str:
 
 
 def retry_after_s(value: str) -> float | None:
-    """``Retry-After``: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    """``Retry-After``: delay-seconds or an HTTP-date (RFC 9110 §10.2.3); a value that is
+    not a finite number of seconds (``inf``, ``nan``) is none (the results file is strict JSON).
+    """
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError):
@@ -165,7 +170,10 @@ class StreamState:
 
     @property
     def text(self) -> str:
-        return "".join(p if isinstance(p, str) else str(p) for p in self._parts)
+        try:
+            return "".join(self._parts)
+        except TypeError:  # a server that sent a number as the text
+            return "".join(map(str, self._parts))
 
     @property
     def tool_calls(self) -> tuple[dict[str, str], ...]:

@@ -205,7 +205,9 @@ class StreamingClient:
         if self._transport is None:
             name = type(self).__name__
             raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
-        rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
+        rec = RequestRecord.for_spec(
+            spec, endpoint=self.endpoint.name, intended_ns=intended_ns, streamed=self.stream
+        )
         state = self._state(rec, t0_ns)
         state.token_ends = self.token_ends
         body = self._body(spec, history)

@@ -53,7 +53,7 @@ def _header(cmp: Comparison) -> list[str]:
         for i, (label, n) in enumerate(zip(cmp.labels, runs, strict=True))
     ]
     for label in cmp.labels[1:]:
-        head += [f"{label} vs {base}", ""]
+        head += [f"{label} vs {base}", "verdict"]
     return ["metric", *head]
 
 
@@ -87,7 +87,7 @@ def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
         {f"{r.metric}: {r.note}" for r in cmp.rows if r.note.startswith(("not", "fewer"))}
     )
     out += notes
-    out += [f"WARNING: {w}" for w in cmp.warnings]
+    out += [f"WARNING: {w}" for w in (*cmp.warnings, *cmp.cautions)]
     return out
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from loadlab.analysis import metrics
 from loadlab.analysis.cost import pricing_of, run_cost
+from loadlab.analysis.summary import interrupted_note
 from loadlab.analysis.telemetry import energy_of
 from loadlab.records import RequestRecord, pick
 from loadlab.slo.intervals import (
@@ -237,6 +238,8 @@ def _eval_one(
         if not recs:
             note = f"no requests of class {obj.request_class!r} in this run"
             return ObjectiveResult(obj, None, "fail", note=note)
+    if obj.metric in metrics.STREAM_METRICS and not _streamed(recs):
+        return ObjectiveResult(obj, None, "fail", note=NOT_STREAMED)
     if obj.metric in DIST_METRICS:
         return _eval_distribution(obj, recs, window, spec.confidence)
     if obj.metric in COST_METRICS:
@@ -265,6 +268,32 @@ def _eval_one(
     return ObjectiveResult(obj, value, status, n=counts.sent, note=note)
 
 
+NOT_STREAMED = "not measured: the requests were not streamed"
+
+
+def _streamed(records: Sequence[RequestRecord]) -> bool:
+    """Some ok request was streamed (an embedding or rerank request never is), or none was
+    ok (a failed run is judged as before)."""
+    ok = [r for r in records if r.ok]
+    return not ok or any(r.streamed and r.inputs is None for r in ok)
+
+
+def _unmeasured(results: Results, spec: SLOSpec) -> str | None:
+    """The reason a run is no evidence for ``spec`` when it names a metric only a stream has
+    (TTFT, ITL, TPOT, as an objective or a per-request limit) and nothing was streamed: an
+    absent metric passes nothing (before, a non-streamed TPOT of 0.0 passed any objective)."""
+    if _streamed(results.records):
+        return None
+    named = {o.metric for o in spec.objectives}
+    named |= {m for limits in spec.request_limits.values() for m in limits}
+    asked = sorted(named & set(metrics.STREAM_METRICS))
+    if not asked:
+        return None
+    return (f"{', '.join(asked)} cannot be judged: the requests were not streamed (an answer "
+            "that comes whole has no first token or gaps between tokens); run with streaming "
+            "(drop --no-stream, stream = true), or judge e2e_ms instead")  # fmt: skip
+
+
 def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") -> Verdict:
     """Judge a run against an SLO. The verdict's ``exit_code`` is the CI gate."""
     if inconclusive not in ("fail", "pass"):
@@ -279,6 +308,12 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
             "lower the load, use --workers, or a bigger client machine"
         )
+    unmeasured = _unmeasured(results, spec)
+    if unmeasured is not None:
+        reasons.append(unmeasured)
+    stopped = interrupted_note(results.extra)
+    if stopped is not None:
+        reasons.append(f"{stopped}: run it again to its end")
     if counts.sent < spec.min_requests:
         reasons.append(
             f"only {counts.sent} requests were sent; the SLO asks for at least "

@@ -47,6 +47,7 @@ __all__ = [
     "corpus",
     "prefix_prompt",
     "prompt_text",
+    "salted",
     "text_chars",
 ]
 
@@ -107,6 +108,24 @@ def prompt_text(
     head = f"{tag} " if tag else ""
     body = _cut(int(rng.integers(0, CORPUS_CHARS)), max(0, n - len(head)))
     return _tidy_end((head + body)[:n])
+
+
+def salted(text: str, salt: str) -> str:
+    """``text`` with ``salt`` after its first word (a request's tag, a Mooncake block's id),
+    the end cut so the length stays: a prompt no earlier run sent, of the same size and shape.
+    Prompts that began alike (a shared block) still do, and the salt shares no block by
+    itself, since each prompt's own first word comes before it.
+
+    >>> salted("r1 the cat sat on the mat", "ab12")
+    'r1 ab12 the cat sat on th'
+    >>> len(salted("x" * 40, "ab12")) == 40
+    True
+    """
+    if not salt or not text:
+        return text
+    word = text.find(" ")
+    at = word + 1 if 0 <= word < 32 else 0
+    return _tidy_end((text[:at] + salt + " " + text[at:])[: len(text)])
 
 
 def _block_offset(block_id: int, seed: int) -> int:
