@@ -60,7 +60,9 @@ def merge_shards(parts: Sequence[Results], names: Sequence[str] | None = None) -
             "merged": sorted(seen),
             "missing": [k for k in range(count) if k not in seen],
             "hosts": {str(s["index"]): s.get("host") for s in shards},
-            "start_late_ms": {str(s["index"]): s.get("start_late_ms") for s in shards},
+            "ready_before_start_ms": {
+                str(s["index"]): s.get("ready_before_start_ms") for s in shards
+            },
         },
     }
     return merged
