@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "compare results files side by side (first = baseline); gate on significant regressions",
     ),
     "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
+    "merge": ("loadlab.commands.merge", "join the results files of one run's --shard parts"),
     "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
     "simulate": ("loadlab.commands.simulate", "predict a run by simulation; write a results file"),
     "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),

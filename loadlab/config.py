@@ -130,6 +130,10 @@ class RunConfig:
     gpu_metrics: Mapping[str, str] = field(default_factory=dict)
     gpu_interval_s: float = 1.0
     gpu_baseline_s: float = 5.0  # idle GPU samples before the first request
+    # One run over several machines (docs/distributed.md): this process runs part K of N of
+    # the schedule, starting at the wall-clock time ``start_at`` (Unix seconds) that all share
+    shard: tuple[int, int] | None = None
+    start_at: float | None = None
 
     def __post_init__(self) -> None:
         if (self.rate_rps is None) == (self.concurrency is None):
@@ -158,6 +162,10 @@ class RunConfig:
         """Every number finite, of its type and within its range (``loadlab.limits``)."""
         lim = machine_limits()
         _integer("--workers", self.workers, 1, MAX_WORKERS, "fewer processes")
+        if self.shard is not None:
+            self._check_shard()
+        if self.start_at is not None:
+            _number("--start-at", self.start_at, 0, 1e11, "s", "Unix seconds, e.g. $(date +%s)")
         streams = lim.streams(self.workers)
         machine = (
             f"this machine: {lim.streams_per_process} open files per process x "
@@ -235,6 +243,16 @@ class RunConfig:
         if self.seed is not None:
             return self
         return self.replace(seed=secrets.randbelow(SEED_RANGE))
+
+    def _check_shard(self) -> None:
+        k, n = self.shard  # type: ignore[misc]
+        _integer("--shard N", n, 1, 100_000, "K/N: part K of N, counted from 0")
+        _integer("--shard K", k, 0, int(n) - 1, f"K/N: K from 0 to {int(n) - 1}")
+        if self.seed is None:
+            raise ConfigError(
+                "--shard needs --seed: every shard must draw the same schedule, and a run "
+                "without --seed draws its own"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the results file: API keys are never in a RunConfig (only variable

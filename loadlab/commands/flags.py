@@ -125,6 +125,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("advanced")
     g.add_argument("--workers", type=int, metavar="N",
                    help="spread the load over N processes" + _default("workers"))  # fmt: skip
+    g.add_argument("--shard", type=_shard, metavar="K/N",
+                   help="run part K of N of the schedule (one machine of N; needs --seed; "
+                        "join the parts with loadlab merge: docs/distributed.md)")  # fmt: skip
+    g.add_argument("--start-at", type=_wall_time, metavar="TIME",
+                   help="start at this wall-clock time (Unix seconds or ISO 8601), as the "
+                        "other shards do")  # fmt: skip
     g.add_argument("--interleave", action="store_true", default=None,
                    help="several endpoints at once, on one schedule (default: one after another)")  # fmt: skip
     g.add_argument(
@@ -152,6 +158,28 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # flag attribute -> RunConfig field (for the flags that map one to one)
+def _shard(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, e.g. 0/4 (part 0 of 4)")
+    return int(k), int(n)
+
+
+def _wall_time(text: str) -> float:
+    from datetime import datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected Unix seconds (e.g. $(date +%s)) or ISO 8601 time"
+        ) from None
+
+
 _FIELDS = {
     "rate": "rate_rps",
     "arrival": "arrival",
@@ -167,6 +195,8 @@ _FIELDS = {
     "seed": "seed",
     "tokenizer": "tokenizer",
     "workers": "workers",
+    "shard": "shard",
+    "start_at": "start_at",
     "timeout": "timeout_s",
     "max_event_bytes": "max_event_bytes",
     "read_timeout": "read_timeout_s",

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any
@@ -31,6 +30,7 @@ from loadlab.results import Results
 from loadlab.runner import signals
 from loadlab.runner.progress import Progress
 from loadlab.runner.runner import Runner
+from loadlab.runner.shard import start_ns
 from loadlab.workloads import workload_extra
 
 __all__ = ["LOCAL_START_DELAY_NS", "ClientFactory", "run_endpoint"]
@@ -89,8 +89,9 @@ async def run_endpoint(
         runner.prepare()
         if runner.t0_ns is None:
             # A little ahead: the scraper, progress line and loop monitor start before the
-            # first request is due, not on its time (that cost the first send ~19 ms).
-            runner.t0_ns = time.perf_counter_ns() + LOCAL_START_DELAY_NS
+            # first request is due, not on its time (that cost the first send ~19 ms); or
+            # the shards' common start (--start-at)
+            runner.t0_ns = start_ns(cfg, LOCAL_START_DELAY_NS)
         scraper = None
         if scrape and cfg.scrape:
             from loadlab.runner.scrape import PrometheusScraper

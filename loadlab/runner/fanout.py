@@ -23,13 +23,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import itertools
 import multiprocessing
 import os
 import signal
-import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,7 +37,8 @@ from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results
 from loadlab.runner import signals
 from loadlab.runner.endpoint import ClientFactory, TokenEnds, run_endpoint
-from loadlab.runner.runner import group_units, run_async
+from loadlab.runner.runner import run_async
+from loadlab.runner.shard import partition, start_ns
 
 __all__ = ["BuildRequests", "partition", "run_processes", "share"]
 
@@ -56,17 +55,6 @@ def share(total: int | None, n: int, index: int) -> int | None:
     if total is None:
         return None
     return total // n + (1 if index < total % n else 0)
-
-
-def partition(
-    specs: Iterable[RequestSpec], n: int, index: int, requests: int | None = None
-) -> Iterator[RequestSpec]:
-    """Worker ``index``'s units of the stream (round-robin; chat sessions stay whole)."""
-    if requests is not None:
-        specs = itertools.islice(specs, requests)
-    for i, unit in enumerate(group_units(specs)):
-        if i % n == index:
-            yield from unit
 
 
 def run_processes(
@@ -131,7 +119,7 @@ def run_processes(
             if not errors:  # Ctrl-C before anything was sent: nothing to write
                 raise KeyboardInterrupt
             raise RuntimeError("a worker failed to start:\n" + "\n".join(errors))
-        t0_ns = time.perf_counter_ns() + START_DELAY_NS
+        t0_ns = start_ns(cfg, START_DELAY_NS)
         for conn in pipes:
             conn.send(t0_ns)
         parts: list[Results] = []

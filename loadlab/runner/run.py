@@ -49,6 +49,7 @@ from loadlab.runner.outputs import Outputs
 from loadlab.runner.preflight import preflight
 from loadlab.runner.prompt_sizing import size_prompts
 from loadlab.runner.runner import run_async
+from loadlab.runner.shard import shard_extra, shard_specs, wait_for_start
 from loadlab.workloads import build_requests, validate_workload
 from loadlab.workloads.base import with_run_salt
 from loadlab.workloads.exact import Sizing
@@ -86,8 +87,11 @@ class Prepared:
     sizing: Sizing | None
 
     def build(self, cfg: RunConfig) -> Iterator[RequestSpec]:
-        """``cfg``'s requests as this endpoint is sent them (its sizing, its prompt text)."""
-        return build_requests(cfg.replace(endpoints=(self.endpoint,)), self.sizing)
+        """``cfg``'s requests as this endpoint is sent them (its sizing, its prompt text);
+        with ``--shard K/N``, this shard's part of them."""
+        return shard_specs(
+            cfg, build_requests(cfg.replace(endpoints=(self.endpoint,)), self.sizing)
+        )
 
     @property
     def token_ends(self) -> TokenEnds | None:
@@ -173,6 +177,7 @@ def run_specs(
     telemetry (``--gpu-metrics``) is sampled beside it, its idle baseline taken first."""
     from loadlab.runner.telemetry import for_run
 
+    ready_ms = wait_for_start(cfg)
     with for_run(cfg, endpoint.name) as gpu:
         if cfg.workers > 1:
             results = run_processes(
@@ -186,6 +191,8 @@ def run_specs(
             )  # fmt: skip
             results = run_async(coro)
     gpu.attach(results)
+    if cfg.shard is not None or cfg.start_at is not None:
+        results.extra["shard"] = shard_extra(cfg, ready_ms)
     return results
 
 
