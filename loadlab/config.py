@@ -133,6 +133,12 @@ class RunConfig:
                 _number(flag, value, 0.0, MAX_DURATION_S, "s", "give seconds", open_lo=True)
         for flag, value in (("--warmup", self.warmup_s), ("--cooldown", self.cooldown_s)):
             _number(flag, value, 0.0, MAX_DURATION_S, "s", "give seconds")
+        if self.duration_s is not None and self.warmup_s + self.cooldown_s >= self.duration_s:
+            raise ConfigError(
+                f"--warmup {self.warmup_s:g} s and --cooldown {self.cooldown_s:g} s leave no "
+                f"measurement window in --duration {self.duration_s:g} s: make --duration longer "
+                "than their sum"
+            )
         _number(
             "--scrape-interval",
             self.scrape_interval_s,

@@ -1,0 +1,66 @@
+"""Input a careless or hostile user gives: refused up front (exit 2, naming the flag or file
+and the fix) or judged for what it is, against the fixed-schedule server on loopback."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadlab.cli import main
+from loadlab.selftest.fixed_server import FixedServerProcess
+
+SLO = "examples/slo.toml"
+
+
+@pytest.fixture(scope="module")
+def fast_url() -> Iterator[str]:
+    with FixedServerProcess(ttft_ms=5, itl_ms=1, tokens=4) as url:
+        yield url
+
+
+def _truth(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"{url}/truth", timeout=10) as resp:  # noqa: S310 - loopback
+        return dict(json.loads(resp.read()))
+
+
+def _reset(url: str) -> None:
+    req = urllib.request.Request(f"{url}/truth/reset", method="POST")  # noqa: S310 - loopback
+    urllib.request.urlopen(req, timeout=10).close()  # noqa: S310 - the fixture's loopback URL
+
+
+def _run(url: str, out: Path, *args: str) -> int:
+    return main(["run", "--endpoint", url, "--no-progress", "--tokenizer", "none",
+                 "--max-tokens", "4", "--out", str(out), *args])  # fmt: skip
+
+
+@pytest.mark.parametrize(("warmup", "cooldown"), [("5", "0"), ("3", "2"), ("9", "0")])
+def test_warmup_that_covers_the_run_is_refused_before_any_request(
+    fast_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], warmup: str, cooldown: str
+) -> None:
+    _reset(fast_url)
+    out = tmp_path / "r.json"
+    code = _run(fast_url, out, "--concurrency", "1", "--duration", "5", "--warmup", warmup,
+                "--cooldown", cooldown)  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--warmup {warmup} s and --cooldown {cooldown} s leave no measurement window" in err
+    assert "--duration 5 s" in err
+    assert _truth(fast_url) == {} and not out.exists()
+
+
+def test_slo_on_a_run_without_a_measurement_window_is_not_valid_evidence(
+    fast_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run stopped by --requests before its warm-up ended measured nothing: not a FAIL."""
+    out = tmp_path / "r.json"
+    assert _run(fast_url, out, "--concurrency", "1", "--requests", "12", "--warmup", "600") == 0
+    capsys.readouterr()
+    code = main(["slo", str(out), "--slo", SLO])
+    printed = capsys.readouterr().out
+    assert code == 2, printed
+    assert "NOT VALID EVIDENCE: the run has no measurement window" in printed
+    assert "verdict: INVALID (exit 2)" in printed
