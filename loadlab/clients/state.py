@@ -65,7 +65,7 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["StreamState", "dumps", "excerpt", "loads", "retry_after_s"]
+__all__ = ["StreamState", "dumps", "excerpt", "loads", "retry_after_s", "token_count"]
 
 _EXCERPT_CHARS = 200
 _BODY_KEEP_BYTES = 4096  # of an error body, for the excerpt
@@ -78,6 +78,15 @@ def excerpt(text: str, secrets: Sequence[str] = ()) -> str:
         text = text.replace(s, "***")
     text = " ".join(text.split())
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+def token_count(value: Any) -> int | None:
+    """A token count from a server's usage: a whole number >= 0, else None (not taken).
+
+    >>> token_count(12), token_count(-5), token_count(True), token_count(1.5)
+    (12, None, None, None)
+    """
+    return value if type(value) is int and value >= 0 else None
 
 
 def retry_after_s(value: str) -> float | None:
@@ -341,13 +350,16 @@ class StreamState:
         prompt = usage.get(self.PROMPT_KEY)
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return (prompt if isinstance(prompt, int) else None,
-                cached if isinstance(cached, int) else None)  # fmt: skip
+        prompt = token_count(prompt)
+        cached = token_count(cached)
+        if cached is not None and prompt is not None and cached > prompt:
+            cached = None  # more cached than sent: not a count to take
+        return prompt, cached
 
     def _note_usage(self, usage: Any) -> None:
         """Usage inside a stream: the cumulative output tokens up to the latest token chunk."""
-        out = usage.get(self.OUTPUT_KEY) if isinstance(usage, dict) else None
-        if isinstance(out, int) and self._stamps:
+        out = token_count(usage.get(self.OUTPUT_KEY)) if isinstance(usage, dict) else None
+        if out is not None and self._stamps:
             if self._usage_at is None:
                 self._usage_at = {}
             self._usage_at[len(self._stamps) - 1] = out
@@ -390,13 +402,18 @@ class StreamState:
         if usage:
             rec.prompt_tokens, rec.cached_prompt_tokens = self._prompt_usage(usage)
         completion = usage.get(self.OUTPUT_KEY)
+        # a usage that is not a count (-5, 1.5, "7"): the tokens are counted as if it were
+        # absent, and the record says its usage disagrees
+        bad_usage = completion is not None and token_count(completion) is None
+        completion = token_count(completion)
         split = None
         if self.stream and rec.chunk_ns and not rec.chunk_tokens:
-            split = self._chunk_counts(completion if isinstance(completion, int) else None)
+            split = self._chunk_counts(completion)
             if split is not None:
                 rec.chunk_tokens = split[0]
         streamed = sum(rec.chunk_tokens) if split is not None else rec.output_tokens_chunks
-        if isinstance(completion, int):
+        rec.output_tokens_disagree = bad_usage
+        if completion is not None:
             rec.output_tokens, rec.output_tokens_source = completion, "usage"
             rec.output_tokens_disagree = self.stream and streamed != completion
             if not self.stream and rec.chunk_ns:
@@ -406,8 +423,10 @@ class StreamState:
         elif rec.output_tokens_chunks:
             rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
         details = usage.get(self.OUTPUT_DETAILS_KEY)
-        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
-        if isinstance(reasoning, int) and (reasoning or not rec.reasoning_chunks):
+        reasoning = (
+            token_count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+        )
+        if reasoning is not None and (reasoning or not rec.reasoning_chunks):
             rec.reasoning_tokens = (
                 reasoning  # the server's count (0 from a model that did not reason)
             )

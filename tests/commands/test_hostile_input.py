@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from loadlab.cli import main
+from loadlab.results import read_results
 from loadlab.selftest.fixed_server import FixedServerProcess
+from tests.helpers.canned import CannedServer, sse_response
 
 SLO = "examples/slo.toml"
 
@@ -64,3 +66,29 @@ def test_slo_on_a_run_without_a_measurement_window_is_not_valid_evidence(
     assert code == 2, printed
     assert "NOT VALID EVIDENCE: the run has no measurement window" in printed
     assert "verdict: INVALID (exit 2)" in printed
+
+
+def _chat_stream(usage: dict[str, object], tokens: int = 3) -> bytes:
+    delta = [{"choices": [{"index": 0, "delta": {"content": "tok "}}]}] * tokens
+    return sse_response([
+        {"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        *delta,
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+        {"choices": [], "usage": usage},
+    ])  # fmt: skip
+
+
+def test_negative_usage_is_not_taken(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that says completion_tokens -5573 once made "output -5,573 tok/s": the count
+    falls back to the streamed chunks and each record says its usage disagreed."""
+    bad = {"prompt_tokens": -8, "completion_tokens": -5573, "total_tokens": -5581}
+    out = tmp_path / "r.json"
+    with CannedServer({"/v1/chat/completions": _chat_stream(bad)}) as srv:
+        code = _run(srv.url, out, "--model", "m", "--concurrency", "1", "--requests", "4")
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    res = read_results(out)
+    assert [(r.output_tokens, r.output_tokens_source) for r in res.records] == [(3, "chunks")] * 4
+    assert all(r.output_tokens_disagree and r.prompt_tokens is None for r in res.records)
+    assert "output -" not in printed and "total -" not in printed
+    assert "4 requests: server usage and streamed chunks disagree" in printed
