@@ -27,8 +27,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadlab.records import RequestRecord  # noqa: E402
-from loadlab.results import SCHEMA, SCHEMA_VERSION, environment_info  # noqa: E402
+from loadlab.records import RequestRecord
+from loadlab.results import SCHEMA, SCHEMA_VERSION, environment_info
 
 ROOT = Path(__file__).resolve().parent.parent
 SLO = ROOT / "examples" / "slo.toml"

@@ -93,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(module.run(args))
     except LoadlabError as exc:  # the one place input errors become exit code 2
-        print(f"loadlab {name}: {exc}", file=sys.stderr)
+        from loadlab.records import printable
+
+        lines = str(exc).split("\n")  # a scenario's problems come one a line
+        print(f"loadlab {name}: " + "\n".join(map(printable, lines)), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP where a command installed signals
         from loadlab.runner import signals

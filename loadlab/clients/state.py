@@ -43,6 +43,7 @@ from loadlab.records import (
     OUTCOME_STREAM_ERROR,
     RequestRecord,
     http_outcome,
+    printable,
 )
 
 loads: Callable[[str | bytes], Any]
@@ -73,10 +74,11 @@ _SSE_STARTS = (b"data", b"event", b"id", b"retry", b":")
 
 
 def excerpt(text: str, secrets: Sequence[str] = ()) -> str:
-    """``text`` with every secret replaced by ``***``, whitespace folded, cut to 200 chars."""
+    """``text`` with every secret replaced by ``***``, whitespace folded, what a terminal
+    would act on escaped (``printable``), cut to 200 chars."""
     for s in secrets:
         text = text.replace(s, "***")
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
 
 
@@ -241,7 +243,7 @@ class StreamState:
             "Content-Type", "text/event-stream"
         ):
             self._sse = False
-            rec.error = f"expected text/event-stream, got {headers.get('Content-Type')}"
+            rec.error = excerpt(f"expected text/event-stream, got {headers.get('Content-Type')}")
 
     def on_bytes(self, data: bytes, t_ns: int) -> bool:  # pragma: no cover
         """The bytes of one read; True once the outcome is decided and reading may stop.

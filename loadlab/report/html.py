@@ -25,6 +25,7 @@ from loadlab._version import __version__
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
 from loadlab.analysis.summary import summarize
+from loadlab.records import printable
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.prefix_cache import prefix_cache_rows
@@ -95,7 +96,9 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def _errors(results: Results, limit: int = 20) -> list[tuple[str, int]]:
-    c = Counter(f"{r.outcome}: {r.error}" for r in results.records if r.failed and r.error)
+    c = Counter(
+        printable(f"{r.outcome}: {r.error}") for r in results.records if r.failed and r.error
+    )
     return c.most_common(limit)
 
 

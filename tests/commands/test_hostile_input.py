@@ -13,7 +13,7 @@ import pytest
 from loadlab.cli import main
 from loadlab.results import read_results
 from loadlab.selftest.fixed_server import FixedServerProcess
-from tests.helpers.canned import CannedServer, sse_response
+from tests.helpers.canned import CannedServer, response, sse_response
 
 SLO = "examples/slo.toml"
 
@@ -92,3 +92,30 @@ def test_negative_usage_is_not_taken(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(r.output_tokens_disagree and r.prompt_tokens is None for r in res.records)
     assert "output -" not in printed and "total -" not in printed
     assert "4 requests: server usage and streamed chunks disagree" in printed
+
+
+EVIL = "\x1b]0;pwned\x07\x1b[2J\x1b[H\r\nall requests ok \u202eko\x9b31m"
+
+
+@pytest.mark.parametrize("how", ["stream", "status"])
+def test_a_servers_error_text_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """Escape sequences in an error once set the terminal's title, cleared the screen and
+    forged a line ("all requests ok"); they are printed as their escapes everywhere: an error
+    inside a 200 stream (its message parsed out of JSON) and a 500's raw body."""
+    if how == "stream":
+        answer = sse_response([{"error": {"message": EVIL, "type": "server_error"}}])
+    else:
+        answer = response("500 Oops\x1b[2J", EVIL.encode("utf-8"))
+    out = tmp_path / "r.json"
+    with CannedServer({"/v1/chat/completions": answer}) as srv:
+        _run(srv.url, out, "--model", "m", "--concurrency", "1", "--requests", "3")
+    html, csv = tmp_path / "r.html", tmp_path / "r.csv"
+    assert main(["report", str(out), "--html", str(html), "--csv", str(csv)]) == 0
+    captured = capsys.readouterr()
+    for text in (captured.out, captured.err, html.read_text(), csv.read_text(), out.read_text()):
+        assert not set(text) & set("\x1b\x07\r\x9b\u202e"), repr(text[:300])
+        assert "\nall requests ok" not in text
+    assert "first error: " in captured.out
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in captured.out
