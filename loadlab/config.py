@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadlab.errors import ConfigError
-from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
+from loadlab.headers import (
+    check_header,
+    check_no_proxy,
+    public_url,
+    redact_headers,
+    split_userinfo,
+)
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
 __all__ = ["EndpointConfig", "RunConfig"]
@@ -105,6 +111,9 @@ class RunConfig:
             )
         if self.transport not in ("raw", "aiohttp"):
             raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
+        if self.transport == "raw":
+            for endpoint in self.endpoints:
+                check_no_proxy(endpoint.url)
         self._check_numbers()
 
     def _check_numbers(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import re
+import urllib.request
 from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -31,6 +32,8 @@ from loadlab.errors import ConfigError
 __all__ = [
     "REDACTED",
     "check_header",
+    "check_no_proxy",
+    "env_proxy",
     "is_credential",
     "public_url",
     "redact_headers",
@@ -82,3 +85,26 @@ def split_userinfo(url: str) -> tuple[str, str | None]:
 def public_url(url: str) -> str:
     """``url`` safe to store or print: any user-info removed."""
     return split_userinfo(url)[0]
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY`` for http, ``HTTPS_PROXY``
+    for https), or None when there is none or ``NO_PROXY`` exempts its host: the rule aiohttp
+    follows with ``trust_env``. The proxy comes back without its user-info."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return split_userinfo(proxy)[0]
+
+
+def check_no_proxy(url: str) -> None:
+    """``ConfigError`` when the environment names a proxy for ``url``: for loadlab's own
+    (raw) transport, which does not go through one and must not bypass it unseen."""
+    proxy = env_proxy(url)
+    if proxy is not None:
+        raise ConfigError(
+            f"{urlsplit(url).scheme.upper()}_PROXY names a proxy ({proxy}) for {url}, and the "
+            "raw transport does not go through proxies: add --transport aiohttp to use it, or "
+            "add the host to NO_PROXY to reach the endpoint directly"
+        )

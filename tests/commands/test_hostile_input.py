@@ -14,6 +14,7 @@ from loadlab.cli import main
 from loadlab.results import read_results
 from loadlab.selftest.fixed_server import FixedServerProcess
 from tests.helpers.canned import CannedServer, response, sse_response
+from tests.helpers.proxy import ForwardProxy
 
 SLO = "examples/slo.toml"
 
@@ -24,14 +25,16 @@ def fast_url() -> Iterator[str]:
         yield url
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # whatever HTTP_PROXY says
+
+
 def _truth(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"{url}/truth", timeout=10) as resp:  # noqa: S310 - loopback
+    with _DIRECT.open(f"{url}/truth", timeout=10) as resp:
         return dict(json.loads(resp.read()))
 
 
 def _reset(url: str) -> None:
-    req = urllib.request.Request(f"{url}/truth/reset", method="POST")  # noqa: S310 - loopback
-    urllib.request.urlopen(req, timeout=10).close()  # noqa: S310 - the fixture's loopback URL
+    _DIRECT.open(urllib.request.Request(f"{url}/truth/reset", method="POST"), timeout=10).close()
 
 
 def _run(url: str, out: Path, *args: str) -> int:
@@ -119,3 +122,66 @@ def test_a_servers_error_text_cannot_drive_the_terminal(
         assert "\nall requests ok" not in text
     assert "first error: " in captured.out
     assert "\\x1b]0;pwned\\x07\\x1b[2J" in captured.out
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[ForwardProxy]:
+    """HTTP_PROXY at a real proxy on loopback, and no NO_PROXY: a machine's default NO_PROXY
+    often exempts 127.0.0.1, which would hide whether the proxy is used at all."""
+    with ForwardProxy() as proxy:
+        for name in (
+            "no_proxy",
+            "NO_PROXY",
+            "https_proxy",
+            "HTTPS_PROXY",
+            "all_proxy",
+            "ALL_PROXY",
+        ):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("http_proxy", proxy.url)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        yield proxy
+
+
+def test_aiohttp_goes_through_the_proxy_the_environment_names(
+    fast_url: str, tmp_path: Path, proxy_env: ForwardProxy
+) -> None:
+    out = tmp_path / "r.json"
+    code = _run(fast_url, out, "--transport", "aiohttp", "--concurrency", "2", "--requests", "6")
+    assert code == 0
+    assert all(r.ok for r in read_results(out).records)
+    assert proxy_env.proxied == [f"POST {fast_url}/v1/chat/completions HTTP/1.1"] * 6
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_raw_transport_refuses_a_proxy_it_would_bypass(
+    fast_url: str,
+    tmp_path: Path,
+    proxy_env: ForwardProxy,
+    capsys: pytest.CaptureFixture[str],
+    workers: str,
+) -> None:
+    _reset(fast_url)
+    out = tmp_path / "r.json"
+    assert _run(fast_url, out, "--workers", workers, "--concurrency", "2", "--requests", "3") == 2
+    err = capsys.readouterr().err
+    assert f"HTTP_PROXY names a proxy ({proxy_env.url}) for {fast_url}" in err
+    assert "add --transport aiohttp" in err and "NO_PROXY" in err
+    assert _truth(fast_url) == {} and proxy_env.proxied == [] and not out.exists()
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_no_proxy_exempts_the_endpoint(
+    fast_url: str,
+    tmp_path: Path,
+    proxy_env: ForwardProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    transport: str,
+) -> None:
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    out = tmp_path / "r.json"
+    assert (
+        _run(fast_url, out, "--transport", transport, "--concurrency", "1", "--requests", "3") == 0
+    )
+    assert all(r.ok for r in read_results(out).records) and proxy_env.proxied == []

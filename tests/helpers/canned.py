@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import socketserver
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from tests.helpers.loopback import ThreadedServer
 
 __all__ = ["CannedServer", "response", "sse_response"]
 
@@ -37,7 +38,7 @@ def sse_response(events: Sequence[Any]) -> bytes:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    server: _Server
+    server: Any  # a ThreadedServer's, with ``requests`` and ``answer``
 
     def handle(self) -> None:
         first = self.rfile.readline(65536).decode("latin-1").strip()
@@ -57,40 +58,19 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(answer if answer is not None else response("404 Not Found", b"{}"))
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    requests: list[str]
-    answer: Callable[[str], bytes | None]
-
-
-class CannedServer:
+class CannedServer(ThreadedServer):
     """``with CannedServer(routes) as srv``: answers ``routes[path]`` (bytes, or a function of
     the path) on 127.0.0.1 until the block ends; any other path is a 404."""
 
     def __init__(self, routes: Mapping[str, bytes | Callable[[str], bytes]]) -> None:
         self.routes = dict(routes)
-        self.url = ""
         self.requests: list[str] = []
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(_Handler, requests=self.requests, answer=self._answer)
 
     def _answer(self, path: str) -> bytes | None:
         found = self.routes.get(path.split("?")[0])
         return found(path) if callable(found) else found
 
     def __enter__(self) -> CannedServer:
-        server = _Server(("127.0.0.1", 0), _Handler)
-        server.requests, server.answer = self.requests, self._answer
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(10)
