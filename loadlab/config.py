@@ -21,6 +21,7 @@ from loadlab.errors import ConfigError
 from loadlab.headers import (
     check_header,
     check_no_proxy,
+    check_url,
     public_url,
     redact_headers,
     split_userinfo,
@@ -52,9 +53,8 @@ class EndpointConfig:
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ConfigError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        check_url(self.url, "--endpoint")
         url, basic = split_userinfo(self.url)
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"endpoint URL must start with http:// or https://, got {url!r}")
         headers = dict(self.headers)
         if basic is not None and not any(k.lower() == "authorization" for k in headers):
             headers = {"Authorization": basic, **headers}
@@ -111,6 +111,8 @@ class RunConfig:
             )
         if self.transport not in ("raw", "aiohttp"):
             raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
+        if self.scrape:
+            check_url(self.scrape, "--scrape")
         if self.transport == "raw":
             for endpoint in self.endpoints:
                 check_no_proxy(endpoint.url)

@@ -33,6 +33,7 @@ __all__ = [
     "REDACTED",
     "check_header",
     "check_no_proxy",
+    "check_url",
     "env_proxy",
     "is_credential",
     "public_url",
@@ -80,6 +81,32 @@ def split_userinfo(url: str) -> tuple[str, str | None]:
     user, _, password = userinfo.partition(":")
     token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
     return urlunsplit(parts._replace(netloc=hostport)), f"Basic {token}"
+
+
+def check_url(url: str, what: str) -> None:
+    """``ConfigError`` naming ``what`` (``--endpoint``, ``--scrape``) unless ``url`` is an
+    http(s) URL with a host and, when it gives one, a port from 1 to 65535.
+
+    >>> check_url("http://127.0.0.1:8000", "--endpoint")
+    >>> check_url("http://127.0.0.1:99999", "--endpoint")
+    Traceback (most recent call last):
+    loadlab.errors.ConfigError: --endpoint 'http://127.0.0.1:99999': the port must be 1 to 65535
+    """
+    _, at, tail = url.rpartition("@")  # never print user-info, even of a URL this bad
+    shown = url.split("//", 1)[0] + "//***@" + tail if at else url
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        why = "the port must be 1 to 65535" if "Port" in str(exc) else f"not a URL ({exc})"
+        raise ConfigError(f"{what} {shown!r}: {why}") from None
+    example = "e.g. http://127.0.0.1:8000"
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{what} {shown!r} must start with http:// or https:// ({example})")
+    if not parts.hostname:
+        raise ConfigError(f"{what} {shown!r} names no host ({example})")
+    if port == 0:
+        raise ConfigError(f"{what} {shown!r}: the port must be 1 to 65535")
 
 
 def public_url(url: str) -> str:

@@ -36,6 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from loadlab.clients.sse import MAX_EVENT_BYTES, SSEDecoder
+from loadlab.headers import public_url
 from loadlab.records import (
     OUTCOME_INCOMPLETE,
     OUTCOME_OK,
@@ -118,6 +119,7 @@ class StreamState:
         "_decoder",
         "_head",
         "_header_id",
+        "_location",
         "_outcome",
         "_parts",
         "_sse",
@@ -166,6 +168,7 @@ class StreamState:
         self._any_event = False
         self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
         self._header_id: str | None = None  # a request-id response header (ID_HEADERS)
+        self._location: str | None = None  # a redirect's target (Location), for its error
         self._calls: dict[Any, dict[str, str]] | None = None  # tool calls by index (_tool_*)
         # token chunk index -> cumulative output tokens, from usage sent inside the stream
         # (vLLM/SGLang ``continuous_usage_stats``): the server's own tokens per chunk
@@ -236,6 +239,8 @@ class StreamState:
         if not 200 <= status < 300:
             self._outcome = http_outcome(status)
             self._sse = False
+            if 300 <= status < 400:
+                self._location = public_url(headers.get("Location") or "(no Location header)")
             retry = headers.get("Retry-After")
             if retry is not None and (seconds := retry_after_s(retry)) is not None:
                 rec.server["retry_after_s"] = seconds
@@ -318,7 +323,12 @@ class StreamState:
                 self._set(OUTCOME_INCOMPLETE, self.INCOMPLETE)
         elif self._outcome is not None and rec.http_status is not None and rec.http_status >= 300:
             body = b"".join(self._body).decode("utf-8", "replace")
-            rec.error = excerpt(f"HTTP {rec.http_status}: {body}", self.secrets)
+            status = f"HTTP {rec.http_status}"
+            if self._location is not None:  # loadlab does not follow: say where it pointed
+                status += (
+                    f" redirect to {self._location} (not followed: give that URL as --endpoint)"
+                )
+            rec.error = excerpt(f"{status}: {body}", self.secrets)
         rec.outcome = self._outcome or OUTCOME_OK
         if rec.response_id is None:
             rec.response_id = self._header_id

@@ -29,7 +29,7 @@ from typing import Any
 from loadlab.analysis.generator import saturation_warning
 from loadlab.analysis.token_checks import prompt_match, prompt_warning
 from loadlab.config import APIS, EndpointConfig, RunConfig
-from loadlab.errors import ConfigError, UsageError, require
+from loadlab.errors import TOO_DEEP, ConfigError, UsageError, require
 from loadlab.headers import check_header
 from loadlab.journal import prepare_output
 from loadlab.results import Results, write_results
@@ -259,6 +259,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             extra = json.loads(args.extra_body)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+        except RecursionError:
+            raise ConfigError(f"--extra-body is {TOO_DEEP}") from None
         if not isinstance(extra, dict):
             raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
         fields["extra_body"] = extra

@@ -34,7 +34,8 @@ def _truth(url: str) -> dict[str, object]:
 
 
 def _reset(url: str) -> None:
-    _DIRECT.open(urllib.request.Request(f"{url}/truth/reset", method="POST"), timeout=10).close()
+    reset = urllib.request.Request(f"{url}/truth/reset", method="POST")  # noqa: S310 - loopback
+    _DIRECT.open(reset, timeout=10).close()
 
 
 def _run(url: str, out: Path, *args: str) -> int:
@@ -185,3 +186,107 @@ def test_no_proxy_exempts_the_endpoint(
         _run(fast_url, out, "--transport", transport, "--concurrency", "1", "--requests", "3") == 0
     )
     assert all(r.ok for r in read_results(out).records) and proxy_env.proxied == []
+
+
+def test_scrape_that_wants_a_key_is_said_on_the_console(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A /metrics that answers 401 once failed every sample without a word."""
+    unauthorized = response("401 Unauthorized", b'{"error": "missing API key"}')
+    routes = {"/v1/chat/completions": _chat_stream({"completion_tokens": 3}),
+              "/metrics": unauthorized}  # fmt: skip
+    out = tmp_path / "r.json"
+    with CannedServer(routes) as srv:
+        code = _run(srv.url, out, "--model", "m", "--concurrency", "1", "--requests", "4",
+                    "--scrape", f"{srv.url}/metrics", "--scrape-interval", "0.05")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0
+    assert f"--scrape {srv.url}/metrics: HTTP 401: the server wants credentials" in err
+    failed = read_results(out).extra["scrape"]["failures"]
+    assert failed >= 2 and f"{failed} of {failed} samples failed (last: HTTP 401" in err
+
+
+def test_a_redirects_error_names_its_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = "https://user:pw@elsewhere.example/v1/chat/completions"
+    moved = response("301 Moved Permanently", b"moved", {"Location": target})
+    out = tmp_path / "r.json"
+    with CannedServer({"/v1/chat/completions": moved}) as srv:
+        assert _run(srv.url, out, "--model", "m", "--concurrency", "1", "--requests", "2") == 3
+    printed = capsys.readouterr().out
+    shown = "HTTP 301 redirect to https://elsewhere.example/v1/chat/completions (not followed"
+    assert f"first error: {shown}" in printed
+    assert all(r.error and r.error.startswith(shown) for r in read_results(out).records)
+    assert "user:pw" not in printed and "user:pw" not in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("objective", "why"),
+    [
+        ("ttft_ms.p95 <= -5", "ttft_ms is never negative"),
+        ("itl_ms.p99 < 0", "itl_ms is never negative"),
+        ("error_rate >= 1.5", "error_rate is a fraction from 0 to 1"),
+        ("output_tokens_per_s < 0", "output_tokens_per_s is never negative"),
+    ],
+)
+def test_an_slo_that_can_never_pass_is_refused_before_any_request(
+    fast_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], objective: str, why: str
+) -> None:
+    _reset(fast_url)
+    slo = tmp_path / "slo.toml"
+    slo.write_text(f'objectives = ["ttft_ms.p50 <= 500", "{objective}"]\n')
+    out = tmp_path / "r.json"
+    code = _run(fast_url, out, "--concurrency", "1", "--requests", "3", "--slo", str(slo))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{slo}: objectives[1]: {objective} can never pass: {why}" in err
+    assert _truth(fast_url) == {} and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999", "'http://127.0.0.1:99999': the port must be 1 to 65535"),
+        ("http://[::1", "'http://[::1': not a URL (Invalid IPv6 URL)"),
+        ("http://", "'http://' names no host"),
+        ("http://127.0.0.1:0", "'http://127.0.0.1:0': the port must be 1 to 65535"),
+        ("http://u:secret@h:70000", "'http://***@h:70000': the port must be 1 to 65535"),
+    ],
+)
+def test_a_malformed_endpoint_url_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, why: str
+) -> None:
+    assert _run(url, tmp_path / "r.json", "--concurrency", "1", "--requests", "1") == 2
+    err = capsys.readouterr().err
+    assert f"loadlab run: --endpoint {why}" in err and "Traceback" not in err
+    assert "secret" not in err
+
+
+def _deep_toml(levels: int) -> str:
+    return "objectives = " + "[" * levels + "]" * levels + "\n"
+
+
+def test_files_nested_thousands_deep_are_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """5,000 levels of TOML or 100,000 of JSON once raised RecursionError: exit 1, which
+    `loadlab slo` means as FAIL."""
+    slo, scenario, results = tmp_path / "slo.toml", tmp_path / "sc.toml", tmp_path / "r.json"
+    slo.write_text(_deep_toml(5000))
+    scenario.write_text("concurrency = 1\nrequests = 1\n[workload]\nx = " + "[" * 5000 + "]" * 5000)
+    results.write_text('{"schema": "loadlab.results", "version": 1, "records": '
+                       + "[" * 100_000 + "]" * 100_000 + "}")  # fmt: skip
+    good = tmp_path / "good.toml"
+    good.write_text('objectives = ["ttft_ms.p50 <= 500"]\n')
+    runs = [
+        (["slo", str(results), "--slo", str(slo)], str(slo)),
+        (["slo", str(results), "--slo", str(good)], str(results)),
+        (["report", str(results)], str(results)),
+        (["run", "--scenario", str(scenario), "--endpoint", "http://127.0.0.1:9"], str(scenario)),
+    ]
+    for argv, named in runs:
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        text = captured.out + captured.err
+        assert named in text and "nested too deeply" in text and "Traceback" not in text, text
