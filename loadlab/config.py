@@ -21,8 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.errors import ConfigError
-from loadlab.headers import check_header, public_url, redact_headers, split_userinfo
+from loadlab.errors import TOO_DEEP, ConfigError
+from loadlab.headers import (
+    check_header,
+    check_no_proxy,
+    check_url,
+    public_url,
+    redact_headers,
+    split_userinfo,
+)
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
 __all__ = ["DEMO", "EndpointConfig", "RunConfig", "extra_body_from_flag"]
@@ -69,9 +76,8 @@ class EndpointConfig:
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ConfigError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        check_url(self.url, "--endpoint")
         url, basic = split_userinfo(self.url)
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"endpoint URL must start with http:// or https://, got {url!r}")
         headers = dict(self.headers)
         if basic is not None and not any(k.lower() == "authorization" for k in headers):
             headers = {"Authorization": basic, **headers}
@@ -146,6 +152,11 @@ class RunConfig:
             )
         if self.transport not in ("raw", "aiohttp"):
             raise ConfigError(f"--transport must be raw or aiohttp, got {self.transport!r}")
+        if self.scrape:
+            check_url(self.scrape, "--scrape")
+        if self.transport == "raw":
+            for endpoint in self.endpoints:
+                check_no_proxy(endpoint.url)
         self._check_numbers()
         self._check_cost()
 
@@ -188,6 +199,12 @@ class RunConfig:
                 _number(flag, value, 0.0, MAX_DURATION_S, "s", "give seconds", open_lo=True)
         for flag, value in (("--warmup", self.warmup_s), ("--cooldown", self.cooldown_s)):
             _number(flag, value, 0.0, MAX_DURATION_S, "s", "give seconds")
+        if self.duration_s is not None and self.warmup_s + self.cooldown_s >= self.duration_s:
+            raise ConfigError(
+                f"--warmup {self.warmup_s:g} s and --cooldown {self.cooldown_s:g} s leave no "
+                f"measurement window in --duration {self.duration_s:g} s: make --duration longer "
+                "than their sum"
+            )
         _number(
             "--scrape-interval",
             self.scrape_interval_s,
@@ -295,6 +312,8 @@ def extra_body_from_flag(text: str) -> dict[str, Any]:
         extra = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+    except RecursionError:
+        raise ConfigError(f"--extra-body is {TOO_DEEP}") from None
     if not isinstance(extra, dict):
         raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
     return extra

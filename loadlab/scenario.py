@@ -30,7 +30,7 @@ from typing import Any
 import pydantic
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
-from loadlab.errors import ScenarioError
+from loadlab.errors import TOO_DEEP, ScenarioError
 from loadlab.headers import public_url
 from loadlab.workloads import resolve_workload_paths, validate_workload
 from loadlab.workloads.arrivals import PROCESSES
@@ -211,6 +211,8 @@ def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = Non
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(f"{p}: {TOO_DEEP}") from None
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
     return scenario_from_dict(data, source=str(p), bases=(p.resolve().parent,), overrides=overrides)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from loadlab.config import RunConfig
+from loadlab.errors import TOO_DEEP
 from loadlab.records import RequestSpec
 from loadlab.workloads.base import (
     COMMON_KEYS,
@@ -189,6 +190,8 @@ def read_rows(path: Path, fmt: str) -> Iterator[Any]:
                 yield from json.load(f)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{path}: not valid JSON ({exc})") from None
+            except RecursionError:
+                raise WorkloadError(f"{path}: {TOO_DEEP}") from None
             return
         for n, line in enumerate(f, 1):
             if line.strip():
@@ -196,6 +199,8 @@ def read_rows(path: Path, fmt: str) -> Iterator[Any]:
                     yield json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise WorkloadError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
+                except RecursionError:
+                    raise WorkloadError(f"{path}:{n}: {TOO_DEEP}") from None
 
 
 def _messages(row: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
