@@ -33,7 +33,7 @@ import contextlib
 import importlib.util
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,7 +86,7 @@ class Prepared:
     endpoint: EndpointConfig
     sizing: Sizing | None
 
-    def build(self, cfg: RunConfig) -> Iterator[RequestSpec]:
+    def build(self, cfg: RunConfig) -> Iterable[RequestSpec]:
         """``cfg``'s requests as this endpoint is sent them (its sizing, its prompt text);
         with ``--shard K/N``, this shard's part of them."""
         return shard_specs(

@@ -25,6 +25,7 @@ from loadlab.config import RunConfig
 from loadlab.errors import ConfigError
 from loadlab.records import RequestSpec
 from loadlab.runner.runner import group_units
+from loadlab.workloads.base import RequestStream
 
 __all__ = [
     "MAX_START_WAIT_S",
@@ -49,13 +50,14 @@ def run_id(cfg: RunConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def shard_specs(cfg: RunConfig, specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
-    """This shard's units of ``specs`` (all of them without ``--shard``)."""
+def shard_specs(cfg: RunConfig, specs: Iterable[RequestSpec]) -> Iterable[RequestSpec]:
+    """This shard's units of ``specs`` (``specs`` itself without ``--shard``); a workload's
+    stream stays one, so what the workload did still reaches the results file."""
     if cfg.shard is None:
-        yield from specs
-        return
+        return specs
     k, n = cfg.shard
-    yield from partition(specs, n, k, cfg.requests)
+    part = partition(specs, n, k, cfg.requests)
+    return RequestStream(part, specs.extra) if isinstance(specs, RequestStream) else part
 
 
 def partition(
