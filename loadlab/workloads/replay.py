@@ -294,44 +294,28 @@ def _recorded_spec(
             **extra_body,
             "tool_choice": "required" if rec.get("answer_tool_call") else "none",
         }
-    session = f"rec{rec.get('session', row.line)}"
     turn = int(rec.get("turn", 0))
-    if turn > 0:
-        new = max(1, int(rec.get("new_length") or 1))
-        think_s = max(0.0, float(rec.get("think_ms") or 0.0) / 1000.0 / time_scale)
-        return RequestSpec(
-            request_id=rid,
-            prompt=prompt_text(new, rng, tag=rid, chars_per_token=chars_per_token),
-            max_tokens=out,
-            prompt_tokens=new,
-            session_id=session,
-            turn=turn,
-            think_time_s=think_s,
-            request_class=cls,
-            extra_body=extra_body,
-            tools=tools,
-            tool_turn=rec.get("new_kind") == "tool",
-        )
-    text = prefix_prompt(
-        row.hash_ids,
-        prompt_tokens,
-        seed=seed,
-        chars_per_token=chars_per_token,
-        rng=rng,
-        tag=rid,
-        block_tokens=block_tokens,
-    )
+    if turn > 0:  # the runner sends the session's history before this new message
+        n = max(1, int(rec.get("new_length") or 1))
+        text = prompt_text(n, rng, tag=rid, chars_per_token=chars_per_token)
+        at, think_s = None, max(0.0, float(rec.get("think_ms") or 0.0) / 1000.0 / time_scale)
+    else:
+        n, think_s = prompt_tokens, 0.0
+        text = prefix_prompt(row.hash_ids, n, seed=seed, chars_per_token=chars_per_token,
+                             rng=rng, tag=rid, block_tokens=block_tokens)  # fmt: skip
     return RequestSpec(
         request_id=rid,
         prompt=text,
         max_tokens=out,
         intended_at_s=at,
-        prompt_tokens=prompt_tokens,
-        session_id=session,
-        turn=0,
+        prompt_tokens=n,
+        session_id=f"rec{rec.get('session', row.line)}",
+        turn=turn,
+        think_time_s=think_s,
         request_class=cls,
         extra_body=extra_body,
         tools=tools,
+        tool_turn=turn > 0 and rec.get("new_kind") == "tool",
     )
 
 
