@@ -77,8 +77,7 @@ def main() -> int:
     from loadlab.analysis.telemetry import energy_of, telemetry_of
     from loadlab.config import EndpointConfig, RunConfig
     from loadlab.results import write_results
-    from loadlab.runner.workers import run_load
-    from loadlab.workloads import build_requests
+    from loadlab.runner.run import run
     from reference_server.bench import weight_bytes
     from reference_server.config import ServerConfig
     from reference_server.launch import start_server
@@ -100,12 +99,12 @@ def main() -> int:
             cfg = RunConfig(
                 endpoints=(ep,), concurrency=batch, requests=batch * a.rounds,
                 prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens, progress=False,
-                workload={"kind": "synthetic", "exact_output": True, "tokenizer": "byte"},
+                workload={"kind": "synthetic", "exact_output": True}, tokenizer="byte",
                 gpu_metrics={"*": "nvml"}, gpu_interval_s=0.2, gpu_baseline_s=a.baseline,
                 saturation_lag_ms=1000.0,
             )  # fmt: skip
             print(f"batch {batch}: {batch * a.rounds} requests ...", file=sys.stderr)
-            res = run_load(cfg, ep, build_requests, progress=False)
+            res = run(cfg, write=False).runs[0].results
             write_results(res, out_dir / f"batch-{batch}.json")
             window = res.measurement_window_ns()
             lat = metrics.latency_records(res.records, window)

@@ -10,7 +10,8 @@ only when their command runs (the server's torch and Locust's gevent never load 
 ``loadlab report``).
 
 Exit codes: what the command returns; 2 for any ``loadlab.errors.LoadlabError`` (bad input,
-printed as one line, mapped here and nowhere else) or a bad flag; 128 + the signal's number when a stop signal ends it (130 on Ctrl-C,
+printed as one line, mapped here and nowhere else), a bad flag or an input file nested too
+deeply to parse (``RecursionError``); 128 + the signal's number when a stop signal ends it (130 on Ctrl-C,
 143 on SIGTERM, 129 on SIGHUP: ``loadlab.runner.signals``). Any other
 exception is a bug: its traceback is printed and the exit code is 1.
 """
@@ -39,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "compare results files side by side (first = baseline); gate on significant regressions",
     ),
     "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
+    "merge": ("loadlab.commands.merge", "join the results files of one run's --shard parts"),
     "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
     "simulate": ("loadlab.commands.simulate", "predict a run by simulation; write a results file"),
     "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
@@ -97,7 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(module.run(args))
     except LoadlabError as exc:  # the one place input errors become exit code 2
-        print(f"loadlab {name}: {exc}", file=sys.stderr)
+        from loadlab.records import printable
+
+        lines = str(exc).split("\n")  # a scenario's problems come one a line
+        print(f"loadlab {name}: " + "\n".join(map(printable, lines)), file=sys.stderr)
+        return 2
+    except RecursionError:  # a file nested thousands deep that a reader did not name itself
+        from loadlab.errors import TOO_DEEP
+
+        print(f"loadlab {name}: an input file is {TOO_DEEP}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP where a command installed signals
         from loadlab.runner import signals

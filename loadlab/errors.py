@@ -36,6 +36,7 @@ import importlib.util
 __all__ = [
     "EXTRAS",
     "INSTALL",
+    "TOO_DEEP",
     "CalibrationError",
     "ConfigError",
     "LoadlabError",
@@ -96,6 +97,14 @@ class MissingExtraError(LoadlabError):
 
 class CalibrationError(LoadlabError, RuntimeError):
     """The endpoint's token count could not be measured; the message says what to do."""
+
+
+# A file nested thousands of levels deep (``[[[[...`` in JSON or TOML): the parsers recurse
+# and raise RecursionError; every reader of a user's file says this instead (exit 2).
+TOO_DEEP = (
+    "nested too deeply to read (arrays or tables thousands of levels deep; no loadlab input "
+    "nests more than a few)"
+)
 
 
 # The harness's lower-bound checks on settings and records, worded once.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import re
+import urllib.request
 from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -31,6 +32,9 @@ from loadlab.errors import ConfigError
 __all__ = [
     "REDACTED",
     "check_header",
+    "check_no_proxy",
+    "check_url",
+    "env_proxy",
     "is_credential",
     "public_url",
     "redact_headers",
@@ -79,6 +83,55 @@ def split_userinfo(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(netloc=hostport)), f"Basic {token}"
 
 
+def check_url(url: str, what: str) -> None:
+    """``ConfigError`` naming ``what`` (``--endpoint``, ``--scrape``) unless ``url`` is an
+    http(s) URL with a host and, when it gives one, a port from 1 to 65535.
+
+    >>> check_url("http://127.0.0.1:8000", "--endpoint")
+    >>> check_url("http://127.0.0.1:99999", "--endpoint")
+    Traceback (most recent call last):
+    loadlab.errors.ConfigError: --endpoint 'http://127.0.0.1:99999': the port must be 1 to 65535
+    """
+    _, at, tail = url.rpartition("@")  # never print user-info, even of a URL this bad
+    shown = url.split("//", 1)[0] + "//***@" + tail if at else url
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        why = "the port must be 1 to 65535" if "Port" in str(exc) else f"not a URL ({exc})"
+        raise ConfigError(f"{what} {shown!r}: {why}") from None
+    example = "e.g. http://127.0.0.1:8000"
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{what} {shown!r} must start with http:// or https:// ({example})")
+    if not parts.hostname:
+        raise ConfigError(f"{what} {shown!r} names no host ({example})")
+    if port == 0:
+        raise ConfigError(f"{what} {shown!r}: the port must be 1 to 65535")
+
+
 def public_url(url: str) -> str:
     """``url`` safe to store or print: any user-info removed."""
     return split_userinfo(url)[0]
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY`` for http, ``HTTPS_PROXY``
+    for https), or None when there is none or ``NO_PROXY`` exempts its host: the rule aiohttp
+    follows with ``trust_env``. The proxy comes back without its user-info."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return split_userinfo(proxy)[0]
+
+
+def check_no_proxy(url: str) -> None:
+    """``ConfigError`` when the environment names a proxy for ``url``: for loadlab's own
+    (raw) transport, which does not go through one and must not bypass it unseen."""
+    proxy = env_proxy(url)
+    if proxy is not None:
+        raise ConfigError(
+            f"{urlsplit(url).scheme.upper()}_PROXY names a proxy ({proxy}) for {url}, and the "
+            "raw transport does not go through proxies: add --transport aiohttp to use it, or "
+            "add the host to NO_PROXY to reach the endpoint directly"
+        )

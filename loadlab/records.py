@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -47,6 +48,7 @@ __all__ = [
     "http_outcome",
     "is_failed",
     "pick",
+    "printable",
 ]
 
 OUTCOME_OK = "ok"
@@ -81,6 +83,23 @@ def http_outcome(status: int) -> str:
 def is_failed(outcome: str) -> bool:
     """True for every sent request that did not complete (``dropped`` was never sent)."""
     return outcome != OUTCOME_OK and outcome != OUTCOME_DROPPED
+
+
+# What a terminal would act on instead of showing: C0 controls (ESC starts the sequences that
+# set a window's title or clear the screen; CR and LF forge lines), DEL, C1 controls (0x9b is a
+# one-byte CSI), Unicode line separators and the bidirectional overrides that reorder a line.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    r"""``text`` safe to print: each character a terminal would act on written as its escape
+    (``\x1b``, ``\n``, ``\u202e``), so a server's error text can neither run an escape
+    sequence nor forge a line. Record text that a server wrote (``error``) holds only this.
+
+    >>> printable("boom\x1b]0;pwned\x07\x1b[2J\nall requests ok")
+    'boom\\x1b]0;pwned\\x07\\x1b[2J\\nall requests ok'
+    """
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from loadlab._version import __version__
 from loadlab.analysis import metrics
 from loadlab.analysis.generator import merge_parts
 from loadlab.analysis.summary import has_reasoning_or_tools, summarize
-from loadlab.errors import ResultsError
+from loadlab.errors import TOO_DEEP, ResultsError
 from loadlab.headers import REDACTED, public_url, redact_headers
 from loadlab.records import RequestRecord
 
@@ -260,6 +260,8 @@ def read_results(path: str | os.PathLike[str]) -> Results:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno})") from exc
+    except RecursionError:
+        raise ResultsError(f"{p}: {TOO_DEEP}") from None
     return Results.from_dict(data, source=str(p))
 
 

@@ -190,7 +190,10 @@ class ModelRunner:
         hidden states averaged over its tokens, from one forward pass per sequence with plain
         causal attention (no KV cache: nothing is generated, nothing is kept)."""
         out = []
+        vocab = self.args.vocab_size
         for ids in token_lists:
+            if any(not 0 <= i < vocab for i in ids):
+                raise ValueError(f"token ids must be from 0 to {vocab - 1}")
             tok_t = torch.tensor(ids, device=self.device)  # [T]
             pos_t = torch.arange(len(ids), device=self.device)
             h = self.model(tok_t, pos_t, dense_attention)  # [T, D]

@@ -90,7 +90,10 @@ def add_pooling_routes(
             raise api_error(400, "this server's mode does not serve embeddings or rerank "
                             "(disaggregated); start it in another mode", "invalid_request_error")  # fmt: skip
         async with gate:
-            return await asyncio.to_thread(engine.pool, token_lists)
+            try:
+                return await asyncio.to_thread(engine.pool, token_lists)
+            except ValueError as exc:  # a token id outside the vocabulary
+                raise api_error(400, f"input: {exc}", "invalid_request_error", "input") from None
 
     async def scores(query: str, docs: list[str], param: str) -> tuple[list[float], int]:
         pairs = [check(encode(query + "\n" + d), param) for d in docs]

@@ -187,3 +187,32 @@ def test_runs_that_did_not_start_equally_cold_are_said_so_and_every_column_has_a
     assert "hit rates differ" not in capsys.readouterr().out
     cmp = compare([read_results(cold), read_results(warm)], ["a", "b"], n_boot=100)
     assert all(_header(cmp)) and cmp.valid() and cmp.to_dict()["cautions"]
+
+
+@pytest.mark.parametrize("n", ["0", "-5", "99", "100001"])
+def test_bootstrap_out_of_range_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], n: str
+) -> None:
+    """--bootstrap 0 once gave [nan, nan] intervals and passed a +607 % regression."""
+    a = write_results(make_results(300, seed=1, tokens=4), tmp_path / "a.json")
+    b = write_results(make_results(300, seed=3, tokens=4, ttft_scale=7), tmp_path / "b.json")
+    assert main(["compare", str(a), str(b), "--bootstrap", n, "--fail-on-regression", "10"]) == 2
+    captured = capsys.readouterr()
+    assert "--bootstrap must be a whole number from 100 to 100,000" in captured.err
+    assert captured.out == ""  # refused before anything was read or printed
+
+
+def test_a_gate_never_passes_a_change_it_cannot_judge() -> None:
+    """A baseline whose TTFT is 0 (first token in the same ns as the send) has no finite
+    relative change: the gate says not valid evidence instead of passing."""
+    base = make_results(300, seed=1, tokens=4)
+    for r in base.records:
+        if r.ok:
+            r.chunk_ns[0] = r.sent_ns  # type: ignore[assignment]
+    cmp = compare([base, make_results(300, seed=3, tokens=4)], ["a", "b"], n_boot=200)
+    ttft = {r.metric: r for r in cmp.rows}["ttft_ms.p50"]
+    assert ttft.ci_pct[1] is not None and not np.isfinite(ttft.ci_pct[1][0])
+    assert not ttft.significant[1]
+    assert any("ttft_ms.p50: the bootstrap interval of the change is not finite" in w
+               for w in cmp.warnings)  # fmt: skip
+    assert cmp.exit_code(10) == 2 and cmp.exit_code(None) == 0

@@ -465,8 +465,6 @@ PREFIX = Row("prefix cache", "loadlab run --endpoint URL --rate 4 --requests 200
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="a mix scenario cannot run from the CLI: workload (kind = 'mix'): "
-                   "unknown keys ['tokenizer']", strict=False)  # fmt: skip
 def test_a_reasoning_mix_runs_with_its_slo(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     _reasoning(REASONING, request, tmp_path)
 
@@ -483,10 +481,7 @@ def test_the_prefix_workload_hits_the_expected_rate(
 ROWS = {row.want: row for row in tour_rows()}
 
 # Rows that fail today because of a bug being fixed elsewhere: the check is the row's promise.
-KNOWN_BUGS = {
-    "vendors on latency and price": "every run uses seed 0, so the second endpoint finds the "
-    "first one's prompts in the server's prefix cache",
-}
+KNOWN_BUGS = {}
 FAST = {"gate CI on SLOs"}  # under 5 s once the first row's run exists
 
 

@@ -92,6 +92,7 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     """A chat workload's rate counts sessions; at 4 sessions/s of two-turn
     sessions about 8 requests/s go out, and the text says both."""
     from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.runner.run import prepare
     from loadlab.runner.sweep import run_level
     from loadlab.selftest.fixed_server import FixedServerProcess
     from loadlab.slo import parse_slo
@@ -104,10 +105,10 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     spec = parse_slo({"objectives": ["ttft_ms.p90 <= 5000"], "min_requests": 1}, source="t")
     unit = rate_unit(workload)
     with FixedServerProcess(ttft_ms=10, itl_ms=5, tokens=4) as url:
-        ep = EndpointConfig(url=url, name="fx")
+        prepared = prepare(base, EndpointConfig(url=url, name="fx"))
 
         def evaluate(load: float) -> Level:
-            return run_level(base, ep, spec, load, "rate", tmp_path, inconclusive="pass")
+            return run_level(base, prepared, spec, load, "rate", tmp_path, inconclusive="pass")
 
         r = find_max_load(evaluate, [4.0], bisect_steps=0, mode="rate", load_unit=unit)
     lv = r.levels[0]
@@ -120,8 +121,8 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
 
 
 def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeypatch) -> None:
-    """The endpoint is asked how it counts tokens once for the whole sweep; each level's
-    ``run_load`` reuses that answer (it asked again before every level)."""
+    """The endpoint is asked how it counts tokens once for the whole sweep; each level
+    reuses that answer (it asked again before every level)."""
     from loadlab.cli import main
     from loadlab.runner import prompt_sizing as sizing
     from loadlab.selftest.fixed_server import FixedServerProcess
@@ -151,13 +152,12 @@ def test_each_level_has_its_own_seed_and_prompts() -> None:
     from loadlab.config import RunConfig
     from loadlab.runner.sweep import level_config
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     base = RunConfig(rate_rps=1.0, duration_s=4.0, prompt_tokens=64, max_tokens=4)
     cfgs = [level_config(base, load, "rate") for load in (1.0, 2.0, 2)]
     assert cfgs[0].seed != cfgs[1].seed and cfgs[1].seed == cfgs[2].seed
     assert level_config(base.replace(seed=1), 1.0, "rate").seed != cfgs[0].seed
-    one, two = ([s.prompt for s in build_requests(without_asking(c))] for c in cfgs[:2])
+    one, two = ([s.prompt for s in build_requests(c)] for c in cfgs[:2])
     assert len(one) >= 1 and len(two) >= 2
     # no 16-character block (one KV block of the byte tokenizer) of level 2 begins as level 1's
     assert not {p[:16] for p in one} & {p[:16] for p in two}

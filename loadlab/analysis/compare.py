@@ -44,10 +44,13 @@ if TYPE_CHECKING:
     from loadlab.slo import SLOSpec
 
 __all__ = [
+    "BOOTSTRAP_MAX",
+    "BOOTSTRAP_MIN",
     "CACHE_GAP_PP",
     "Comparison",
     "MetricChange",
     "cache_caution",
+    "check_bootstrap",
     "compare",
     "numbered_labels",
 ]
@@ -60,6 +63,24 @@ _MAX_CELLS = 4_000_000  # bootstrap work matrix size per chunk (memory bound)
 # maximum it is inconsistent: Bickel & Freedman, Ann. Statist. 9(6), 1981). Below this many
 # samples on either side of the quantile a row is shown but not tested.
 MIN_TAIL_SAMPLES = 10
+# Resamples: below 100 the tails of a Bonferroni-adjusted interval hold no replicate at all;
+# above 100,000 the interval moves by less than its own rounding while the time grows.
+BOOTSTRAP_MIN, BOOTSTRAP_MAX = 100, 100_000
+
+
+def check_bootstrap(n_boot: int) -> None:
+    """Raises ``ConfigError`` naming ``--bootstrap`` unless ``n_boot`` is a sane resample count.
+
+    >>> check_bootstrap(2000)
+    >>> check_bootstrap(0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    loadlab.errors.ConfigError: --bootstrap must be a whole number from 100 to 100,000 ...
+    """
+    if type(n_boot) is not int or not BOOTSTRAP_MIN <= n_boot <= BOOTSTRAP_MAX:
+        raise ConfigError(
+            f"--bootstrap must be a whole number from {BOOTSTRAP_MIN} to {BOOTSTRAP_MAX:,} "
+            f"(resamples of each run; default 2000), got {n_boot!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -460,6 +481,19 @@ def _cost_rows(
     return rows
 
 
+def _undecided(rows: Sequence[MetricChange], names: Sequence[str]) -> list[str]:
+    """A warning for each tested change whose interval is not finite (no finite bootstrap
+    replicate: a baseline of zero): a gate cannot call it a pass, so it makes the
+    comparison not valid evidence."""
+    return [
+        f"{names[i]}: {r.metric}: the bootstrap interval of the change is not finite "
+        f"[{ci[0]:g}, {ci[1]:g}]; it cannot be judged"
+        for r in rows
+        for i, ci in enumerate(r.ci_pct)
+        if ci is not None and not (np.isfinite(ci[0]) and np.isfinite(ci[1]))
+    ]
+
+
 def compare(
     results_list: Sequence[Results],
     labels: Sequence[str],
@@ -481,6 +515,7 @@ def compare(
         raise ConfigError("compare needs at least two setups (two results files, or two labels)")
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha must be in (0, 1), e.g. 0.05; got {alpha}")
+    check_bootstrap(n_boot)
     setups = [[r for r, lb in zip(results_list, labels, strict=True) if lb == n] for n in names]
     keys: tuple[str, ...] = LATENCY
     pooled = all(rec.inputs is not None for r in results_list for rec in r.records)
@@ -541,11 +576,12 @@ def compare(
         )
     if cost_on:
         rows.extend(_cost_rows(setups, priced, a, n_boot, seed))
-    warnings = tuple(
+    warnings = [
         f"{label}: the load generator was saturated; its latencies are not trustworthy"
         for label, r in zip(labels, results_list, strict=True)
         if r.saturated
-    )
+    ]
+    warnings += _undecided(rows, names)
     caution = cache_caution(setups, names)
     return Comparison(
         labels=tuple(names),

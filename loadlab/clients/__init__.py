@@ -22,7 +22,6 @@ from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.workloads.tokenizers import NOT_LOCAL, load_tokenizer
 
 __all__ = [
     "AnthropicClient",
@@ -43,17 +42,15 @@ __all__ = [
 ]
 
 
-def _token_ends(cfg: RunConfig) -> Callable[[str], Sequence[int]] | None:
-    """The workload's tokenizer when loadlab holds it (a folder, a file, ``byte``): tokens per
-    streamed chunk where the server does not say. ``server``/``auto`` hold none."""
-    spec = cfg.workload.get("tokenizer")
-    if not isinstance(spec, str) or spec in NOT_LOCAL:
-        return None
-    return load_tokenizer(spec).token_ends
-
-
-def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
+def make_client(
+    endpoint: EndpointConfig,
+    cfg: RunConfig,
+    token_ends: Callable[[str], Sequence[int]] | None = None,
+) -> Client:
     """The client for ``endpoint.api`` with the run's stream, usage, body and timeout knobs.
+
+    ``token_ends`` is the target model's tokenizer when loadlab holds it (the run's prompt
+    sizing has it): tokens per streamed chunk where the server does not say.
 
     The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
     unlimited (an open loop without a cap must never wait for a connection).
@@ -73,7 +70,7 @@ def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
         )
     return kind(
         endpoint,
-        token_ends=_token_ends(cfg),
+        token_ends=token_ends,
         stream=cfg.stream,
         include_usage=cfg.include_usage,
         extra_body=cfg.extra_body,

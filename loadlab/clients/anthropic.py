@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadlab.clients.state import dumps
+from loadlab.clients.state import dumps, token_count
 from loadlab.clients.streaming import StreamingClient
 from loadlab.clients.token_frame import TypedEventState
 from loadlab.config import EndpointConfig
@@ -71,16 +71,15 @@ class AnthropicStreamState(TypedEventState):
         ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``, of which
         the cache reads were served from the cache. Both cache counts, when given, are also
         kept as the server said them in ``record.server``."""
-        prompt = usage.get("input_tokens")
-        if not isinstance(prompt, int):
+        prompt = token_count(usage.get("input_tokens"))
+        if prompt is None:
             return None, None
         for key in _CACHE_USAGE_KEYS:
-            n = usage.get(key)
-            if isinstance(n, int):
+            n = token_count(usage.get(key))
+            if n is not None:
                 self.record.server[key] = n
                 prompt += n
-        read = usage.get("cache_read_input_tokens")
-        return prompt, read if isinstance(read, int) else None
+        return prompt, token_count(usage.get("cache_read_input_tokens"))
 
     def _typed(self, obj: dict[str, Any], kind: Any, event: str, data: str, t_rel: int) -> bool:
         """One event (``TypedEventState`` parsed it); True when it decided a failure."""

@@ -36,6 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from loadlab.clients.sse import MAX_EVENT_BYTES, SSEDecoder
+from loadlab.headers import public_url
 from loadlab.records import (
     OUTCOME_INCOMPLETE,
     OUTCOME_OK,
@@ -43,6 +44,7 @@ from loadlab.records import (
     OUTCOME_STREAM_ERROR,
     RequestRecord,
     http_outcome,
+    printable,
 )
 
 loads: Callable[[str | bytes], Any]
@@ -65,7 +67,7 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["StreamState", "dumps", "excerpt", "loads", "retry_after_s"]
+__all__ = ["StreamState", "dumps", "excerpt", "loads", "retry_after_s", "token_count"]
 
 _EXCERPT_CHARS = 200
 _BODY_KEEP_BYTES = 4096  # of an error body, for the excerpt
@@ -73,11 +75,21 @@ _SSE_STARTS = (b"data", b"event", b"id", b"retry", b":")
 
 
 def excerpt(text: str, secrets: Sequence[str] = ()) -> str:
-    """``text`` with every secret replaced by ``***``, whitespace folded, cut to 200 chars."""
+    """``text`` with every secret replaced by ``***``, whitespace folded, what a terminal
+    would act on escaped (``printable``), cut to 200 chars."""
     for s in secrets:
         text = text.replace(s, "***")
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+def token_count(value: Any) -> int | None:
+    """A token count from a server's usage: a whole number >= 0, else None (not taken).
+
+    >>> token_count(12), token_count(-5), token_count(True), token_count(1.5)
+    (12, None, None, None)
+    """
+    return value if type(value) is int and value >= 0 else None
 
 
 def retry_after_s(value: str) -> float | None:
@@ -111,6 +123,7 @@ class StreamState:
         "_decoder",
         "_head",
         "_header_id",
+        "_location",
         "_outcome",
         "_parts",
         "_sse",
@@ -160,6 +173,7 @@ class StreamState:
         self._any_event = False
         self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
         self._header_id: str | None = None  # a request-id response header (ID_HEADERS)
+        self._location: str | None = None  # a redirect's target (Location), for its error
         self._calls: dict[Any, dict[str, str]] | None = None  # tool calls by index (_tool_*)
         # token chunk index -> cumulative output tokens, from usage sent inside the stream
         # (vLLM/SGLang ``continuous_usage_stats``): the server's own tokens per chunk
@@ -233,6 +247,8 @@ class StreamState:
         if not 200 <= status < 300:
             self._outcome = http_outcome(status)
             self._sse = False
+            if 300 <= status < 400:
+                self._location = public_url(headers.get("Location") or "(no Location header)")
             retry = headers.get("Retry-After")
             if retry is not None and (seconds := retry_after_s(retry)) is not None:
                 rec.server["retry_after_s"] = seconds
@@ -240,7 +256,7 @@ class StreamState:
             "Content-Type", "text/event-stream"
         ):
             self._sse = False
-            rec.error = f"expected text/event-stream, got {headers.get('Content-Type')}"
+            rec.error = excerpt(f"expected text/event-stream, got {headers.get('Content-Type')}")
 
     def on_bytes(self, data: bytes, t_ns: int) -> bool:  # pragma: no cover
         """The bytes of one read; True once the outcome is decided and reading may stop.
@@ -315,7 +331,12 @@ class StreamState:
                 self._set(OUTCOME_INCOMPLETE, self.INCOMPLETE)
         elif self._outcome is not None and rec.http_status is not None and rec.http_status >= 300:
             body = b"".join(self._body).decode("utf-8", "replace")
-            rec.error = excerpt(f"HTTP {rec.http_status}: {body}", self.secrets)
+            status = f"HTTP {rec.http_status}"
+            if self._location is not None:  # loadlab does not follow: say where it pointed
+                status += (
+                    f" redirect to {self._location} (not followed: give that URL as --endpoint)"
+                )
+            rec.error = excerpt(f"{status}: {body}", self.secrets)
         rec.outcome = self._outcome or OUTCOME_OK
         if rec.response_id is None:
             rec.response_id = self._header_id
@@ -349,13 +370,16 @@ class StreamState:
         prompt = usage.get(self.PROMPT_KEY)
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return (prompt if isinstance(prompt, int) else None,
-                cached if isinstance(cached, int) else None)  # fmt: skip
+        prompt = token_count(prompt)
+        cached = token_count(cached)
+        if cached is not None and prompt is not None and cached > prompt:
+            cached = None  # more cached than sent: not a count to take
+        return prompt, cached
 
     def _note_usage(self, usage: Any) -> None:
         """Usage inside a stream: the cumulative output tokens up to the latest token chunk."""
-        out = usage.get(self.OUTPUT_KEY) if isinstance(usage, dict) else None
-        if isinstance(out, int) and self._stamps:
+        out = token_count(usage.get(self.OUTPUT_KEY)) if isinstance(usage, dict) else None
+        if out is not None and self._stamps:
             if self._usage_at is None:
                 self._usage_at = {}
             self._usage_at[len(self._stamps) - 1] = out
@@ -398,13 +422,18 @@ class StreamState:
         if usage:
             rec.prompt_tokens, rec.cached_prompt_tokens = self._prompt_usage(usage)
         completion = usage.get(self.OUTPUT_KEY)
+        # a usage that is not a count (-5, 1.5, "7"): the tokens are counted as if it were
+        # absent, and the record says its usage disagrees
+        bad_usage = completion is not None and token_count(completion) is None
+        completion = token_count(completion)
         split = None
         if self.stream and rec.chunk_ns and not rec.chunk_tokens:
-            split = self._chunk_counts(completion if isinstance(completion, int) else None)
+            split = self._chunk_counts(completion)
             if split is not None:
                 rec.chunk_tokens = split[0]
         streamed = sum(rec.chunk_tokens) if split is not None else rec.output_tokens_chunks
-        if isinstance(completion, int):
+        rec.output_tokens_disagree = bad_usage
+        if completion is not None:
             rec.output_tokens, rec.output_tokens_source = completion, "usage"
             rec.output_tokens_disagree = self.stream and streamed != completion
             if not self.stream and rec.chunk_ns:
@@ -414,8 +443,10 @@ class StreamState:
         elif rec.output_tokens_chunks:
             rec.output_tokens, rec.output_tokens_source = rec.output_tokens_chunks, "chunks"
         details = usage.get(self.OUTPUT_DETAILS_KEY)
-        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
-        if isinstance(reasoning, int) and (reasoning or not rec.reasoning_chunks):
+        reasoning = (
+            token_count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+        )
+        if reasoning is not None and (reasoning or not rec.reasoning_chunks):
             rec.reasoning_tokens = (
                 reasoning  # the server's count (0 from a model that did not reason)
             )

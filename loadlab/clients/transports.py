@@ -8,8 +8,13 @@ propagates; the client records it).
   inside ``data_received``, with no task wake-up per chunk. Lowest CPU per token and the
   earliest timestamp.
 - ``AiohttpTransport``: aiohttp's session and ``iter_any``; a chunk is stamped when the reading
-  task resumes. The fallback for what the raw transport leaves out (proxies from the
-  environment, redirects).
+  task resumes. The fallback for what the raw transport leaves out: proxies from the
+  environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, as ``urllib`` reads them), redirects.
+
+The raw transport does not go through a proxy. Where the environment names one for the
+endpoint (and ``NO_PROXY`` does not exempt it), ``make_transport("raw", ...)`` refuses with a
+``ConfigError`` that says to use ``--transport aiohttp`` (``RunConfig`` refuses first, before
+any request), rather than bypass the proxy unseen.
 
 Example::
 
@@ -33,7 +38,7 @@ from aiohttp.payload import BytesPayload
 from loadlab.clients.http1 import Failure, RawResult, Target, frame_request, header_value
 from loadlab.clients.pool import RawPool
 from loadlab.errors import ConfigError
-from loadlab.headers import split_userinfo
+from loadlab.headers import check_no_proxy, split_userinfo
 from loadlab.records import (
     OUTCOME_CONNECT_ERROR,
     OUTCOME_INCOMPLETE,
@@ -141,7 +146,10 @@ class AiohttpTransport:
         # this run, like the raw transport.
         tls = ssl.create_default_context() if url.startswith("https://") else True
         connector = aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0, ssl=tls)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        # trust_env: HTTP_PROXY, HTTPS_PROXY and NO_PROXY from the environment, as documented
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self.timeout, trust_env=True
+        )
 
     async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
         payload = _StampedBody(body, content_type="application/json")
@@ -176,7 +184,8 @@ class AiohttpTransport:
 
 
 def make_transport(kind: str, settings: TransportSettings) -> Transport:
-    """The transport named ``kind`` (one of ``TRANSPORTS``)."""
+    """The transport named ``kind`` (one of ``TRANSPORTS``); ``ConfigError`` for the raw one
+    where the environment names a proxy for the URL (``loadlab.headers.check_no_proxy``)."""
     classes: dict[str, type[RawTransport] | type[AiohttpTransport]] = {
         "raw": RawTransport,
         "aiohttp": AiohttpTransport,
@@ -188,6 +197,8 @@ def make_transport(kind: str, settings: TransportSettings) -> Transport:
     if basic is not None and not any(k.lower() == "authorization" for k in headers):
         headers = {"Authorization": basic, **headers}
     settings = replace(settings, url=url, headers=headers)
+    if kind == "raw":
+        check_no_proxy(url)
     if kind in classes:
         return classes[kind](settings)
     raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got {kind!r}")

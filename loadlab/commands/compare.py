@@ -49,13 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=2000,
         metavar="N",
-        help="bootstrap resamples (default 2000)",
+        help="bootstrap resamples, 100 to 100,000 (default 2000)",
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.analysis.compare import compare
+    from loadlab.analysis.compare import check_bootstrap, compare
     from loadlab.report.comparison import render_comparison, render_comparison_markdown
     from loadlab.results import read_results
     from loadlab.slo import load_slo
@@ -66,8 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if len(labels) != len(args.results):
         raise ConfigError(f"--labels has {len(labels)} names for {len(args.results)} files")
     pct = args.fail_on_regression
-    if pct is not None and pct < 0:
-        raise ConfigError("--fail-on-regression must be >= 0 (a percentage)")
+    if pct is not None and not 0 <= pct < float("inf"):
+        raise ConfigError("--fail-on-regression must be a percentage >= 0, e.g. 10")
+    if not 0 < args.alpha < 1:
+        raise ConfigError(f"--alpha must be in (0, 1), e.g. 0.05; got {args.alpha}")
+    check_bootstrap(args.bootstrap)
     runs = [read_results(p) for p in args.results]
     if args.pricing:  # each file priced by its label's table (else its endpoint's, else all)
         from loadlab.analysis.cost import apply_pricing

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loadlab.errors import ConfigError
+from loadlab.records import printable
 from loadlab.report.output import write_output
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def write_csv(results: Results, path: str | Path) -> Path:
     """One row per request (``loadlab.results.to_dataframe``). Text cells that a spreadsheet
-    would run as a formula (=, +, -, @) get a leading apostrophe (OWASP, "CSV Injection")."""
+    would run as a formula (=, +, -, @) get a leading apostrophe (OWASP, "CSV Injection");
+    what a terminal would act on (an escape sequence in a server's error) is escaped."""
     import pandas as pd
 
     from loadlab.results import to_dataframe
@@ -62,13 +64,17 @@ def write_csv(results: Results, path: str | Path) -> Path:
     df = to_dataframe(results)
     for col in df.columns:
         if pd.api.types.is_object_dtype(df[col]) or pd.api.types.is_string_dtype(df[col]):
-            df[col] = df[col].map(
-                lambda v: "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START) else v
-            )
+            df[col] = df[col].map(_cell)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(p, index=False)
     return p
+
+
+def _cell(v: object) -> object:
+    if not isinstance(v, str):
+        return v
+    return "'" + printable(v) if v.startswith(_FORMULA_START) else printable(v)
 
 
 def run(args: argparse.Namespace) -> int:

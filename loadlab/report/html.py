@@ -27,6 +27,7 @@ from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
 from loadlab.analysis.summary import interrupted_note, summarize
 from loadlab.analysis.telemetry import energy_of, telemetry_of
+from loadlab.records import printable
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
 from loadlab.report.cost import cost_rows, energy_rows
@@ -118,7 +119,9 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def _errors(results: Results, limit: int = 20) -> list[tuple[str, int]]:
     c = Counter(
-        f"{r.outcome}: {short_error(r.error, 400)}" for r in results.records if r.failed and r.error
+        printable(f"{r.outcome}: {short_error(r.error, 400)}")
+        for r in results.records
+        if r.failed and r.error
     )
     return c.most_common(limit)
 

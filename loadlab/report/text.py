@@ -19,7 +19,7 @@ from loadlab.analysis.generator import parser_fell_behind, worst_process
 from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, interrupted_note, summarize
-from loadlab.records import RequestRecord
+from loadlab.records import RequestRecord, printable
 from loadlab.report.cost import cost_lines
 from loadlab.report.prefix_cache import render_prefix_cache_text
 
@@ -206,8 +206,8 @@ def _slowest_table(results: Results, streamed: bool) -> str:
     TTFT only where the requests were streamed."""
     rows = [
         [
-            r.request_id,
-            r.response_id or "-",
+            printable(r.request_id),
+            printable(r.response_id or "-"),
             *([fmt_num(metrics.ttft_ms(r))] if streamed else []),
             fmt_num(metrics.e2e_ms(r)),
             fmt_num(metrics.output_token_count(r)),
@@ -314,7 +314,7 @@ def render_summary(results: Results) -> str:
     )
     first_error = next((r.error for r in results.records if not r.ok and r.error), None)
     if first_error:
-        parts[-1] += f"\n            first error: {short_error(first_error)}"
+        parts[-1] += f"\n            first error: {printable(short_error(first_error))}"
     lost = (results.extra.get("locust") or {}).get("lost_by_worker") or {}
     if lost:
         parts[-1] += (

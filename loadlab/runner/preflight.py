@@ -73,11 +73,8 @@ def check_context(cfg: RunConfig, ep: EndpointConfig, info: ServerInfo) -> None:
         return
     from loadlab.workloads import build_requests
 
-    # requested lengths only: no tokenizer asked, no prompt fitted
-    workload = dict(cfg.workload)
-    if "tokenizer" in workload:
-        workload["tokenizer"] = "none"
-    scan = cfg.replace(endpoints=(ep,), workload=workload)
+    # requested lengths only: no sizing, so nothing asked and no prompt fitted
+    scan = cfg.replace(endpoints=(ep,))
     checked = list(itertools.islice(_needs(build_requests(scan, read_ahead=0)), SCAN))
     over = [(s, n) for s, n in checked if n > limit]
     if not over:

@@ -3,7 +3,8 @@
 ``PrometheusScraper`` polls the URL every ``interval_s`` and keeps each sample as
 ``{"t_ns": time relative to the run's t0, "metrics": {"name{labels}": value}}`` for the
 results file's ``server_samples``. A failed scrape is counted, never fatal: the run goes on.
-The page is read by ``loadlab.analysis.server_metrics``.
+The first failure is said at once on stderr (a 401 or 403: the server wants credentials), and
+at the end how many failed. The page is read by ``loadlab.analysis.server_metrics``.
 
 Example::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 from typing import Any
 
@@ -25,6 +27,7 @@ import aiohttp
 from loadlab.analysis.server_metrics import parse_prometheus_text
 from loadlab.errors import ConfigError
 from loadlab.headers import split_userinfo
+from loadlab.records import printable
 
 __all__ = ["PrometheusScraper"]
 
@@ -45,6 +48,7 @@ class PrometheusScraper:
         *,
         timeout_s: float | None = None,
         keep_buckets: bool = False,
+        quiet: bool = False,
     ) -> None:
         url, basic = split_userinfo(url)  # user-info: Basic auth, kept out of every message
         if not url.startswith(("http://", "https://")):
@@ -59,7 +63,9 @@ class PrometheusScraper:
         self.keep_buckets = keep_buckets
         self.samples: list[dict[str, Any]] = []
         self.failures = 0
+        self.attempts = 0
         self.last_error: str | None = None
+        self.quiet = quiet  # else the first failure and the count of failures go to stderr
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -85,7 +91,15 @@ class PrometheusScraper:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self.failures:
+            self._tell(
+                f"{self.failures} of {self.attempts} samples failed (last: {self.last_error})"
+            )
         return self.samples
+
+    def _tell(self, text: str) -> None:
+        if not self.quiet:
+            print(printable(f"loadlab run: --scrape {self.url}: {text}"), file=sys.stderr)
 
     async def _loop(self) -> None:
         next_t = time.perf_counter()
@@ -105,16 +119,26 @@ class PrometheusScraper:
         start_ns = time.perf_counter_ns()
         try:
             async with self._session.get(self.url, headers=self._headers) as resp:
+                if resp.status in (401, 403):
+                    raise ValueError(
+                        f"HTTP {resp.status}: the server wants credentials for it; give them "
+                        "in the URL (http://user:password@host/metrics) or open /metrics"
+                    )
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 text = await resp.text(errors="replace")
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+            self.attempts += 1
             self.failures += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+            named = isinstance(exc, ValueError)  # an HTTP status, said above
+            self.last_error = (str(exc) if named else f"{type(exc).__name__}: {exc}")[:200]
+            if self.failures == 1:
+                self._tell(f"{self.last_error}; the run goes on, without the server's samples")
             return False
         end_ns = time.perf_counter_ns()
+        self.attempts += 1
         values = {
             k: v
             for k, v in parse_prometheus_text(text).items()

@@ -3,7 +3,7 @@
 ``find_max_load`` is pure: it asks an ``evaluate(load) -> Level`` callable for each level in
 rising order until one fails, then bisects between the last pass and the first fail
 (``bisect_steps`` times, or until the gap is one unit for concurrencies). ``run_level`` is the
-real evaluator: one ``loadlab run`` at that load (``loadlab.runner.workers.run_load``) judged by
+real evaluator: one ``loadlab run`` at that load (``loadlab.runner.run.run_prepared``) judged by
 ``loadlab.slo.evaluate``. The knee of the latency-throughput curve is found with Kneedle
 (Satopää et al. 2011, "Finding a 'Kneedle' in a Haystack"): on the curve normalised to the unit
 square, the point farthest below the diagonal.
@@ -27,8 +27,9 @@ from loadlab.errors import ConfigError
 from loadlab.records import pick
 
 if TYPE_CHECKING:
-    from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.config import RunConfig
     from loadlab.results import Results
+    from loadlab.runner.run import Prepared
     from loadlab.slo import SLOSpec
 
 __all__ = [
@@ -285,22 +286,22 @@ def knee(curve: Sequence[Level]) -> float | None:
 
 def run_level(
     base: RunConfig,
-    endpoint: EndpointConfig,
+    prepared: Prepared,
     spec: SLOSpec,
     load: float,
     mode: str,
     out_dir: Path,
     inconclusive: str = "fail",
 ) -> Level:
-    """One real level: run the load, write its results file, judge it against ``spec``."""
+    """One real level: run the load against the endpoint ``prepared`` once for every level,
+    write its results file, judge it against ``spec``."""
     from loadlab.results import write_results
-    from loadlab.runner.workers import run_load
-    from loadlab.workloads import build_requests
+    from loadlab.runner.run import run_prepared
 
     cfg = level_config(base, load, mode)
     path = out_dir / f"level-{mode}-{_num(load)}.json"
     cfg = cfg.replace(out=str(path), slo=None, progress=False)
-    results = run_load(cfg, endpoint, build_requests, progress=False)
+    results = run_prepared(cfg, prepared)
     write_results(results, path)
     return judge_level(results, spec, load, str(path), inconclusive)
 
@@ -314,7 +315,7 @@ def level_config(base: RunConfig, load: float, mode: str) -> RunConfig:
     return base.replace(concurrency=int(load), rate_rps=None, seed=seed)
 
 
-def level_seed(seed: int, load: float) -> int:
+def level_seed(seed: int | None, load: float) -> int:
     """The seed of the level at ``load`` in a sweep seeded ``seed``: its own for each level.
 
     With one seed for every level, each level's prompts would begin with the previous level's
@@ -326,7 +327,8 @@ def level_seed(seed: int, load: float) -> int:
     cold carry 8-12 (disaggregated: 13-20). Reproducible: the same sweep seed and load give
     the same level. (A dataset or trace replay sends the same texts whatever the seed: its
     later levels meet a warm cache all the same.)"""
-    digest = hashlib.blake2b(f"sweep {seed} {float(load)!r}".encode(), digest_size=8).digest()
+    key = f"sweep {seed or 0} {float(load)!r}"  # unseeded (a prediction): seed 0's levels
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1  # within --seed's range, 0 .. 2**63 - 1
 
 

@@ -17,7 +17,7 @@ start (no NVML, no GPU metric on the page) is an error before any request.
 Example::
 
     with GpuTelemetry("http://gpu-node:9400/metrics", interval_s=1.0, baseline_s=5.0) as gpu:
-        results = run_load(...)
+        results = run_specs(...)
     gpu.attach(results)
 """
 

@@ -44,7 +44,7 @@ from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.records import RequestSpec
 from loadlab.results import Results, environment_info
-from loadlab.runner.workers import run_load
+from loadlab.runner.run import run_specs
 
 __all__ = [
     "PRESETS",
@@ -284,7 +284,7 @@ def run_selftest(sc: SelftestConfig, say: Callable[[str], None] = print) -> Resu
             )
             _http_json(f"{url}/truth/reset", "POST")
             say(f"selftest: {level} streams, {n} requests ...")
-            res = run_load(cfg, endpoint, functools.partial(_specs, level, n, sc), kind="selftest")
+            res = run_specs(cfg, endpoint, functools.partial(_specs, level, n, sc), kind="selftest")
             truth = _http_json(f"{url}/truth")
             t0 = int(res.extra["t0_ns"])
             stats = {"streams": level, **compare_level(res, truth, t0)}

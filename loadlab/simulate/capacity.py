@@ -44,6 +44,7 @@ __all__ = [
     "SimCapacity",
     "add_capacity_arguments",
     "ceilings_only",
+    "enough_requests",
     "plan_capacity",
     "predicted_sweep",
     "rate_levels",
@@ -76,18 +77,29 @@ def predicted_sweep(
     objective it cannot yet decide at the SLO's confidence (0 errors in 150 requests against
     ``error_rate <= 0.01``) is not held against it; beside a measured sweep, use its policy."""
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     runs: dict[float, Any] = {}
 
     def evaluate(load: float) -> Level:
-        cfg = without_asking(level_config(base, load, mode))  # no server counts a simulation
+        cfg = level_config(base, load, mode)  # no prompt sizing: no server counts a simulation
+        cfg = enough_requests(cfg, spec.min_requests)
         results = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
         runs[float(load)] = results
         return judge_level(results, spec, load, None, inconclusive)
 
     result = find_max_load(evaluate, levels, bisect_steps, integer=mode != "rate", mode=mode)
     return result, runs
+
+
+def enough_requests(cfg: RunConfig, least: int) -> RunConfig:
+    """A simulated level that sends at least ``least`` requests (the SLO's ``min_requests``):
+    an open-loop level whose rate x duration falls short sends exactly ``least`` at its rate
+    instead, as long as that takes. A shorter one would be judged INVALID (too few requests)
+    whatever its latencies, and the search would call every low rate a failure."""
+    rate, duration = cfg.rate_rps, cfg.duration_s
+    if rate is None or cfg.requests is not None or duration is None or rate * duration >= least:
+        return cfg
+    return cfg.replace(duration_s=None, requests=least)
 
 
 @dataclass(frozen=True)
@@ -211,7 +223,8 @@ def add_capacity_arguments(p: Any) -> None:
     g.add_argument("--gpu-hour-price", type=float, metavar="USD", help="price of one GPU-hour")
     g.add_argument("--rates", metavar="R1,R2,...", help="rising rates to try (default: derived)")
     g.add_argument("--sim-duration", type=float, default=300.0,
-                   help="simulated seconds per level (default 300)")  # fmt: skip
+                   help="simulated seconds per level (default 300); a low rate's level runs "
+                        "until it has sent the SLO's min_requests")  # fmt: skip
     g.add_argument("--scenario", metavar="FILE", help="the workload (default: fixed lengths)")
     g.add_argument("--step-model", metavar="FILE", help="a fitted step-time model (JSON)")
     add_jitter_argument(g)

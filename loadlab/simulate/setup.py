@@ -26,7 +26,7 @@ from loadlab.capacity.hardware import (
     get_hardware,
 )
 from loadlab.capacity.models import MODELS, REFERENCE_PREFIX, ModelSpec, get_model
-from loadlab.errors import ConfigError
+from loadlab.errors import TOO_DEEP, ConfigError
 from loadlab.simulate.server import FINISHED_SLOTS, MODES, ServerConfig
 from loadlab.simulate.steptime import (
     RooflineStepTime,
@@ -131,6 +131,8 @@ def load_step_model(args: argparse.Namespace) -> StepTimeModel:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--step-model {path}: cannot read it ({exc})") from exc
+    except RecursionError:
+        raise ConfigError(f"--step-model {path}: {TOO_DEEP}") from None
     try:
         model = model_from_dict(data)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:

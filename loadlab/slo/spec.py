@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loadlab.analysis import cost, metrics, telemetry
-from loadlab.errors import SLOError, at_least
+from loadlab.errors import TOO_DEEP, SLOError, at_least
 
 __all__ = [
     "COST_METRICS",
@@ -86,6 +86,16 @@ class Objective:
             raise ValueError(f"unknown metric {self.metric!r}; known: {known}")
         if not math.isfinite(self.threshold):
             raise ValueError(f"threshold must be a finite number, got {self.threshold}")
+        self._check_can_pass()
+
+    def _check_can_pass(self) -> None:
+        """Refuse an objective no run can meet: every metric is >= 0 (latencies, tokens,
+        rates), and error_rate and drop_rate are at most 1."""
+        t, hi = self.threshold, (1.0 if self.metric in ("error_rate", "drop_rate") else math.inf)
+        never = {"<=": t < 0, "<": t <= 0, ">=": t > hi, ">": t >= hi}[self.op]
+        if never:
+            what = "a fraction from 0 to 1" if hi == 1.0 else "never negative"
+            raise ValueError(f"{self} can never pass: {self.metric} is {what}")
 
     @property
     def name(self) -> str:
@@ -244,6 +254,8 @@ def load_slo(path: str | Path) -> SLOSpec:
         raise SLOError(f"{p}: cannot read SLO file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SLOError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise SLOError(f"{p}: {TOO_DEEP}") from None
     except UnicodeDecodeError as exc:
         raise SLOError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
     return parse_slo(data, source=str(p))

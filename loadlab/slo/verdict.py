@@ -294,6 +294,22 @@ def _unmeasured(results: Results, spec: SLOSpec) -> str | None:
             "(drop --no-stream, stream = true), or judge e2e_ms instead")  # fmt: skip
 
 
+def _window_reasons(results: Results, window: tuple[int, int]) -> list[str]:
+    """Why a run has nothing to judge: no measurement window, or no request sent in it."""
+    lo, hi = window
+    if hi <= lo:
+        return [
+            f"the run has no measurement window ({lo / 1e9:g} to {hi / 1e9:g} s: the warm-up "
+            "and cool-down cover the whole run): run longer than --warmup + --cooldown"
+        ]
+    if not any(r.sent_ns is not None and lo <= r.sent_ns <= hi for r in results.records):
+        return [
+            f"no request was sent inside the measurement window ({lo / 1e9:g} to "
+            f"{hi / 1e9:g} s): run longer than --warmup + --cooldown"
+        ]
+    return []
+
+
 def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") -> Verdict:
     """Judge a run against an SLO. The verdict's ``exit_code`` is the CI gate."""
     if inconclusive not in ("fail", "pass"):
@@ -319,6 +335,8 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"only {counts.sent} requests were sent; the SLO asks for at least "
             f"{spec.min_requests} (min_requests): run longer or at a higher rate"
         )
+    if counts.sent:
+        reasons.extend(_window_reasons(results, window))
     rows = tuple(_eval_one(o, results, spec, window) for o in spec.objectives)
     return Verdict(
         rows=rows,

@@ -168,7 +168,7 @@ def run_wire_check(
     """Run ``cfg`` against ``endpoint`` while capturing; the run's results with ``extra.wire``
     (``wire_section``), judged against ``claims`` (ms at each percentile). Raises
     ``ConfigError`` without CAP_NET_RAW, before any request."""
-    from loadlab.runner.workers import run_load
+    from loadlab.runner.run import run_specs
     from loadlab.workloads import build_requests
 
     u = urlsplit(endpoint.url)
@@ -180,7 +180,7 @@ def run_wire_check(
     try:
         say(f"capturing TCP port {port} on {interface or 'every interface'} ...")
         with cap:
-            res = run_load(cfg, endpoint, build_requests, progress=False, kind="selftest")
+            res = run_specs(cfg, endpoint, build_requests, kind="selftest")
         if cap.result is None or cap.clock is None:
             raise RuntimeError("the packet capture ended without its counts")
         streams, exs = read_exchanges(cap.result.pcap, port, servers)

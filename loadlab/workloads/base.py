@@ -8,6 +8,8 @@ lines, failed rows, thinning...), which the run command stores as
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,6 +39,8 @@ __all__ = [
     "open_loop_times",
     "rng_for",
     "run_salt",
+    "text_seed",
+    "with_reasoning_effort",
     "with_run_salt",
 ]
 
@@ -49,7 +53,6 @@ COMMON_KEYS = frozenset(
         "max_output_tokens",
         "exact_output",
         "chars_per_token",
-        "tokenizer",
         "reasoning_effort",  # passed to the API on every request (build_requests)
         "cache_bust",  # true: every prompt salted for this run (``run_salt``): start cold
         "salt",  # a fixed salt (two runs with one salt share their prompts)
@@ -67,9 +70,15 @@ PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin":
 class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
-    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
+    def __init__(
+        self,
+        specs: Iterable[RequestSpec],
+        extra: Callable[[], dict[str, Any]],
+        ready: Callable[[], None] | None = None,
+    ):
         self._extra = extra
         self._it: Iterator[RequestSpec] = iter(specs)
+        self._ready = ready  # called once the read-ahead is built
 
     def read_ahead(
         self, count: int = PREFETCH_SPECS, max_chars: int = PREFETCH_CHARS
@@ -90,6 +99,8 @@ class RequestStream(Iterator[RequestSpec]):
             ahead.append(spec)
             chars += len(spec.prompt)
         self._it = itertools.chain(ahead, self._it)
+        if self._ready is not None:
+            self._ready()
         return self
 
     def __next__(self) -> RequestSpec:
@@ -102,6 +113,20 @@ class RequestStream(Iterator[RequestSpec]):
 def rng_for(seed: int, purpose: str) -> np.random.Generator:
     """The seeded generator for one purpose of one run (``PURPOSES``)."""
     return np.random.default_rng([seed, PURPOSES[purpose]])
+
+
+def text_seed(cfg: RunConfig) -> int:
+    """The seed of the run's prompt text: its seed, mixed with its endpoint's name when the
+    requests are built for one (``loadlab.runner.run`` builds them per endpoint).
+
+    The endpoints of one command then send the same requests (ids, lengths, times: the other
+    purposes use the seed alone) with different text, so two that are one server never find
+    each other's prompts in its prefix cache; the same seed and endpoint repeat the text."""
+    seed = cfg.request_seed
+    if not cfg.endpoints:
+        return seed
+    key = f"{seed} {cfg.endpoints[0].name}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
 def run_salt(params: Mapping[str, Any]) -> str:
@@ -128,7 +153,7 @@ def open_loop_times(cfg: RunConfig, n: int | None) -> list[float] | None:
     if cfg.rate_rps is None:
         return None
     return arrival_times(
-        cfg.arrival, cfg.rate_rps, n=n, duration_s=cfg.duration_s, cv=cfg.cv, seed=cfg.seed
+        cfg.arrival, cfg.rate_rps, n=n, duration_s=cfg.duration_s, cv=cfg.cv, seed=cfg.request_seed
     )
 
 
@@ -163,6 +188,15 @@ def caps(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
     return get_int(params, "max_prompt_tokens", None), get_int(params, "max_output_tokens", None)
 
 
+def with_reasoning_effort(stream: RequestStream, params: Mapping[str, Any]) -> RequestStream:
+    """``stream`` with the workload's ``reasoning_effort`` on every request (if it has one)."""
+    effort = params.get("reasoning_effort")
+    if effort is None:
+        return stream
+    specs = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
+    return RequestStream(specs, stream.extra)
+
+
 def common_extra_body(params: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
     """``exact_output = true`` asks servers that support it (vLLM, SGLang) for exactly
     ``max_tokens`` tokens; the reference server ignores EOS by default and needs nothing."""
@@ -188,12 +222,6 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         raise WorkloadError(
             f"workload.request_class = {params['request_class']!r}: must be a string"
         )
-    if "tokenizer" in params:
-        if "chars_per_token" in params:
-            raise WorkloadError("workload: give chars_per_token or tokenizer, not both")
-        from loadlab.workloads.tokenizers import check_tokenizer
-
-        check_tokenizer(str(params["tokenizer"]), tuple(bases))
 
 
 def independent_requests(
@@ -213,7 +241,7 @@ def independent_requests(
     params = cfg.workload
     request_class = str(params.get("request_class", kind))
     max_prompt, max_output = caps(params)
-    text_rng = rng_for(cfg.seed, "text")
+    text_rng = rng_for(text_seed(cfg), "text")
     # strict=False: the length streams may be endless; counter(n) bounds the run
     for i, p_raw, out_raw in zip(counter(n), prompt_tokens, output_tokens, strict=False):
         rid = f"{prefix}-{i:06d}"

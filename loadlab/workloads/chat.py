@@ -45,7 +45,8 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for
+from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for, text_seed
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist, sample_pairs
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_float, get_int
 from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
@@ -104,8 +105,9 @@ def turn_context(history_tokens: int, turn: int, prompt_tokens: int, output_toke
     return history_tokens + 2 * turn + prompt_tokens + output_tokens
 
 
-def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def chat_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     turns_d, think_d, prompt_d, output_d = _dists(params, ())
     divide = get_bool(params, "divide_prompt_by_turns", prompt_d is None)
@@ -117,10 +119,12 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
     counts = {"sessions": 0, "turns": 0, "sessions_cut_by_context": 0}
 
     def specs() -> Iterator[RequestSpec]:
-        rng_turns, rng_think = rng_for(cfg.seed, "turns"), rng_for(cfg.seed, "think")
-        rng_prompt, rng_output = rng_for(cfg.seed, "prompt"), rng_for(cfg.seed, "output")
-        rng_pairs = rng_for(cfg.seed, "pairs")
-        make = TurnMaker("chat", "s", params, cls, rng_for(cfg.seed, "text"), chars_per_token)
+        seed = cfg.request_seed
+        rng_turns, rng_think = rng_for(seed, "turns"), rng_for(seed, "think")
+        rng_prompt, rng_output = rng_for(seed, "prompt"), rng_for(seed, "output")
+        rng_pairs = rng_for(seed, "pairs")
+        text = rng_for(text_seed(cfg), "text")
+        make = TurnMaker("chat", "s", params, cls, text, chars_per_token)
         emitted = 0
         for s, start in sessions(n_sessions, starts):
             n_turns = int(turns_d.sample_int(rng_turns, 1)[0])

@@ -42,14 +42,16 @@ from loadlab.workloads.base import (
     int_stream,
     open_loop_times,
     rng_for,
+    text_seed,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_int
 from loadlab.workloads.prompts import prompt_text
 
 __all__ = ["EMBEDDING_KEYS", "RERANK_KEYS", "embedding_requests", "rerank_requests", "validate"]
 
-_COMMON = {"kind", "request_class", "max_prompt_tokens", "tokenizer", "chars_per_token"}
+_COMMON = {"kind", "request_class", "max_prompt_tokens", "chars_per_token"}
 EMBEDDING_KEYS = _COMMON | {"batch_size", "input_tokens"}
 RERANK_KEYS = _COMMON | {"documents", "query_tokens", "document_tokens"}
 APIS = {"embeddings": ("embeddings",), "rerank": ("rerank", "score")}
@@ -86,8 +88,9 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         )
 
 
-def _requests(cfg: RunConfig, chars_per_token: float, kind: str) -> RequestStream:
+def _requests(cfg: RunConfig, sizing: Sizing | None, kind: str) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     d = _dists(cfg, params, ())
     cap = get_int(params, "max_prompt_tokens", None)
@@ -97,10 +100,11 @@ def _requests(cfg: RunConfig, chars_per_token: float, kind: str) -> RequestStrea
     counts = {"requests": 0, "inputs": 0}
 
     def specs() -> Iterator[RequestSpec]:
-        sizes = int_stream(d["count"], rng_for(cfg.seed, "count"))
-        lengths = int_stream(d["length"], rng_for(cfg.seed, "prompt"))
-        queries = int_stream(d["query"], rng_for(cfg.seed, "query")) if "query" in d else None
-        text_rng = rng_for(cfg.seed, "text")
+        seed = cfg.request_seed
+        sizes = int_stream(d["count"], rng_for(seed, "count"))
+        lengths = int_stream(d["length"], rng_for(seed, "prompt"))
+        queries = int_stream(d["query"], rng_for(seed, "query")) if "query" in d else None
+        text_rng = rng_for(text_seed(cfg), "text")
         for i in counter(n):
             rid = f"{kind[:3]}-{i:06d}"
             k = max(1, next(sizes))
@@ -132,9 +136,9 @@ def _requests(cfg: RunConfig, chars_per_token: float, kind: str) -> RequestStrea
     return RequestStream(specs(), lambda: {"kind": kind, **counts})
 
 
-def embedding_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
-    return _requests(cfg, chars_per_token, "embeddings")
+def embedding_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
+    return _requests(cfg, sizing, "embeddings")
 
 
-def rerank_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
-    return _requests(cfg, chars_per_token, "rerank")
+def rerank_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
+    return _requests(cfg, sizing, "rerank")

@@ -33,7 +33,9 @@ from loadlab.workloads.base import (
     check_common,
     common_extra_body,
     rng_for,
+    text_seed,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.params import (
     TRACES,
     WorkloadError,
@@ -154,8 +156,9 @@ def _rows(params: Mapping[str, Any], path: Path, stats: TraceStats) -> Iterator[
     )
 
 
-def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     path = validate(cfg, params, scan=False)  # build_requests' priming reads the first row
     time_scale = float(get_float(params, "time_scale", 1.0))
     rate_scale = float(get_float(params, "rate_scale", 1.0))
@@ -180,7 +183,7 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
         rows = _whole_sessions(rows)
 
     def specs() -> Iterator[RequestSpec]:
-        thin_rng, text_rng = rng_for(cfg.seed, "thin"), rng_for(cfg.seed, "text")
+        thin_rng, text_rng = rng_for(cfg.request_seed, "thin"), rng_for(text_seed(cfg), "text")
         whole, frac = int(rate_scale), rate_scale - int(rate_scale)
         for row in rows:
             if max_total is not None and row.prompt_tokens + row.output_tokens > max_total:
@@ -205,7 +208,7 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
             if row.recorded is not None and block_tokens is not None:
                 stats.requests += 1
                 yield _recorded_spec(
-                    row, p_tok, out, at, time_scale, cfg.seed, chars_per_token, block_tokens,
+                    row, p_tok, out, at, time_scale, text_seed(cfg), chars_per_token, block_tokens,
                     text_rng, cls, common_extra_body(params, out),
                 )  # fmt: skip
                 continue
@@ -215,7 +218,7 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
                     text = prefix_prompt(
                         row.hash_ids,
                         p_tok,
-                        seed=cfg.seed,
+                        seed=text_seed(cfg),
                         chars_per_token=chars_per_token,
                         rng=text_rng,
                         tag=rid,

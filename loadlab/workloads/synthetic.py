@@ -35,6 +35,7 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.images import ImageMaker, check_image_apis
 from loadlab.workloads.params import check_keys
 
@@ -48,27 +49,29 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     length_dists(params, cfg.prompt_tokens, cfg.max_tokens, bases)
     check_common(params, bases)
     if "images" in params:
-        ImageMaker.of(params["images"], cfg.seed, bases)
+        ImageMaker.of(params["images"], cfg.request_seed, bases)
         check_image_apis(cfg)
 
 
-def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def synthetic_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     prompt_dist, output_dist = length_dists(params, cfg.prompt_tokens, cfg.max_tokens, ())
     times = open_loop_times(cfg, cfg.requests)
     n = len(times) if times is not None else cfg.requests
 
     def specs() -> Iterator[RequestSpec]:
-        prompts = int_stream(prompt_dist, rng_for(cfg.seed, "prompt"))
-        outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
+        seed = cfg.request_seed
+        prompts = int_stream(prompt_dist, rng_for(seed, "prompt"))
+        outputs = int_stream(output_dist, rng_for(seed, "output"))
         specs = independent_requests(
             cfg, "synthetic", "syn", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
         if "images" not in params:
             yield from specs
             return
-        maker, rng = ImageMaker.of(params["images"], cfg.seed), rng_for(cfg.seed, "images")
+        maker, rng = ImageMaker.of(params["images"], seed), rng_for(seed, "images")
         for spec in specs:
             urls, sizes = maker.draw(rng)
             yield dataclasses.replace(

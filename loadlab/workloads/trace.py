@@ -49,7 +49,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from loadlab.errors import TraceError
+from loadlab.errors import TOO_DEEP, TraceError
 from loadlab.workloads.fidelity import replay_fidelity, send_lag_ms
 
 __all__ = [
@@ -238,6 +238,8 @@ def _json_object(line: str) -> dict[str, Any]:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
     return obj

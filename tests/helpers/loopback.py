@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
+import socketserver
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -16,7 +17,14 @@ from typing import Any
 
 import pytest
 
-__all__ = ["FAULT_OUTCOMES", "ROOT", "free_port", "self_signed_cert", "serve_in_thread"]
+__all__ = [
+    "FAULT_OUTCOMES",
+    "ROOT",
+    "ThreadedServer",
+    "free_port",
+    "self_signed_cert",
+    "serve_in_thread",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,3 +91,36 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return crt, key
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class ThreadedServer:
+    """A ``socketserver`` handler served on 127.0.0.1 from a thread until the block ends:
+    ``with ThreadedServer(Handler, routes=...) as srv`` (``srv.url``); each keyword becomes an
+    attribute of the server, where ``Handler`` reads it as ``self.server.<name>``."""
+
+    def __init__(self, handler: type[socketserver.BaseRequestHandler], **attrs: Any) -> None:
+        self.handler, self.attrs, self.url = handler, attrs, ""
+        self._server: _TCPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> ThreadedServer:
+        server = _TCPServer(("127.0.0.1", 0), self.handler)
+        for name, value in self.attrs.items():
+            setattr(server, name, value)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(10)

@@ -11,7 +11,7 @@ import pytest
 
 from loadlab.config import RunConfig
 from loadlab.simulate import LinearStepTime, ServerConfig
-from loadlab.simulate.capacity import ceilings_only, plan_capacity, rate_levels
+from loadlab.simulate.capacity import ceilings_only, enough_requests, plan_capacity, rate_levels
 from loadlab.slo import load_slo
 
 MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=1e-4, per_decode_token_s=1e-3)
@@ -61,3 +61,24 @@ def test_capacity_simulate_command(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "req/s per replica" in done.stdout and "replicas" in done.stdout
     assert (tmp_path / "plan.json").is_file()
+
+
+def test_levels_send_the_requests_the_slo_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With min_requests = 50, a 60 s level at 0.1 req/s sends 6: each low level was INVALID
+    and the plan said the SLO binds at any load. Each level now sends at least 50."""
+    from loadlab.cli import main
+
+    slo = tmp_path / "slo.toml"
+    slo.write_text('min_requests = 50\nobjectives = ["ttft_ms.p90 <= 5000", "itl_ms.p99 <= 30"]\n')
+    argv = ["capacity", "--simulate", "--slo", str(slo), "--model", "llama-3-8b", "--hardware",
+            "h100", "--prompt-tokens", "500", "--completion-tokens", "100", "--sim-duration", "60",
+            "--rates", "0.1,0.2,0.4", "--json", str(tmp_path / "plan.json")]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "INVALID" not in out and "binds at any load" not in out
+    assert "=> 0.4 req/s per replica" in out
+    cfg = RunConfig(rate_rps=0.1, duration_s=60, workload={"kind": "synthetic"})
+    assert enough_requests(cfg, 50).requests == 50 and enough_requests(cfg, 50).duration_s is None
+    assert enough_requests(cfg.replace(rate_rps=1.0), 50) == cfg.replace(rate_rps=1.0)

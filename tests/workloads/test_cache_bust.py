@@ -14,11 +14,12 @@ from loadlab.commands.run import add_arguments, config_from_args
 from loadlab.config import RunConfig
 from loadlab.results import read_results
 from loadlab.workloads import build_requests
+from loadlab.workloads.exact import tokenizer_sizing
 from tests.helpers.loopback import ROOT
 
 CHAT = {"kind": "chat", "sessions": 6, "turns": 3, "think_time_s": 0.05,
-        "prompt_tokens": {"dist": "uniform", "low": 40, "high": 120}, "output_tokens": 16,
-        "tokenizer": "byte"}  # fmt: skip
+        "prompt_tokens": {"dist": "uniform", "low": 40, "high": 120}, "output_tokens": 16}  # fmt: skip
+BYTE = tokenizer_sizing("byte", "chat")  # prompts sized as the reference server counts them
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -40,10 +41,10 @@ def test_the_flag_keeps_the_scenarios_workload() -> None:
 @pytest.mark.parametrize("kind", ["chat", "synthetic", "batch"])
 def test_salted_prompts_keep_every_length_and_differ_from_every_earlier_run(kind: str) -> None:
     workload = CHAT if kind == "chat" else {"kind": kind, "prompt_tokens": 80,
-                                            "output_tokens": 8, "tokenizer": "byte"}  # fmt: skip
+                                            "output_tokens": 8}  # fmt: skip
     cfg = RunConfig(concurrency=2, requests=18, seed=3, workload=workload)
-    plain = list(build_requests(cfg))
-    runs = [list(build_requests(cfg.replace(workload={**workload, "cache_bust": True})))
+    plain = list(build_requests(cfg, BYTE))
+    runs = [list(build_requests(cfg.replace(workload={**workload, "cache_bust": True}), BYTE))
             for _ in range(2)]  # fmt: skip
     for salted in runs:
         assert len(salted) == len(plain)

@@ -55,8 +55,8 @@ def test_the_completions_api_cannot_carry_images() -> None:
 
 
 def test_specs_and_records_carry_images_and_their_tokens() -> None:
-    cfg = RunConfig(concurrency=1, requests=2, prompt_tokens=10,
-                    workload={"kind": "synthetic", "tokenizer": "none",
+    cfg = RunConfig(concurrency=1, requests=2, prompt_tokens=10, tokenizer="none",
+                    workload={"kind": "synthetic",
                               "images": {"count": 2, "width": 100, "height": 50}})  # fmt: skip
     specs = list(build_requests(cfg))
     assert all(len(s.images) == 2 and s.image_tokens == 2 * image_tokens(100, 50) for s in specs)
