@@ -31,7 +31,6 @@ import itertools
 import json
 import math
 import time
-from array import array
 from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -165,10 +164,11 @@ class StreamState:
         self._sse = stream  # False: collect the body (non-streaming, an error, a non-SSE 200)
         self._body: list[bytes] = []
         self._parts: list[str] = []
-        # token chunks' read times until finish() hands them to the record as chunk_ns: an
-        # array is no container to the garbage collector, which otherwise walks every
-        # in-flight stream's timestamps (a list of ints) in each young collection
-        self._stamps = array("q")
+        # token chunks' read times, handed to the record as chunk_ns by finish(). A list: the
+        # run freezes the heap every 0.1 s, so the collector walks a stream's list only while
+        # it is young and short, and array("q").append parses its argument, over four times
+        # the cost of list.append on every chunk
+        self._stamps: list[int] = []
         self._outcome: str | None = None
         self._any_event = False
         self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
@@ -342,8 +342,8 @@ class StreamState:
             rec.response_id = self._header_id
         if rec.chunk_ns:  # a dialect that appended to the record itself keeps its stamps
             rec.chunk_ns.extend(self._stamps)
-        else:
-            rec.chunk_ns = self._stamps.tolist()
+        else:  # the list itself: nothing appends to it once the response has ended
+            rec.chunk_ns = self._stamps
         self._count_tokens()
 
     def _parse_body(self, t_ns: int) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import re
-from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +65,9 @@ def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     )
 
 
+# ``in`` with an int: ``b"\\" in raw`` first tries the bytes as an integer, and makes and drops
+# a TypeError (its message formatted) on every chunk
+_BACKSLASH = ord("\\")
 _SLOTS: dict[type, tuple[str, ...]] = {}
 
 
@@ -105,7 +107,7 @@ class TokenFrameState(StreamState):
                 # nothing); four calls, the fewest this can take
                 raw = m[1]
                 try:  # a text with escapes ("\n", "\u00e9") is unescaped by the JSON parser
-                    text = loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
+                    text = loads(b'"' + raw + b'"') if _BACKSLASH in raw else raw.decode()
                 except ValueError:
                     pass  # not UTF-8, a bad escape: the full way (and its verdict)
                 else:
@@ -120,7 +122,7 @@ class TokenFrameState(StreamState):
                 ):
                     raw = m[1]
                     try:
-                        text = loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
+                        text = loads(b'"' + raw + b'"') if _BACKSLASH in raw else raw.decode()
                     except ValueError:
                         break
                     self._stamps.append(t_ns - self._t0)
@@ -239,7 +241,7 @@ class TokenFrameState(StreamState):
         if hasattr(self, "__dict__"):  # a subclass without __slots__
             scratch.__dict__.update(self.__dict__)
         scratch.record = RequestRecord(self.record.request_id)
-        scratch._stamps, scratch._parts = array("q"), []
+        scratch._stamps, scratch._parts = [], []
         scratch._outcome, scratch.done, scratch.usage = None, False, self.usage
         failed = scratch._event(events[0][0], event_type, 0)
         return (
