@@ -28,6 +28,7 @@ _IMPORTS_GEVENT = {
     "loadlab/locust/user.py",
     "loadlab/locust/hooks.py",
     "loadlab/locust/stream.py",
+    "loadlab/locust/openloop.py",
 }
 
 
