@@ -403,7 +403,10 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with FixedScheduleServer(
-        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens, port=args.port,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        tokens=args.tokens,
+        port=args.port,
         host=args.host,
     ) as srv:
         print(srv.url, flush=True)
