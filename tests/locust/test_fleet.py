@@ -72,3 +72,8 @@ def test_a_lost_worker_leaves_its_unreported_requests_counted() -> None:
     assert info["workers_lost"] == [1] and info["records_lost"] == 2
     assert info["workers"]["1"]["clock_warning"] and not info["clock_ok"]
     assert info["workers"]["0"]["lost"] == 0 and info["workers"]["0"]["records"] == 3
+    from loadlab.report.text import render_summary
+
+    text = render_summary(res)
+    assert "LOST SENDERS: shards [1] of 2" in text and "2 requests counted lost" in text
+    assert "CLOCK: shard 1 (b): clock uncertain by up to 2.00 ms" in text
