@@ -171,6 +171,11 @@ def _run_parser(add: Any) -> Any:
 def _coordinate(environment: Any) -> None:
     runner, opts = environment.runner, environment.parsed_options
     nodes = sorted(_alive(runner), key=runner.get_worker_index)
+    if not nodes:
+        log.error("loadlab: no worker has connected; start workers first (--expect-workers N)")
+        environment.process_exit_code = 2
+        runner.quit()
+        return
     _M.shards = {node: ShardRun(k, node) for k, node in enumerate(nodes)}
     for s in _M.shards.values():
         s.clock_start = _measure(runner, s)

@@ -146,6 +146,9 @@ def test_a_poisson_schedule_spread_over_three_machines(
     code, res, log = _run(machines, tmp_path, run_args)
     assert code == 0, log[-3000:]
     _check_whole_run(res, run_args, server)
+    report = subprocess.run([sys.executable, "-m", "loadlab", "report", str(tmp_path / "run.json")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert report.returncode == 0 and "TTFT" in report.stdout, report.stderr
 
 
 def test_a_trace_replayed_over_three_machines(machines: Fleet, server: str, tmp_path: Path) -> None:
