@@ -53,6 +53,7 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from loadlab.errors import UsageError
 from loadlab.journal import JournalWriter, default_out_path, journal_path, prepare_output
 from loadlab.locust.fleet import JournalTail, ShardRun, assemble, clock_offset
+from loadlab.locust.hooks import JournalFeed
 
 __all__ = ["OpenLoopUser"]
 
@@ -92,13 +93,11 @@ class _Master:
         self.args: list[str] = []
         self.config: dict[str, Any] = {}
         self.out = Path()
-        self.writer: JournalWriter | None = None
+        self.journal: JournalFeed | None = None
         self.shards: dict[str, ShardRun] = {}
         self.pongs: dict[int, AsyncResult] = {}
         self.seq = itertools.count()
         self.started = False
-        self.unjournaled: list[Any] = []
-        self.journaling: gevent.Greenlet | None = None
 
 
 _M = _Master()
@@ -149,7 +148,7 @@ def _check_run(opts: Any) -> None:
         out = Path(opts.loadlab_out or default_out_path("distributed"))
         header = {"started_at": _now(), "kind": "run", "endpoint": "distributed",
                   "config": cfg.to_dict()}  # fmt: skip
-        _M.writer = JournalWriter(prepare_output(out, header, flag="--loadlab-out"))
+        _M.journal = JournalFeed(JournalWriter(prepare_output(out, header, flag="--loadlab-out")))
     except (UsageError, ValueError) as exc:
         print(f"locust: loadlab: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
@@ -244,18 +243,8 @@ def _on_done(environment: Any, msg: Any, **_: Any) -> None:
 
 
 def _journal(records: list[Any]) -> None:
-    """Records to the journal, written in order from a thread (never on the loop)."""
-    if _M.writer is None or not records:
-        return
-    _M.unjournaled += records
-    if _M.journaling is None or _M.journaling.dead:
-        _M.journaling = gevent.spawn(_write_journal, _M.writer)
-
-
-def _write_journal(writer: JournalWriter) -> None:
-    while _M.unjournaled:
-        batch, _M.unjournaled = _M.unjournaled, []
-        gevent.get_hub().threadpool.apply(writer.write, (batch,))
+    if _M.journal is not None:
+        _M.journal.add(records)
 
 
 def _schedule(k: int, n: int) -> Iterator[tuple[str, float | None]]:
@@ -278,9 +267,9 @@ def _finish(environment: Any, start_at: float) -> None:
     results = assemble(list(_M.shards.values()), _M.config, _schedule, engine=engine,
                        clock_bound_ms=float(opts.loadlab_clock_ms))  # fmt: skip
     results.started_at = dt.datetime.fromtimestamp(start_at, dt.UTC).isoformat(timespec="seconds")
-    if _M.journaling is not None:
-        _M.journaling.join()
-    path, note = save_results(results, _M.out, _M.writer.journal if _M.writer else None)
+    if _M.journal is not None:
+        _M.journal.join()
+    path, note = save_results(results, _M.out, _M.journal.writer.journal if _M.journal else None)
     if note:
         log.error("loadlab: %s", note)
     print(render_summary(results), flush=True)
