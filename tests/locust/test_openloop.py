@@ -167,6 +167,7 @@ def test_a_trace_replayed_over_three_machines(machines: Fleet, server: str, tmp_
 def test_a_worker_killed_mid_run_is_counted_lost(
     machines: Fleet, server: str, tmp_path: Path
 ) -> None:
+    post(server + "/truth/reset")
     run_args = (f"--endpoint {server} --rate 20 --requests 200 --seed 3 --tokenizer none "
                 "--max-tokens 8")  # fmt: skip
     code, res, log = _run(machines, tmp_path, run_args, kill_after_s=3.0)
@@ -182,4 +183,11 @@ def test_a_worker_killed_mid_run_is_counted_lost(
     assert {r.worker for r in lost} == {k}
     assert any(r.ok for r in res.records if r.worker == k)  # what it reported before it died
     assert all(r.ok for r in res.records if r.worker != k)
+    # its shard's process stopped with it: nothing of that shard reached the server later
+    killed_ns = (info["start_at"] + 3.0) * 1e9
+    wall_minus_mono = time.time_ns() - time.perf_counter_ns()
+    truth = get_json(server + "/truth")
+    arrivals = [truth[r.request_id]["recv_ns"] + wall_minus_mono
+                for r in res.records if r.worker == k and r.request_id in truth]  # fmt: skip
+    assert arrivals and max(arrivals) < killed_ns + 2e9, (max(arrivals) - killed_ns) / 1e9
     assert res.scheduled_count == len(got)
