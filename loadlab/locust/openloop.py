@@ -35,6 +35,7 @@ import itertools
 import logging
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -98,6 +99,7 @@ class _Master:
         self.pongs: dict[int, AsyncResult] = {}
         self.seq = itertools.count()
         self.started = False
+        self.coordinator: gevent.Greenlet | None = None
 
 
 _M = _Master()
@@ -110,6 +112,7 @@ def _on_init(environment: Any, **_: Any) -> None:
         _check_run(environment.parsed_options)
         for name, handler in ((PONG, _on_pong), (RECORDS, _on_records), (DONE, _on_done)):
             runner.register_message(name, handler)
+        _wrap_quit(runner)
     elif isinstance(runner, WorkerRunner):
         runner.register_message(PING, _on_ping)
         runner.register_message(SHARD, _on_shard)
@@ -122,7 +125,8 @@ def _on_init(environment: Any, **_: Any) -> None:
 def _on_test_start(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, MasterRunner) and not _M.started:
         _M.started = True
-        gevent.spawn(_coordinate, environment).link_exception(_crashed(environment))
+        _M.coordinator = gevent.spawn(_coordinate, environment)
+        _M.coordinator.link_exception(_crashed(environment))
 
 
 # ------------------------------------------------------------------ master
@@ -141,6 +145,11 @@ def _check_run(opts: Any) -> None:
             if any(a == flag or a.startswith(flag + "=") for a in args):
                 raise UsageError(f"--loadlab-run: leave out {flag}; the master sets it per worker")
         cfg = config_from_args(_run_parser(add_run_arguments).parse_args(args))
+        if len(cfg.endpoints) != 1:
+            raise UsageError(
+                "--loadlab-run: give one --endpoint URL (or a scenario naming one): every "
+                f"worker loads the same server, got {len(cfg.endpoints)}"
+            )
         if cfg.seed is None:  # every shard must draw the same requests
             cfg = cfg.seeded()
             args += ["--seed", str(cfg.seed)]
@@ -290,6 +299,22 @@ def _finish(environment: Any, start_at: float) -> None:
         environment.runner.quit()
 
 
+def _wrap_quit(runner: Any) -> None:
+    """Locust's own quit (``--run-time``, Ctrl-C) first stops the shards (each writes and
+    ships what it has), then waits for the file: the run ends with its results, never without."""
+    locust_quit = runner.quit
+
+    def quit() -> None:
+        running = _M.coordinator
+        if running is not None and not running.dead and gevent.getcurrent() is not running:
+            runner.stop()  # the workers' test_stop interrupts their shards
+            running.join()  # it quits when the file is written
+            return
+        locust_quit()
+
+    runner.quit = quit
+
+
 def _crashed(environment: Any) -> Any:
     def on_error(greenlet: gevent.Greenlet) -> None:
         log.error("loadlab: the coordinator failed: %r", greenlet.exception)
@@ -322,8 +347,20 @@ def _address(opts: Any) -> str:
         return ""
 
 
+_CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
 def _on_shard(environment: Any, msg: Any, **_: Any) -> None:
     gevent.spawn(_run_shard, environment, msg.data)
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Any, **_: Any) -> None:
+    """Stop pressed in the web UI (or the master quitting): a running shard stops as on
+    Ctrl-C, its results so far written and shipped."""
+    for proc in _CHILDREN:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
 
 
 def _run_shard(environment: Any, job: dict[str, Any]) -> None:
@@ -344,6 +381,7 @@ def _run_shard(environment: Any, job: dict[str, Any]) -> None:
             stderr=err,
             preexec_fn=stop_parent_death,
         )
+    _CHILDREN.append(proc)  # a stop interrupts it (_on_test_stop)
     tail, shipped = JournalTail(journal_path(out)), set[str]()
     while proc.poll() is None:
         gevent.sleep(STREAM_INTERVAL_S)
@@ -357,6 +395,7 @@ def _run_shard(environment: Any, job: dict[str, Any]) -> None:
         why = (folder / "stderr.txt").read_text(errors="replace").strip().splitlines()
         done["error"] = f"loadlab run exited {proc.returncode}: {' / '.join(why[-3:])}"
     _ship(environment, DONE, done, shipped)
+    _CHILDREN.remove(proc)
     shutil.rmtree(folder, ignore_errors=True)
 
 
