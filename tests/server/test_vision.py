@@ -1,5 +1,6 @@
-"""Images on the reference server: image tokens counted by the stated policy, prefilled like
-text, cached by content; unreadable images are 400."""
+"""Images on the reference server: image tokens counted by the stated policy, placed in the
+prompt's token ids where the image stands, prefilled like text, cached by content; unreadable
+images are 400. (The encoder's own tests: tests/server_model/test_image_encoder.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from PIL import Image
 
 from loadlab.clients.counting import post_json
-from reference_server.vision import image_tokens
+from reference_server.vision import encode_pieces, image_part_text, image_tokens, prompt_pieces
 from tests.helpers.server import AUTH
 
 HEADERS = {"Content-Type": "application/json", **AUTH}
@@ -51,6 +52,37 @@ def test_a_repeated_image_is_a_prefix_cache_hit(reasoning_server: Any) -> None:
     second = _chat(reasoning_server, [url], "another one")
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 - 16 % 16
+
+
+def test_the_same_image_and_text_again_is_answered_the_same_from_the_cache(
+    reasoning_server: Any,
+) -> None:
+    url = _png(84, 56, shade=77)  # 6 image tokens
+    first = _chat(reasoning_server, [url, url], "the same question")
+    second = _chat(reasoning_server, [url, url], "the same question")
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+    assert second["choices"] == first["choices"]
+
+
+def _part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_images_stand_in_the_token_ids_where_they_are_in_the_prompt() -> None:
+    a, b = _part(_png(56, 28, shade=1)), _part(_png(28, 84, shade=2))  # 2 and 3 tokens
+    ta, tb = image_part_text(a), image_part_text(b)
+    pieces = prompt_pieces(lambda: "é" + str(image_part_text(a)) + "xy" + str(image_part_text(b)))
+    ids, images = encode_pieces(pieces, lambda s: list(s.encode()))
+    assert ids == list(f"é{ta}xy{tb}".encode())  # what /tokenize counts
+    assert [(pos, img.num_tokens) for pos, img in images] == [(2, 2), (6, 3)]  # é is 2 bytes
+    assert [img.text for _, img in images] == [ta, tb]
+
+
+def test_a_prompt_holding_the_image_mark_itself_is_left_to_the_encoder_to_refuse() -> None:
+    a = _part(_png(28, 28, shade=3))
+    pieces = prompt_pieces(lambda: "\udfff" + str(image_part_text(a)))
+    with pytest.raises(UnicodeEncodeError):
+        encode_pieces(pieces, lambda s: list(s.encode()))
 
 
 @pytest.mark.parametrize(
