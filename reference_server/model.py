@@ -307,11 +307,11 @@ class PatchEmbed(nn.Module):
     def tiles(self, rgb: Tensor) -> Tensor:
         p = self.patch
         h, w, _ = rgb.shape
-        x = rgb.to(self.proj.weight.dtype) / 127.5 - 1.0  # [H, W, 3]
-        x = F.pad(x, (0, 0, 0, -w % p, 0, -h % p), value=-1.0)  # black: [H', W', 3]
+        x = F.pad(rgb, (0, 0, 0, -w % p, 0, -h % p))  # black: [H', W', 3] uint8
         hp, wp = x.shape[0] // p, x.shape[1] // p
         x = x.view(hp, p, wp, p, 3).permute(0, 2, 4, 1, 3)  # [hp, wp, 3, p, p], as a conv reads
-        return x.reshape(hp * wp, 3 * p * p)
+        x = x.reshape(hp * wp, 3 * p * p).to(self.proj.weight.dtype)
+        return x.mul_(1 / 127.5).sub_(1.0)  # pixels to [-1, 1]
 
     def forward(self, tiles: Tensor) -> Tensor:
         return self.proj(tiles)  # [n, 3 * p * p] -> [n, dim]
