@@ -26,11 +26,11 @@ def _png(w: int, h: int, shade: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _chat(server: Any, urls: list[str], text: str = "hi") -> dict[str, Any]:
+def _chat(server: Any, urls: list[str], text: str = "hi", max_tokens: int = 1) -> dict[str, Any]:
     content = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
     body = {
         "model": "loadlab-ref",
-        "max_tokens": 1,
+        "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": [*content, {"type": "text", "text": text}]}],
     }
     return post_json(server.url + "/v1/chat/completions", body, HEADERS)
@@ -62,6 +62,18 @@ def test_the_same_image_and_text_again_is_answered_the_same_from_the_cache(
     second = _chat(reasoning_server, [url, url], "the same question")
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
     assert second["choices"] == first["choices"]
+
+
+def test_an_image_prompt_is_answered_the_same_disaggregated(
+    disaggregated_server: Any, continuous_server: Any
+) -> None:
+    """The prefill worker embeds the image (its Sequence carries it across processes) and the
+    decode worker attends over its transferred K/V: the greedy text equals continuous mode's."""
+    urls = [_png(140, 84, shade=9), _png(84, 140, shade=99)]  # 15 image tokens each
+    cont = _chat(continuous_server, urls, "describe", max_tokens=12)
+    dis = _chat(disaggregated_server, urls, "describe", max_tokens=12)
+    assert dis["choices"] == cont["choices"]
+    assert dis["usage"]["prompt_tokens"] == cont["usage"]["prompt_tokens"] == 8 + 30
 
 
 def _part(url: str) -> dict[str, Any]:
