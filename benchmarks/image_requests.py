@@ -65,7 +65,8 @@ def server_part(preset: str, repeats: int, side: int) -> None:
                 text = f"{i:04d} " + "x" * 11  # 16 unique characters first: no cache hit
                 spec = RequestSpec(f"r{i}", text, 1, images=urls)
                 img.append(_ttft_ms(srv.url, build_body(spec, ep, stream=False)))
-                plain = RequestSpec(f"t{i}", f"{i:04d}-" + "y" * (tokens - 5), 1)
+                # unique from the first block on, across levels too: no prefix-cache hit
+                plain = RequestSpec(f"t{i}", f"{n}{i:03d}-" + "y" * (tokens - 5), 1)
                 txt.append(_ttft_ms(srv.url, build_body(plain, ep, stream=False)))
             (ti, si), (tt, st) = (map(statistics.median, zip(*x, strict=True)) for x in (img, txt))
             print(f"{n:>6}  {tokens:>13}  {ti:>11.1f}  {tt:>9.1f}  {si:>20.1f}  {st:>6.1f}")
