@@ -2,7 +2,8 @@
 its image tokens are spliced into the prompt and prefilled like text.
 
 An image part (OpenAI chat ``image_url``, Anthropic ``image``, Responses ``input_image``) must
-carry its pixels (a ``data:`` URL or base64 source; the server fetches nothing). The policy:
+carry its pixels (a ``data:`` URL or base64 source; the server fetches nothing) and hold at
+most ``MAX_PIXELS`` pixels. The policy:
 the image is converted to RGB and scaled (never up, bicubic) to fit ``MAX_SIDE`` x ``MAX_SIDE``,
 then cut into ``PATCH`` x ``PATCH`` tiles, row by row, partial tiles padded with black: one
 image token per tile (``image_tokens``). The model runner's patch embedding
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "MAX_PIXELS",
     "MAX_SIDE",
     "PATCH",
     "Image",
@@ -45,12 +47,15 @@ __all__ = [
     "encode_pieces",
     "image_part_text",
     "image_tokens",
+    "pieces_text",
     "prompt_pieces",
+    "read_image",
     "resized_size",
 ]
 
 PATCH = 28
 MAX_SIDE = 448
+MAX_PIXELS = 40_000_000  # larger images are refused before their pixels are decoded
 _KEPT = 64  # decoded images remembered by content hash (~600 kB each at 448 x 448)
 _seen: OrderedDict[bytes, Image] = OrderedDict()
 # While ``prompt_pieces`` builds a prompt, image parts become this mark and their Image is
@@ -118,13 +123,21 @@ def _decode(raw: bytes, key: bytes) -> Image:
 
     try:
         with PILImage.open(io.BytesIO(raw)) as img:
+            if img.width * img.height > MAX_PIXELS:
+                raise ImageError(
+                    f"an image of {img.width} x {img.height} pixels is over the server's limit "
+                    f"of {MAX_PIXELS:,} pixels; send a smaller image"
+                )
             w, h = resized_size(*img.size)
             img.draft("RGB", (w, h))  # JPEG: decode at a reduced scale when that suffices
             rgb = img.convert("RGB")
             if rgb.size != (w, h):
                 rgb = rgb.resize((w, h), PILImage.Resampling.BICUBIC)
             pixels = rgb.tobytes()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
+            PILImage.DecompressionBombError) as exc:  # fmt: skip
         raise ImageError(f"an image could not be decoded ({type(exc).__name__})") from None
     n = math.ceil(w / PATCH) * math.ceil(h / PATCH)
     stream = b"".join(

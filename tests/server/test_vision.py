@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
 import urllib.error
 import urllib.request
+import zlib
 from typing import Any
 
 import pytest
@@ -97,9 +99,19 @@ def test_a_prompt_holding_the_image_mark_itself_is_left_to_the_encoder_to_refuse
         encode_pieces(pieces, lambda s: list(s.encode()))
 
 
+def _png_header(w: int, h: int) -> str:
+    """A PNG that claims ``w`` x ``h`` pixels and holds none: only its header can be read."""
+    ihdr = b"IHDR" + struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr))
+    data = b"\x89PNG\r\n\x1a\n" + chunk + struct.pack(">I", 0) + b"IEND\xaeB`\x82"
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [("https://example.com/a.png", "fetches no image URLs"),
+     (_png_header(8000, 6000), "over the server's limit"),
+     (_png_header(100_000, 100_000), "could not be decoded"),
      ("data:image/png;base64,!!!!", "not valid base64"),
      ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "could not be decoded")],
 )  # fmt: skip
