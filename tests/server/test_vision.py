@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import struct
 import urllib.error
 import urllib.request
@@ -76,6 +77,28 @@ def test_an_image_prompt_is_answered_the_same_disaggregated(
     dis = _chat(disaggregated_server, urls, "describe", max_tokens=12)
     assert dis["choices"] == cont["choices"]
     assert dis["usage"]["prompt_tokens"] == cont["usage"]["prompt_tokens"] == 8 + 30
+
+
+def _step_log(server: Any) -> list[dict[str, Any]]:
+    url = server.url + "/v1/step_log"  # the test's own server on loopback
+    with urllib.request.urlopen(urllib.request.Request(url, headers=AUTH), timeout=10) as resp:  # noqa: S310
+        return list(json.load(resp))
+
+
+def test_a_chunked_prefill_splits_images_answers_as_whole_and_logs_their_tokens(
+    servers: Any, continuous_server: Any
+) -> None:
+    """Chunks of 16 tokens cut the second image in two; the step log's prefill tokens of the
+    request's steps count every image token, and the greedy text equals continuous mode's."""
+    chunked = servers.get("chunked")
+    urls = [_png(140, 84, shade=41), _png(84, 140, shade=42)]  # 15 image tokens each
+    last = _step_log(chunked)
+    since = last[-1]["end_ns"] if last else 0
+    out = _chat(chunked, urls, "describe", max_tokens=8)
+    steps = [e for e in _step_log(chunked) if e["start_ns"] >= since]
+    assert out["usage"]["prompt_tokens"] == 30 + 8
+    assert [e["prefill_tokens"] for e in steps if e["prefill_tokens"]] == [16, 16, 6]
+    assert out["choices"] == _chat(continuous_server, urls, "describe", max_tokens=8)["choices"]
 
 
 def _part(url: str) -> dict[str, Any]:
