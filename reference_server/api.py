@@ -362,9 +362,9 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
         return await _respond(body.stream, writer, answer, queue, release, request)
 
     def _start(
-        kind: Kind, body: Any, prompt: list[str | Image], prefix: str | None = None
+        kind: Kind, body: Any, pieces: list[str | Image], prefix: str | None = None
     ) -> tuple[Sequence, EventQueue, _Release]:
-        seq = _admit(kind, body, prompt, prefix)
+        seq = _admit(kind, body, pieces, prefix)
         queue: EventQueue = asyncio.Queue()
         state["in_flight"] += 1
         release = _Release(state, engine, seq.seq_id)
@@ -387,12 +387,12 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             return _SSE(_events(writer, answer, queue, release), release)
         return await _whole(writer, answer, queue, request, release)
 
-    def _admit(kind: Kind, body: Any, prompt: list[str | Image], prefix: str | None) -> Sequence:
+    def _admit(kind: Kind, body: Any, pieces: list[str | Image], prefix: str | None) -> Sequence:
         if body.model != settings.model_name:
             msg = f"model {body.model!r} does not exist; this server serves {settings.model_name!r}"
             raise _ApiError(404, msg, "invalid_request_error", "model", "model_not_found")
         try:
-            ids, images = encode_pieces(prompt, settings.encode)
+            ids, images = encode_pieces(pieces, settings.encode)
         except UnicodeEncodeError as exc:  # a lone surrogate ("\\ud800") is valid JSON only
             msg = (f"the prompt is not valid Unicode (a lone surrogate at character {exc.start}); "
                    "send well-formed UTF-8 text")  # fmt: skip

@@ -7,6 +7,10 @@ whole prompts, prompt slices (chunked prefill), recomputation after preemption a
 tokens are all the same thing here, and all of a step's tokens go through the weights in one
 forward pass, so decode reads each weight once per step for the whole batch.
 
+Images: a sequence's ``images`` name the prompt positions whose input vectors come from the
+image encoder (``model.PatchEmbed``) instead of the token embeddings; each step embeds the
+image tiles of the positions it processes, so a chunked prefill may split an image.
+
 KV cache: one tensor ``[n_layers, 2 (K, V), num_blocks, block_size, n_kv_heads, head_dim]``.
 Token ``p`` of a sequence lives in slot ``block_table[p // block_size] * block_size +
 p % block_size`` of the flattened ``[num_blocks * block_size, n_kv_heads, head_dim]`` view.

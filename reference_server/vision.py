@@ -211,6 +211,9 @@ def encode_pieces(
         if isinstance(p, str):
             ids += encode(p)
             continue
+        placeholder = encode(p.text)
+        if len(placeholder) != p.num_tokens:  # the runner embeds exactly num_tokens rows
+            raise ValueError("the tokenizer must encode an image's placeholder one id a char")
         images.append((len(ids), p))
-        ids += encode(p.text)
+        ids += placeholder
     return ids, images
