@@ -32,7 +32,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadlab.analysis.metrics import Distribution, distribution, latency_records, ttft_ms
+import numpy as np
+
+from loadlab.analysis import vectors
+from loadlab.analysis.columns import NONE, RecordColumns, columns_of
+from loadlab.analysis.metrics import Distribution, distribution
 from loadlab.records import RequestRecord, pick
 
 if TYPE_CHECKING:
@@ -70,8 +74,15 @@ def expected_cached_tokens(shared_tokens: int, prompt_tokens: int, block_size: i
     return usable // block_size * block_size if block_size else usable
 
 
-def _prompt_tokens(r: RequestRecord) -> int:
-    return r.prompt_tokens or r.prompt_tokens_requested or 0
+def _prompt_tokens(cols: RecordColumns) -> np.ndarray:
+    """Each record's prompt: the server's count, else the requested one, else 0."""
+    counted, asked = cols.ints["prompt_tokens"], cols.ints["prompt_tokens_requested"]
+    return np.where((counted != NONE) & (counted != 0), counted, np.where(asked != NONE, asked, 0))
+
+
+def _rate(hits: np.ndarray, queries: np.ndarray) -> float | None:
+    total = int(queries.sum())
+    return int(hits.sum()) / total if total else None
 
 
 def expected_hit_rate(records: Iterable[RequestRecord], block_size: int | None) -> float | None:
@@ -80,22 +91,20 @@ def expected_hit_rate(records: Iterable[RequestRecord], block_size: int | None) 
 
     Reads the server's prompt count when it gave one, so a chat template's tokens are in the
     denominator as in the server's query counter."""
-    hits = queries = 0
-    for r in records:
-        if r.ok and r.shared_prefix_tokens is not None and (n := _prompt_tokens(r)):
-            hits += expected_cached_tokens(r.shared_prefix_tokens, n, block_size)
-            queries += n
-    return hits / queries if queries else None
+    cols = columns_of(records if isinstance(records, Sequence) else list(records))
+    n, shared = _prompt_tokens(cols), cols.ints["shared_prefix_tokens"]
+    use = cols.ok & (shared != NONE) & (n != 0)
+    usable = np.maximum(0, np.minimum(shared[use], n[use] - 1))  # expected_cached_tokens
+    hits = usable // block_size * block_size if block_size else usable
+    return _rate(hits, n[use])
 
 
 def usage_hit_rate(records: Iterable[RequestRecord]) -> float | None:
     """Fraction of prompt tokens the server reported cached, over the ok records that said."""
-    hits = queries = 0
-    for r in records:
-        if r.ok and r.cached_prompt_tokens is not None and (n := _prompt_tokens(r)):
-            hits += r.cached_prompt_tokens
-            queries += n
-    return hits / queries if queries else None
+    cols = columns_of(records if isinstance(records, Sequence) else list(records))
+    n, cached = _prompt_tokens(cols), cols.ints["cached_prompt_tokens"]
+    use = cols.ok & (cached != NONE) & (n != 0)
+    return _rate(cached[use], n[use])
 
 
 def _total(metrics: Mapping[str, float], name: str) -> float | None:
@@ -168,9 +177,11 @@ def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
     server = server_hit_rate(results.server_samples)
     if expected is None and usage is None and (server is None or server[0] is None):
         return None
-    lat = latency_records(records, results.measurement_window_ns())
-    cached = [t for r in lat if (r.cached_prompt_tokens or 0) > 0 and (t := ttft_ms(r)) is not None]
-    uncached = [t for r in lat if r.cached_prompt_tokens == 0 and (t := ttft_ms(r)) is not None]
+    cols = columns_of(records)
+    lat = vectors.latency_mask(cols, results.measurement_window_ns())
+    ttft, said = vectors.per_request(cols, "ttft_ms"), cols.ints["cached_prompt_tokens"]
+    timed = lat & ~np.isnan(ttft)
+    cached, uncached = ttft[timed & (said > 0)], ttft[timed & (said == 0)]
     basis = str(workload.get("shared_prefix_basis") or "")
     return PrefixCacheSummary(
         expected_hit_rate=expected,

@@ -76,9 +76,10 @@ def _cell(v: object) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlab.commands import read_said
     from loadlab.journal import read_journal
     from loadlab.report.text import render_summary, render_verdict
-    from loadlab.results import read_results, write_results
+    from loadlab.results import write_results
     from loadlab.slo import evaluate, load_slo
 
     if (args.results is None) == (args.from_journal is None):
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_journal:
         results = read_journal(args.from_journal)
     else:
-        results = read_results(args.results)
+        results = read_said(args.results, "report")
     source = args.results or args.from_journal
     spec = load_slo(args.slo) if args.slo else None
     print(render_summary(results))

@@ -11,14 +11,15 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loadlab.analysis import metrics
-from loadlab.records import RequestRecord, pick
+from loadlab.analysis import metrics, vectors
+from loadlab.analysis.columns import NONE, RecordColumns, columns_of
+from loadlab.records import pick
 from loadlab.slo.intervals import (
     MAX_N,
     Bounds,
@@ -141,29 +142,24 @@ class Verdict:
         }
 
 
-def _good_records(records: Sequence[RequestRecord], spec: SLOSpec) -> list[RequestRecord]:
-    """Good requests, each judged by its own class's per-request limits."""
-    by_class: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        by_class.setdefault(r.request_class, []).append(r)
-    good: list[RequestRecord] = []
-    for cls, recs in by_class.items():
-        good.extend(metrics.good_requests(recs, spec.limits_for(cls)))
-    return good
+def _good(cols: RecordColumns, spec: SLOSpec) -> np.ndarray:
+    """bool [n]: good requests, each judged by its own class's per-request limits."""
+    classes = cols.coded["request_class"][1]
+    return vectors.good_mask(cols, {c: spec.limits_for(c) for c in classes})
 
 
 def _eval_distribution(
-    obj: Objective, recs: Sequence[RequestRecord], window: tuple[int, int], conf: float
+    obj: Objective, cols: RecordColumns, mine: np.ndarray, window: tuple[int, int], conf: float
 ) -> ObjectiveResult:
-    lat = metrics.latency_records(recs, window)
+    lat = vectors.latency_mask(cols, window) & mine
     if obj.metric == "itl_ms":
-        values = [g for r in lat for g in metrics.itl_ms(r)]
+        values = vectors.itl_ms(cols, lat)
     else:
-        fn = metrics.PER_REQUEST_METRICS[obj.metric]
-        values = [v for v in map(fn, lat) if v is not None]
-    if not values:
+        values = vectors.per_request(cols, obj.metric)[lat]
+        values = values[~np.isnan(values)]
+    if not values.size:
         return ObjectiveResult(obj, None, "fail", note="no measurements: no ok request in window")
-    x = np.sort(np.asarray(values, dtype=float))
+    x = np.sort(values)
     pct = float(obj.percentile or 0.0)
     measured = float(metrics.percentile(x, pct) or 0.0)  # x is not empty: never None
     lo, hi = percentile_ci(x, pct, conf)
@@ -174,7 +170,7 @@ def _eval_distribution(
         if big_n is None:
             note = "measured value sits at the threshold: more requests will not decide it"
         else:
-            per_request = x.size / max(len(lat), 1)  # ITL: gaps per request
+            per_request = x.size / max(int(lat.sum()), 1)  # ITL: gaps per request
             extra = max(1, math.ceil((big_n - x.size) / per_request))
     # Keep the point estimate honest: a pass needs the point to meet it too.
     if status == "pass" and not obj.holds(measured):
@@ -199,37 +195,37 @@ def _eval_proportion(obj: Objective, k: int, n: int, conf: float) -> ObjectiveRe
 
 
 def _eval_one(
-    obj: Objective, results: Results, spec: SLOSpec, window: tuple[int, int]
+    obj: Objective, cols: RecordColumns, spec: SLOSpec, window: tuple[int, int]
 ) -> ObjectiveResult:
-    recs = results.records
+    mine = np.ones(cols.n, dtype=bool)
     if obj.request_class is not None:
-        recs = [r for r in recs if r.request_class == obj.request_class]
-        if not recs:
+        mine = cols.mask("request_class", [obj.request_class])
+        if not mine.any():
             note = f"no requests of class {obj.request_class!r} in this run"
             return ObjectiveResult(obj, None, "fail", note=note)
     if obj.metric in DIST_METRICS:
-        return _eval_distribution(obj, recs, window, spec.confidence)
-    counts = metrics.count_outcomes(recs)
+        return _eval_distribution(obj, cols, mine, window, spec.confidence)
+    counts = vectors.count_outcomes(cols, mask=mine)
     if obj.metric == "error_rate":
         return _eval_proportion(obj, counts.failed, counts.sent, spec.confidence)
     if obj.metric == "drop_rate":
         scheduled = counts.sent + counts.dropped
         return _eval_proportion(obj, counts.dropped, scheduled, spec.confidence)
     if obj.metric == "goodput_rps":
-        good = _good_records(recs, spec)
-        value = metrics.goodput_rps(good, window, {})
+        span_s = max((window[1] - window[0]) / 1e9, 1e-9)
+        value = vectors.goodput_count(cols, _good(cols, spec) & mine, window) / span_s
         limits = spec.limits_for(obj.request_class)
         note = "good = ok and " + (
             ", ".join(f"{k} <= {v:g}" for k, v in limits.items()) or "no per-request limits"
         )
     else:
-        value = float(getattr(metrics.throughput(recs, window), obj.metric))
+        value = float(getattr(vectors.throughput(cols, window, mask=mine), obj.metric))
         note = "a rate over the measurement window (no interval)"
     status: Status = "pass" if obj.holds(value) else "fail"
     return ObjectiveResult(obj, value, status, n=counts.sent, note=note)
 
 
-def _window_reasons(results: Results, window: tuple[int, int]) -> list[str]:
+def _window_reasons(cols: RecordColumns, window: tuple[int, int]) -> list[str]:
     """Why a run has nothing to judge: no measurement window, or no request sent in it."""
     lo, hi = window
     if hi <= lo:
@@ -237,7 +233,8 @@ def _window_reasons(results: Results, window: tuple[int, int]) -> list[str]:
             f"the run has no measurement window ({lo / 1e9:g} to {hi / 1e9:g} s: the warm-up "
             "and cool-down cover the whole run): run longer than --warmup + --cooldown"
         ]
-    if not any(r.sent_ns is not None and lo <= r.sent_ns <= hi for r in results.records):
+    sent = cols.sent
+    if not ((sent != NONE) & (sent >= lo) & (sent <= hi)).any():
         return [
             f"no request was sent inside the measurement window ({lo / 1e9:g} to "
             f"{hi / 1e9:g} s): run longer than --warmup + --cooldown"
@@ -250,7 +247,8 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
     if inconclusive not in ("fail", "pass"):
         raise ValueError(f'inconclusive policy must be "fail" or "pass", got {inconclusive!r}')
     window = results.measurement_window_ns()
-    counts = metrics.count_outcomes(results.records, results.scheduled_count)
+    cols = columns_of(results.records)
+    counts = vectors.count_outcomes(cols, results.scheduled_count)
     reasons = []
     if results.saturated:
         lag = results.generator.get("loop_lag_ms_max")
@@ -265,8 +263,8 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"{spec.min_requests} (min_requests): run longer or at a higher rate"
         )
     if counts.sent:
-        reasons.extend(_window_reasons(results, window))
-    rows = tuple(_eval_one(o, results, spec, window) for o in spec.objectives)
+        reasons.extend(_window_reasons(cols, window))
+    rows = tuple(_eval_one(o, cols, spec, window) for o in spec.objectives)
     return Verdict(
         rows=rows,
         inconclusive_policy=inconclusive,
@@ -279,6 +277,5 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
 
 def good_in_window(results: Results, spec: SLOSpec) -> int:
     """Good requests (by the SLO's per-request limits) completed inside the window."""
-    lo, hi = results.measurement_window_ns()
-    good = _good_records(results.records, spec)
-    return sum(1 for r in good if r.chunk_ns and lo <= r.chunk_ns[-1] <= hi)
+    cols = columns_of(results.records)
+    return vectors.goodput_count(cols, _good(cols, spec), results.measurement_window_ns())

@@ -42,7 +42,10 @@ def test_every_error_is_in_the_tree_and_input_errors_stay_value_errors() -> None
     ("argv", "message"),
     [
         (["run", *ENDPOINT, "--rate", "2"], "loadlab run: give either --rate"),
-        (["run", "--endpoint", "ftp://h", "--requests", "1"], "loadlab run: --endpoint 'ftp://h' must start with http"),
+        (
+            ["run", "--endpoint", "ftp://h", "--requests", "1"],
+            "loadlab run: --endpoint 'ftp://h' must start with http",
+        ),
         (["report", "missing-results.json"], "loadlab report: "),
         (["compare", "only-one.json"], "loadlab compare: give at least two results files"),
         (["sweep", "--rates", "4,2", "--slo", "x.toml"], "loadlab sweep: load levels must be"),
