@@ -277,12 +277,10 @@ def _poisson_quantile(
     are drawn together, as the sum of their Poisson weights, itself Poisson. Exact for the
     Poisson bootstrap; a replicate that falls outside the window makes the window wider."""
     n, k = values.size, int(run_of.size)
-    sizes = np.bincount(cluster, minlength=k)
+    sizes = _tally(cluster, None, k)
     r0 = min(int(q * n), n - 1)
     at_r0 = np.partition(values, r0)[r0]  # no sort of them all: ranks from value thresholds
-    sd = float(
-        np.sqrt(np.sum((np.bincount(cluster[values < at_r0], minlength=k) - q * sizes) ** 2))
-    )
+    sd = float(np.sqrt(np.sum((_tally(cluster, values < at_r0, k) - q * sizes) ** 2)))
     half = max(64, int(6 * sd) + 1)
     runs = int(run_of.max()) + 1 if k else 1
     while True:
@@ -295,7 +293,7 @@ def _poisson_quantile(
         v, c, lo, hi = _window(values, cluster, r0 - half, r0 + half)  # the ranks [lo, hi)
         near = np.unique(c)  # requests with a value in the window
         at = np.searchsorted(near, c)  # each window value's request, among ``near``
-        below = np.bincount(cluster[values < v[0]], minlength=k)
+        below = _tally(cluster, values < v[0], k)
         rest = np.ones(k, dtype=bool)
         rest[near] = False
         rest &= sizes > 0
@@ -328,6 +326,18 @@ def _poisson_quantile(
         if fits:
             return out
         half *= 2
+
+
+def _tally(cluster: np.ndarray, keep: np.ndarray | None, k: int) -> np.ndarray:
+    """How many of the values (those of ``keep``) each of the ``k`` clusters holds, 4 M at a
+    time (``np.bincount`` of all fifteen million at once makes an int64 copy of them)."""
+    out = np.zeros(k, dtype=np.int64)
+    for at in range(0, cluster.size, 1 << 22):
+        part = cluster[at : at + (1 << 22)]
+        if keep is not None:
+            part = part[keep[at : at + (1 << 22)]]
+        out += np.bincount(part, minlength=k)
+    return out
 
 
 def _window(
@@ -427,7 +437,7 @@ def _latency_samples(
             gaps, owner = vectors.itl_with_owner(cols, lat)
             vals.append(gaps)
             clus.append(position[owner])
-            cols.forget("gaps")  # 180 MB a million streams: made again if asked for
+            cols.forget("gaps", "chunk_owner", "same_stream")  # 260 MB a million streams
         else:
             v = vectors.per_request(cols, metric)
             keep = lat & ~np.isnan(v)
