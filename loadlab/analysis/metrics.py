@@ -65,6 +65,7 @@ __all__ = [
     "reasoning_ms",
     "reasoning_token_count",
     "stall_count",
+    "tally_outcomes",
     "throughput",
     "tool_call_token_count",
     "tpot_ms",
@@ -366,7 +367,12 @@ class Counts:
 def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = None) -> Counts:
     """Counts by outcome; ``scheduled`` defaults to sent + dropped."""
     records = list(records)
-    by = Counter(r.outcome for r in records)
+    late = sum(1 for r in records if r.late)
+    return tally_outcomes(Counter(r.outcome for r in records), late, scheduled)
+
+
+def tally_outcomes(by: Mapping[str, int], late: int, scheduled: int | None = None) -> Counts:
+    """``Counts`` from requests by outcome class and the late ones (``count_outcomes``)."""
     dropped = by.get(OUTCOME_DROPPED, 0)
     ok = by.get(OUTCOME_OK, 0)
     failed = sum(c for o, c in by.items() if is_failed(o))
@@ -377,7 +383,7 @@ def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = Non
         dropped=dropped,
         ok=ok,
         failed=failed,
-        late=sum(1 for r in records if r.late),
+        late=late,
         by_outcome=dict(sorted(by.items())),
     )
 
@@ -420,6 +426,27 @@ class Throughput:
     output_tokens_per_s_series: tuple[float, ...]
     series_bin_s: float
 
+    @classmethod
+    def over(
+        cls,
+        window_s: float,
+        output_tokens: float,
+        prompt_tokens: int,
+        completed: int,
+        series: tuple[float, ...],
+        bin_s: float,
+    ) -> Throughput:
+        """The rates of ``window_s`` seconds that saw these tokens and completions."""
+        return cls(
+            window_s=window_s,
+            output_tokens=output_tokens,
+            output_tokens_per_s=output_tokens / window_s,
+            total_tokens_per_s=(output_tokens + prompt_tokens) / window_s,
+            requests_per_s=completed / window_s,
+            output_tokens_per_s_series=series,
+            series_bin_s=bin_s,
+        )
+
     def to_dict(self) -> dict[str, float]:
         """The results file's ``summary.throughput`` (without the series)."""
         out = asdict(self)
@@ -456,15 +483,8 @@ def throughput(
         if r.ok and r.chunk_ns and lo <= r.chunk_ns[-1] <= hi:
             completed += 1
     n_bins = (max(series) + 1) if series else 0
-    return Throughput(
-        window_s=span_s,
-        output_tokens=out_tokens,
-        output_tokens_per_s=out_tokens / span_s,
-        total_tokens_per_s=(out_tokens + prompt_tokens) / span_s,
-        requests_per_s=completed / span_s,
-        output_tokens_per_s_series=tuple(series.get(i, 0) / bin_s for i in range(n_bins)),
-        series_bin_s=bin_s,
-    )
+    per_s = tuple(series.get(i, 0) / bin_s for i in range(n_bins))
+    return Throughput.over(span_s, out_tokens, prompt_tokens, completed, per_s, bin_s)
 
 
 # The latency distributions of a run (a summary's rows, an SLO's percentile metrics): the

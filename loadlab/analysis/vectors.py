@@ -16,16 +16,21 @@ Example::
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from loadlab.analysis.columns import NONE, RecordColumns
-from loadlab.analysis.metrics import NS_PER_MS, NS_PER_S, PER_REQUEST_METRICS, Counts, Throughput
+from loadlab.analysis.metrics import (
+    NS_PER_MS,
+    NS_PER_S,
+    PER_REQUEST_METRICS,
+    Counts,
+    Throughput,
+    tally_outcomes,
+)
 from loadlab.analysis.token_checks import STOP_REASONS, PromptMatch
-from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, is_failed
 
 __all__ = [
     "count_outcomes",
@@ -185,20 +190,8 @@ def count_outcomes(
     if mask is not None:
         codes, late = codes[mask], late[mask]
     tally = np.bincount(codes, minlength=len(levels))
-    by = Counter({levels[i]: int(c) for i, c in enumerate(tally) if c})
-    dropped = by.get(OUTCOME_DROPPED, 0)
-    ok = by.get(OUTCOME_OK, 0)
-    failed = sum(c for o, c in by.items() if is_failed(o))
-    sent = ok + failed
-    return Counts(
-        scheduled=scheduled if scheduled is not None else sent + dropped,
-        sent=sent,
-        dropped=dropped,
-        ok=ok,
-        failed=failed,
-        late=int(late.sum()),
-        by_outcome=dict(sorted(by.items())),
-    )
+    by = {levels[i]: int(c) for i, c in enumerate(tally) if c}
+    return tally_outcomes(by, int(late.sum()), scheduled)
 
 
 def _chunk_weights(cols: RecordColumns) -> np.ndarray | None:
@@ -277,17 +270,8 @@ def throughput(
     last = cols.last_chunk
     done = mine & cols.ok & (cols.n_chunks > 0) & (last >= lo) & (last <= hi)
     completed = int(done.sum())
-    sums = _series(ns, w, int(bin_s * NS_PER_S))
-    series = tuple(float(x) / bin_s for x in sums)
-    return Throughput(
-        window_s=span_s,
-        output_tokens=out_tokens,
-        output_tokens_per_s=out_tokens / span_s,
-        total_tokens_per_s=(out_tokens + prompt_tokens) / span_s,
-        requests_per_s=completed / span_s,
-        output_tokens_per_s_series=series,
-        series_bin_s=bin_s,
-    )
+    series = tuple(float(x) / bin_s for x in _series(ns, w, int(bin_s * NS_PER_S)))
+    return Throughput.over(span_s, out_tokens, prompt_tokens, completed, series, bin_s)
 
 
 def good_mask(cols: RecordColumns, limits: Mapping[str | None, Mapping[str, float]]) -> np.ndarray:
