@@ -1,6 +1,6 @@
 """Run ``loadlab lab`` while competing processes each burn one core, and say what it showed.
 
-Issue 20's acceptance: on a busy machine the lab must never report a claim the wrong way
+On a busy machine the lab must never report a claim the wrong way
 round; each claim is either shown or "not shown on this machine" with the reason. This script
 starts ``--burners`` processes that spin on the CPU for the whole run (``--burners 0``: none,
 the quiet-machine run), runs the lab as a user would (a separate process: the burners are not

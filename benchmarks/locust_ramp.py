@@ -1,4 +1,4 @@
-"""Does Locust's ramp-up distort TTFT? The issue 17 case, second by second, against the server's log.
+"""Does Locust's ramp-up distort TTFT? Second by second, against the server's log.
 
 ``locust -f scenarios/chat.py --headless -u 200 -r 20 -t 30s`` in one process against the
 fixed-schedule server (TTFT 100 ms, one token every 20 ms, each write logged with
@@ -8,7 +8,7 @@ for the same requests, their difference, and the p99 of the per-request differen
 fix, the first 10 s (users still starting) read 870 to 1,130 ms for a 101 ms server and the run
 was flagged saturated; the acceptance is every second within 2 ms and the run not saturated.
 
-    python3 benchmarks/locust_ramp.py                       # the issue's case, ~1 minute
+    python3 benchmarks/locust_ramp.py                       # 200 users at 20/s, ~1 minute
     python3 benchmarks/locust_ramp.py --users 100 --spawn-rate 10 --duration 20
 
 "TTFT" on both sides: loadlab's = first token chunk read - send stamp; the server's = first

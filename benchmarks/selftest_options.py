@@ -1,11 +1,11 @@
-"""Which transport set-up lets loadlab measure 256 fast streams on 2 cores? (issue 2)
+"""Which transport set-up lets loadlab measure 256 fast streams on 2 cores?
 
 Runs ``loadlab selftest`` (the fixed-schedule server in its own process, its write times the
 truth) once per option and prints one line each: the TTFT error, what the server reached, and
 loadlab's own CPU time per token (the figure that decides how far one process can go)::
 
-    python3 benchmarks/selftest_options.py                       # issue256: 256 streams, 2,560 requests
-    python3 benchmarks/selftest_options.py --preset issue64
+    python3 benchmarks/selftest_options.py                       # streams256: 2,560 requests
+    python3 benchmarks/selftest_options.py --preset streams64
     python3 benchmarks/selftest_options.py --requests-per-stream 3 --options uvloop-1,uvloop-2
 
 Options: ``asyncio-1`` (asyncio's own loop, one process), ``uvloop-1`` (uvloop, one process),
@@ -35,7 +35,7 @@ OPTIONS = {
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="issue256")
+    p.add_argument("--preset", default="streams256")
     p.add_argument("--requests-per-stream", type=int, help="scale the run down (default: preset)")
     p.add_argument(
         "--options", default=",".join(OPTIONS), help="comma-separated, from: " + ", ".join(OPTIONS)

@@ -49,7 +49,6 @@ from loadlab.simulate.engine import Simulator  # noqa: E402
 from loadlab.simulate.fit import fit_reference, points_from_step_log  # noqa: E402
 from loadlab.simulate.steptime import StepTimeModel, model_from_dict  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
-from loadlab.workloads.exact import without_asking  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 
@@ -155,7 +154,6 @@ def _one_mode(mode: str, args: argparse.Namespace, model: StepTimeModel, out: Pa
         "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
     server = _sim_server(mode, info)
     rec = Recording(model)
-    cfg = without_asking(cfg)  # the byte tokenizer, as the server counts (no server asked)
     sim = Simulator(cfg, server, rec, fast=False).run(build_requests(cfg)).to_results()
     res["predicted"] = {
         "steps": {ph: {"steps": t[0], "mean_ms": t[1] / t[0] * 1e3, "prefill_per_step": t[2] / t[0],
@@ -182,7 +180,7 @@ def _one_mode(mode: str, args: argparse.Namespace, model: StepTimeModel, out: Pa
 def _run(url: str, args: argparse.Namespace, path: Path, extra: list[str]) -> None:
     cmd = [sys.executable, "-m", "loadlab", "run", "--endpoint", url, "--model", "loadlab-ref",
            "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
-           "--out", str(path), *extra]  # fmt: skip
+           "--seed", "0", "--out", str(path), *extra]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
 
 

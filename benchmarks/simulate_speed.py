@@ -1,6 +1,6 @@
 """How fast the simulator runs: simulated requests per second of wall time.
 
-The issue's target: one replica-hour of traffic at the seed's per-GPU share (8 requests/s of
+The target: one replica-hour of traffic at one GPU's share of a busy service (8 requests/s of
 250 output tokens; 1,000-token prompts) in under a minute, on an H100 roofline of
 Llama-3-8B. Building the workload's requests (prompt text), simulating, and turning the
 result into records are timed apart.

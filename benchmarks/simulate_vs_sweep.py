@@ -1,4 +1,4 @@
-"""The simulator held against measured sweeps of the reference server (issue 21's acceptance).
+"""The simulator held against measured sweeps of the reference server.
 
 For each mode: start the reference server, warm it up, put a calibration load on it (closed
 loop, ``--calibrate``: a few seconds at a low and at a full batch), fit a step-time model to
@@ -70,7 +70,6 @@ from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
 from loadlab.simulate.versus import curves_of  # noqa: E402
 from loadlab.slo import load_slo  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
-from loadlab.workloads.exact import without_asking  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 
@@ -320,7 +319,7 @@ def _level_own(steps: list[dict[str, Any]], sweep_dir: Path, args: argparse.Name
             model = fit.fit_step_log(mine, f"{mode} server's steps at {load:g} rps")
         except ValueError:  # too few shapes at a low level
             continue
-        cfg = without_asking(level_config(base, load, "rate"))
+        cfg = level_config(base, load, "rate")
         sim = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
         rows.append(_cells(load, curve["measured"][_key(curve["measured"], load)],
                            curves_of({load: sim})[load]))  # fmt: skip
@@ -350,7 +349,7 @@ def _remeasure(url: str, args: argparse.Namespace, mode: str, sweep_dir: Path, f
     predicted: list[dict[str, Any]] = []
     for k in range(1, args.remeasure + 1):
         for load in _compared_loads(measured, first)["latency"]:
-            cfg = without_asking(level_config(base.replace(seed=base.seed + k), load, "rate"))
+            cfg = level_config(base.replace(seed=base.request_seed + k), load, "rate")
             path = sweep_dir / f"again-{k}-rate-{load:g}.json"
             cmd = [sys.executable, "-m", "loadlab", "run", "--endpoint", url, "--model",
                    "loadlab-ref", "--rate", f"{load:g}", "--duration", str(args.duration),
@@ -443,7 +442,7 @@ def _predict_with(url: str, sweep_dir: Path, model_path: Path, args: argparse.Na
         out[name] = []
         for load in loads:
             if load not in runs:
-                cfg = without_asking(level_config(base, load, "rate"))
+                cfg = level_config(base, load, "rate")
                 runs[load] = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
             curve = curves_of({load: runs[load]})[load]
             out[name].append(
@@ -481,7 +480,7 @@ def _sweep(url: str, args: argparse.Namespace, slo: Path, out_dir: Path, extra: 
            "--duration", str(args.duration), "--prompt-tokens", str(args.prompt_tokens),
            "--max-tokens", str(args.max_tokens), "--out-dir", str(out_dir),
            "--inconclusive", args.inconclusive, "--saturation-lag-ms", str(args.saturation_lag_ms),
-           *extra]  # fmt: skip
+           "--seed", "0", *extra]  # fmt: skip
     print("$ " + " ".join(cmd), flush=True)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     print(done.stdout[-3000:], flush=True)
@@ -561,7 +560,8 @@ def _base_config(args: argparse.Namespace, url: str) -> Any:
     rate = args.rates.split(",")[0]
     return run_command.config_from_args(parser.parse_args([
         "--endpoint", url, "--model", "loadlab-ref", "--rate", rate, "--duration", str(args.duration),
-        "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]))  # fmt: skip
+        "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
+        "--seed", "0"]))  # fmt: skip
 
 
 def _sim_server(mode: str, info: dict[str, Any], kv_gbps: float | None = None) -> SimServer:

@@ -1,4 +1,4 @@
-"""What the SSE line and event limit (issue 17) costs per read: the decoder of this tree against
+"""What the SSE line and event limit costs per read: the decoder of this tree against
 the decoder of a git revision without it, interleaved, best of N rounds of 4,000 reads.
 
     python3 benchmarks/sse_limit_cost.py --base 4eede83

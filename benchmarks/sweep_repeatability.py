@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadlab.config import EndpointConfig, RunConfig
+from loadlab.runner.run import Prepared, prepare
 from loadlab.runner.sweep import find_max_load, run_level
 from loadlab.slo import parse_slo
 
@@ -72,11 +73,11 @@ def main() -> int:
             if a.pin:
                 pin(server.process.pid, {0})
                 os.sched_setaffinity(0, {1})
-            ep = EndpointConfig(url=server.url, name="reference")
+            prepared = prepare(base, EndpointConfig(url=server.url, name="reference"))
             out = Path(tempfile.mkdtemp(prefix=f"sweep{i}-"))
 
-            def ev(load: float, out: Path = out, ep: EndpointConfig = ep):  # type: ignore[no-untyped-def]
-                return run_level(base, ep, spec, load, a.by, out, "pass")
+            def ev(load: float, out: Path = out, prepared: Prepared = prepared):  # type: ignore[no-untyped-def]
+                return run_level(base, prepared, spec, load, a.by, out, "pass")
 
             integer = a.by == "concurrency"
             r = find_max_load(ev, levels, a.bisect_steps, integer=integer, mode=a.by)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadlab.analysis.metrics import DEFAULT_PERCENTILES
-from loadlab.config import EndpointConfig, RunConfig
+from loadlab.config import RunConfig
 from loadlab.errors import ConfigError
 from loadlab.results import Results
 
@@ -77,41 +77,40 @@ def evaluate(
     return _evaluate(results, spec, inconclusive=inconclusive)
 
 
-def _one_endpoint(config: RunConfig, endpoint: str | None) -> EndpointConfig:
-    """The endpoint to load: the one named, else the config's only one."""
+def _one_endpoint(config: RunConfig, endpoint: str | None) -> RunConfig:
+    """``config`` with the endpoint to load: the one named, else its only one (none: the
+    embedded reference server)."""
     if endpoint is not None:
         for ep in config.endpoints:
             if ep.name == endpoint:
-                return ep
+                return config.replace(endpoints=(ep,))
         names = ", ".join(ep.name for ep in config.endpoints) or "none"
         raise ConfigError(f"no endpoint named {endpoint!r} in the config; endpoints: {names}")
-    if len(config.endpoints) != 1:
+    if len(config.endpoints) > 1:
         raise ConfigError(
-            f"the config has {len(config.endpoints)} endpoints; give one in RunConfig(endpoints="
-            "(EndpointConfig(url=...),)), or pick one with endpoint=NAME"
+            f"the config has {len(config.endpoints)} endpoints; pick one with endpoint=NAME "
+            "(loadlab run loads several)"
         )
-    return config.endpoints[0]
+    return config
 
 
 async def run(config: RunConfig, *, endpoint: str | None = None) -> Results:
-    """Run ``config``'s load against one endpoint in the running event loop; the results
-    (not written anywhere: see ``write_results``). One process: ``workers`` must be 1."""
-    from loadlab.runner.workers import run_endpoint
-    from loadlab.workloads import build_requests, validate_workload
+    """Run ``config``'s load against one endpoint in the running event loop and return the
+    results; written to ``config.out`` when it is set. One process: ``workers`` must be 1.
 
-    if config.workers != 1:
-        raise ConfigError("run() loads from this event loop; for workers > 1 use run_sync()")
-    ep = _one_endpoint(config, endpoint)
-    validate_workload(config)
-    return await run_endpoint(config, ep, build_requests(config), progress=False)
+    The same run as ``loadlab run`` with the same settings (``loadlab.runner.run``): prompts
+    sized for the endpoint, a fresh seed unless ``config.seed`` is set (``results.config``
+    records the one used)."""
+    from loadlab.runner.run import run_here
+
+    cfg = _one_endpoint(config, endpoint)
+    return (await run_here(cfg, write=cfg.out is not None)).runs[0].results
 
 
 def run_sync(config: RunConfig, *, endpoint: str | None = None) -> Results:
     """``run`` for code without an event loop (a script); it also spreads the load over
     ``config.workers`` processes. Not from inside a running loop: there, ``await run()``."""
-    from loadlab.runner.workers import run_load
-    from loadlab.workloads import build_requests, validate_workload
+    from loadlab.runner.run import run as run_config
 
-    ep = _one_endpoint(config, endpoint)
-    validate_workload(config)
-    return run_load(config, ep, build_requests, progress=False)
+    cfg = _one_endpoint(config, endpoint)
+    return run_config(cfg, write=cfg.out is not None).runs[0].results

@@ -40,10 +40,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "compare results files side by side (first = baseline); gate on significant regressions",
     ),
     "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
+    "merge": ("loadlab.commands.merge", "join the results files of one run's --shard parts"),
     "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
     "simulate": ("loadlab.commands.simulate", "predict a run by simulation; write a results file"),
     "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
     "lab": ("loadlab.commands.lab", "the reference server's four modes side by side"),
+    "record": (
+        "loadlab.commands.record",
+        "a proxy that records the shape of real traffic (no text) for replay",
+    ),
 }
 
 

@@ -1,23 +1,27 @@
-"""``RunConfig``: every knob of a run, shared by the CLI flags and the scenario files.
+"""``RunConfig``: every knob of a run, with its default, for the CLI, the scenario files and
+the Python API alike.
 
 ``loadlab run --scenario scenarios/chat.toml --rate 4`` reads the file into a ``RunConfig`` and
-then applies the flags that were given on the command line (flags win). A scenario file's
-top-level keys are these field names; ``[workload]`` is passed to
+then applies the flags that were given on the command line (flags win); a flag that is not
+given leaves the field's default below, which is also what ``--help`` shows. A scenario
+file's top-level keys are these field names; ``[workload]`` is passed to
 ``loadlab.workloads.build_requests`` and interpreted there (kind = "synthetic" | "chat" |
-"batch" | "trace", with that kind's parameters). ``[[endpoints]]`` lists named endpoints for a
-side-by-side run.
+"batch" | "trace" | ..., with that kind's parameters). ``[[endpoints]]`` lists named endpoints
+for a side-by-side run. ``loadlab.runner.run`` runs one, whoever asks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.errors import ConfigError
+from loadlab.errors import TOO_DEEP, ConfigError
 from loadlab.headers import (
     check_header,
     check_no_proxy,
@@ -28,9 +32,28 @@ from loadlab.headers import (
 )
 from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
 
-__all__ = ["EndpointConfig", "RunConfig"]
+__all__ = ["DEMO", "EndpointConfig", "RunConfig", "extra_body_from_flag"]
 
-APIS = ("chat", "completions", "anthropic", "responses")
+APIS = ("chat", "completions", "anthropic", "responses", "embeddings", "rerank", "score")
+SEED_RANGE = 10**9  # a drawn seed is below it: short enough to type back as --seed
+
+# ``loadlab run`` with no endpoint and no scenario (the README's first command): a short chat
+# load against the embedded reference server, small enough to finish in about a minute on 2
+# CPU cores, big enough to show percentiles. Fields given on the command line win.
+DEMO: Mapping[str, Any] = {
+    "concurrency": 4,
+    "requests": 24,
+    "duration_s": 45.0,  # a cap on a slow machine; 24 requests usually end it sooner
+    "prompt_tokens": 64,
+    "max_tokens": 32,
+    "workload": {
+        "kind": "chat",
+        "turns": 2,
+        "think_time_s": 0.5,
+        "prompt_tokens": 64,
+        "output_tokens": 32,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -87,9 +110,17 @@ class RunConfig:
     transport: str = "raw"  # "raw" (lowest overhead, exact read times) | "aiohttp" (proxies)
     timeout_s: float = 120.0  # whole request
     read_timeout_s: float = 30.0  # longest silence inside a stream
-    seed: int = 0
+    # None: every run draws its own (``seeded``), recorded in its results file, so a run never
+    # finds an earlier run's prompts in a server's prefix cache; give one to repeat a run
+    seed: int | None = None
     workers: int = 1  # processes on this machine
     workload: Mapping[str, Any] = field(default_factory=lambda: {"kind": "synthetic"})
+    # how prompts are made exactly their token count as each endpoint counts them: "auto"
+    # (the endpoint's tokenizer route, else a calibration, else an estimate with a warning),
+    # "server", "calibrate", a tokenizer folder, tokenizer.json, tiktoken file or cached model
+    # id, "byte" (the reference server's), or "none" (a characters-per-token estimate); a
+    # workload's ``chars_per_token`` also means an estimate (``loadlab.runner.prompt_sizing``)
+    tokenizer: str = "auto"
     out: str | None = None  # results file; default reports/<timestamp>.json
     slo: str | None = None  # SLO file; the run's exit code follows the verdict
     scrape: str | None = None  # Prometheus /metrics URL to sample during the run
@@ -99,6 +130,16 @@ class RunConfig:
     saturation_lag_ms: float = 20.0  # event-loop lag past which the generator is saturated
     max_event_bytes: int = 4 << 20  # longest SSE line, event or whole body; over: protocol_error
     redact_headers: tuple[str, ...] = ()  # header names stored as *** beyond credential-like ones
+    # Cost and energy (docs/cost.md): price tables and GPU telemetry sources by endpoint name
+    # ("*": every endpoint); a source is a DCGM exporter's URL or "nvml"
+    pricing: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    gpu_metrics: Mapping[str, str] = field(default_factory=dict)
+    gpu_interval_s: float = 1.0
+    gpu_baseline_s: float = 5.0  # idle GPU samples before the first request
+    # One run over several machines (docs/distributed.md): this process runs part K of N of
+    # the schedule, starting at the wall-clock time ``start_at`` (Unix seconds) that all share
+    shard: tuple[int, int] | None = None
+    start_at: float | None = None
 
     def __post_init__(self) -> None:
         if (self.rate_rps is None) == (self.concurrency is None):
@@ -117,11 +158,25 @@ class RunConfig:
             for endpoint in self.endpoints:
                 check_no_proxy(endpoint.url)
         self._check_numbers()
+        self._check_cost()
+
+    def _check_cost(self) -> None:
+        """Price tables valid (``loadlab.analysis.cost``), GPU sampling periods in range."""
+        from loadlab.analysis.cost import check_tables
+
+        check_tables(self.pricing, "pricing")
+        _number("--gpu-interval", self.gpu_interval_s, 0.0, 3600.0, "s", "give seconds",
+                open_lo=True)  # fmt: skip
+        _number("--gpu-baseline", self.gpu_baseline_s, 0.0, 3600.0, "s", "give seconds")
 
     def _check_numbers(self) -> None:
         """Every number finite, of its type and within its range (``loadlab.limits``)."""
         lim = machine_limits()
         _integer("--workers", self.workers, 1, MAX_WORKERS, "fewer processes")
+        if self.shard is not None:
+            self._check_shard()
+        if self.start_at is not None:
+            _number("--start-at", self.start_at, 0, 1e11, "s", "Unix seconds, e.g. $(date +%s)")
         streams = lim.streams(self.workers)
         machine = (
             f"this machine: {lim.streams_per_process} open files per process x "
@@ -182,11 +237,39 @@ class RunConfig:
                 )
         _integer("--prompt-tokens", self.prompt_tokens, 1, MAX_TOKENS, "tokens per request")
         _integer("--max-tokens", self.max_tokens, 1, MAX_TOKENS, "tokens per request")
-        _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
+        if self.seed is not None:
+            _integer("--seed", self.seed, 0, 2**63 - 1, "any non-negative integer")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer.strip():
+            raise ConfigError(
+                f"--tokenizer must name a tokenizer or a method (auto, server, calibrate, byte, "
+                f"none), got {self.tokenizer!r}"
+            )
         _integer("--max-event-bytes", self.max_event_bytes, 1024, 1 << 30, "the default is 4 MiB")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def request_seed(self) -> int:
+        """The seed the requests are built from: ``seed``, or 0 for a config no run has seeded
+        (a build outside a run, such as a simulation's or a test's, then repeats)."""
+        return 0 if self.seed is None else int(self.seed)
+
+    def seeded(self) -> RunConfig:
+        """This config with its seed: the one given, else one drawn now (a fresh run)."""
+        if self.seed is not None:
+            return self
+        return self.replace(seed=secrets.randbelow(SEED_RANGE))
+
+    def _check_shard(self) -> None:
+        k, n = self.shard  # type: ignore[misc]
+        _integer("--shard N", n, 1, 100_000, "K/N: part K of N, counted from 0")
+        _integer("--shard K", k, 0, int(n) - 1, f"K/N: K from 0 to {int(n) - 1}")
+        if self.seed is None:
+            raise ConfigError(
+                "--shard needs --seed: every shard must draw the same schedule, and a run "
+                "without --seed draws its own"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the results file: API keys are never in a RunConfig (only variable
@@ -196,6 +279,7 @@ class RunConfig:
             ep["headers"] = redact_headers(ep["headers"], self.redact_headers)
         if self.scrape:
             out["scrape"] = public_url(self.scrape)
+        out["gpu_metrics"] = {k: public_url(v) for k, v in self.gpu_metrics.items()}
         return out
 
 
@@ -220,3 +304,16 @@ def _number(
             f"{flag} must be a finite number {low} and <= {hi:g}{' ' + unit if unit else ''}, "
             f"got {value} ({fix})"
         )
+
+
+def extra_body_from_flag(text: str) -> dict[str, Any]:
+    """``--extra-body``'s JSON object; ``ConfigError`` saying what is wrong otherwise."""
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
+    except RecursionError:
+        raise ConfigError(f"--extra-body is {TOO_DEEP}") from None
+    if not isinstance(extra, dict):
+        raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
+    return extra

@@ -1,8 +1,8 @@
 """What one machine can carry: the ranges ``RunConfig`` checks every numeric setting against.
 
 A run that asks for more than the machine has fails before it starts, with the fix in the
-message, instead of growing memory without bound or running out of sockets mid-run
-(issue 17). Two limits come from the machine, read once per process:
+message, instead of growing memory without bound or running out of sockets mid-run.
+Two limits come from the machine, read once per process:
 
 * **streams per process**: the soft open-file limit (``ulimit -n``) less ``FD_RESERVE`` for
   the interpreter, the journal and the results file. Every request in flight holds one socket,

@@ -23,6 +23,7 @@ Invariants: scheduled = sent + dropped; sent = ok + failed (every non-ok, non-dr
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import re
@@ -151,6 +152,16 @@ class RequestSpec:
     tool_turn: bool = False
     tool_results: tuple[Mapping[str, Any], ...] = ()
     reasoning_effort: str | None = None  # "low" | "medium" | "high", passed to the API
+    # Embeddings and rerank (``loadlab.workloads.pooling``): the texts to embed, or the
+    # documents to rank against ``prompt`` (the query); nothing is generated
+    inputs: tuple[str, ...] = ()
+    # Images sent with the new user message: ``data:`` URLs (or http URLs) and each one's
+    # (width, height) in pixels, when known (``loadlab.workloads.images``)
+    images: tuple[str, ...] = ()
+    image_sizes: tuple[tuple[int, int], ...] = ()
+    image_tokens: int = (
+        0  # what the images add to ``prompt_tokens`` (the text's) as the target counts
+    )
 
     def new_messages(self) -> list[Mapping[str, Any]]:
         """What this request adds to its session: the tool results, else the user message.
@@ -160,6 +171,12 @@ class RequestSpec:
         """
         if self.tool_results:
             return list(self.tool_results)
+        if self.images:  # OpenAI chat's content parts (the other dialects convert them); the
+            # images first, as most VLM prompts have them, so a repeated one is a shared prefix
+            parts: list[dict[str, Any]] = [
+                {"type": "image_url", "image_url": {"url": u}} for u in self.images
+            ]
+            return [{"role": "user", "content": [*parts, {"type": "text", "text": self.prompt}]}]
         return [{"role": "user", "content": self.prompt}]
 
     # Leading prompt tokens shared with an earlier request of the same workload (a prefix
@@ -167,7 +184,8 @@ class RequestSpec:
     shared_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        at_least("max_tokens", self.max_tokens, 1, f" ({self.request_id})")
+        # embeddings and rerank generate nothing (max_tokens 0); every other request >= 1
+        at_least("max_tokens", self.max_tokens, 0 if self.inputs else 1, f" ({self.request_id})")
         if self.intended_at_s is not None and self.intended_at_s < 0:
             raise ValueError(
                 f"intended_at_s must be >= 0 (an offset from the run start), "
@@ -230,6 +248,12 @@ class RequestRecord:
     reasoning_tokens: int | None = None  # usage's reasoning_tokens, else reasoning_chunks
     tool_call_chunks: int = 0  # chunks of tool-call arguments (in chunk_ns: output tokens)
     tool_calls: int = 0  # tool calls in the answer
+    inputs: int | None = None  # embeddings / rerank: the texts sent (no chunks, no TTFT)
+    images: int | None = None  # images sent with the request, and their pixels in all
+    image_pixels: int | None = None
+    # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
+    # latency but no TTFT, ITL or TPOT (those are absent, never zero)
+    streamed: bool = True
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
@@ -243,9 +267,14 @@ class RequestRecord:
             session_id=spec.session_id,
             turn=spec.turn,
             request_class=spec.request_class,
-            prompt_tokens_requested=spec.prompt_tokens,
+            prompt_tokens_requested=(
+                spec.prompt_tokens + spec.image_tokens if spec.prompt_tokens is not None else None
+            ),
             max_tokens=spec.max_tokens,
             shared_prefix_tokens=spec.shared_prefix_tokens,
+            inputs=len(spec.inputs) if spec.inputs else None,
+            images=len(spec.images) if spec.images else None,
+            image_pixels=sum(w * h for w, h in spec.image_sizes) if spec.image_sizes else None,
             **fields,
         )
 
@@ -258,7 +287,18 @@ class RequestRecord:
         return is_failed(self.outcome)
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The record as plain data, fields in declaration order, the later fields left out
+        while they hold their defaults (``LEFT_OUT_AT_DEFAULT``); lists and ``server`` are
+        copies. Every finished record is serialised while the run goes on (the journal), so
+        this is written out by hand: ``dataclasses.asdict`` deep-copies each timestamp, about
+        two thousand calls for a record of 128 chunks."""
+        d = self.__dict__
+        out = {name: d[name] for name in _FIELD_NAMES}
+        out["chunk_ns"] = list(self.chunk_ns)
+        out["chunk_tokens"] = list(self.chunk_tokens)
+        out["server"] = {
+            k: v if type(v) in _SCALARS else copy.deepcopy(v) for k, v in self.server.items()
+        }
         for name in LEFT_OUT_AT_DEFAULT:
             if out[name] == _DEFAULTS[name]:
                 del out[name]
@@ -300,7 +340,7 @@ COUNT_FIELDS = (
     "turn", "worker", "http_status", "prompt_tokens_requested", "prompt_tokens",
     "cached_prompt_tokens", "shared_prefix_tokens", "max_tokens", "output_tokens",
     "output_tokens_chunks", "reasoning_chunks", "reasoning_tokens", "tool_call_chunks",
-    "tool_calls",
+    "tool_calls", "inputs", "images", "image_pixels",
 )  # fmt: skip
 TIME_FIELDS = ("intended_ns", "sent_ns", "headers_ns", "end_ns", "answer_ns",
                "reasoning_start_ns", "reasoning_end_ns")  # fmt: skip
@@ -358,8 +398,14 @@ LEFT_OUT_AT_DEFAULT = (
     "tool_calls",
     "cached_prompt_tokens",
     "shared_prefix_tokens",
+    "inputs",
+    "images",
+    "image_pixels",
+    "streamed",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
+_FIELD_NAMES = tuple(_DEFAULTS)
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 # What a record read back must hold, and the JSON type of each field (``from_dict``).
 _REQUIRED = ("request_id", "outcome")
@@ -399,6 +445,10 @@ _FIELD_TYPES = {
     "reasoning_tokens": "int?",
     "tool_call_chunks": "int",
     "tool_calls": "int",
+    "inputs": "int?",
+    "images": "int?",
+    "image_pixels": "int?",
+    "streamed": "bool",
 }
 
 

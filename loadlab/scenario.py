@@ -9,8 +9,8 @@ value rules below, then the workload's own keys and files); every problem is a
     scenarios/chat.toml: rate_rps = -1: must be > 0; for closed loop set concurrency instead
     scenarios/chat.toml: rate_rsp: unknown key; did you mean 'rate_rps'?
 
-Relative file paths in ``[workload]`` are looked up next to the scenario file, then in the
-working directory, then in the repository root, and stored absolute.
+Relative file paths in ``[workload]`` and ``tokenizer`` are looked up next to the scenario
+file, then in the working directory, then in the repository root, and stored absolute.
 
 Example::
 
@@ -35,6 +35,7 @@ from loadlab.headers import public_url
 from loadlab.workloads import resolve_workload_paths, validate_workload
 from loadlab.workloads.arrivals import PROCESSES
 from loadlab.workloads.params import WorkloadError, closest
+from loadlab.workloads.tokenizers import resolve_tokenizer
 
 __all__ = ["ScenarioError", "load_scenario", "scenario_from_dict"]
 
@@ -190,7 +191,7 @@ def scenario_from_dict(
             values["endpoints"] = tuple(EndpointConfig(**ep) for ep in values["endpoints"])
         cfg = RunConfig(**values)
         workload = resolve_workload_paths(cfg.workload, bases)
-        cfg = cfg.replace(workload=workload)
+        cfg = cfg.replace(workload=workload, tokenizer=resolve_tokenizer(cfg.tokenizer, bases))
         validate_workload(cfg, bases)
     except WorkloadError as exc:
         raise ScenarioError(f"{source}: {exc}") from None

@@ -45,6 +45,8 @@ from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose
 from reference_server.checks import at_least
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
+from reference_server.metrics import gpu_lines
+from reference_server.pooling import add_pooling_routes
 from reference_server.protocol import (
     ChatRequest,
     ChatStream,
@@ -57,6 +59,7 @@ from reference_server.protocol import (
 )
 from reference_server.responses import ResponsesRequest, ResponsesStream, responses_prompt
 from reference_server.sequence import Sequence
+from reference_server.vision import MAX_SIDE, PATCH, ImageError
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -259,6 +262,15 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     async def _api(_: Request, exc: _ApiError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(ImageError)
+    async def _image(_: Request, exc: ImageError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error", "messages", None),
+                            status_code=400)  # fmt: skip
+
+    add_pooling_routes(app, engine, model_name=settings.model_name,
+                       max_model_len=settings.max_model_len, encode=settings.encode,
+                       api_error=_ApiError)  # fmt: skip
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -270,7 +282,8 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
 
     @app.get("/v1/server_info")
     async def server_info() -> dict[str, Any]:
-        info = {**settings.info, "model": settings.model_name, "max_queue": settings.max_queue}
+        info = {**settings.info, "model": settings.model_name, "max_queue": settings.max_queue,
+                "image_patch": PATCH, "image_max_side": MAX_SIDE}  # fmt: skip
         return {"tokenizer": "byte", **info}  # loadlab sizes prompts locally when it sees "byte"
 
     @app.post("/tokenize")
@@ -486,4 +499,5 @@ def _render_metrics(engine: EngineLike, in_flight: int) -> str:
         "prefix_cache_hits_total": g.prefix_cache_hits_total,
     }
     text = engine.stats.render(gauges=gauges, counters=counters)
-    return text + "".join(line + "\n" for line in engine.extra_metrics())
+    extra = [*engine.extra_metrics(), *gpu_lines()]  # GPU lines: on CUDA only
+    return text + "".join(line + "\n" for line in extra)

@@ -6,6 +6,11 @@ Usage::
     loadlab-server --mode chunked --preset tiny --max-batched-tokens 512 --chunk-size 256
     loadlab-server --prefix-caching off     # recompute every prompt (caching is on by default)
     LOADLAB_KEY=s3cret loadlab-server --api-key-env LOADLAB_KEY
+    LOADLAB_KEY=s3cret loadlab-server --host 0.0.0.0 --api-key-env LOADLAB_KEY  # beyond loopback
+
+An address beyond loopback needs ``--api-key-env`` (or ``--allow-unauthenticated``, said on
+purpose). A connection whose request has not arrived whole ``--request-read-timeout`` seconds
+after it opened (or after its previous answer) is closed (``reference_server.deadline``).
 
 It prints ``loadlab-server ready: http://127.0.0.1:8000 ...`` once it accepts requests.
 """
@@ -14,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 # The server extra, checked before it is imported: without it ``loadlab-server`` says what to
-# install (exit 2) instead of a traceback ending in "No module named 'uvicorn'" (issue 17).
+# install (exit 2) instead of a traceback ending in "No module named 'uvicorn'".
 _MISSING = [m for m in ("torch", "fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
 if _MISSING:
     print(
@@ -35,6 +42,7 @@ import uvicorn  # noqa: E402 - after the check above
 
 from reference_server.api import ServerSettings, create_app  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
+from reference_server.deadline import with_request_deadline  # noqa: E402
 from reference_server.engine import Engine  # noqa: E402
 from reference_server.engine_like import EngineLike  # noqa: E402
 from reference_server.kv_cache import BlockManager  # noqa: E402
@@ -65,8 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         "--prefix-caching",
         choices=("on", "off"),
         default="on",
-        help="reuse the KV blocks of prompt prefixes seen before (default on, as vLLM); "
-        "not yet in disaggregated mode",
+        help="reuse the KV blocks of prompt prefixes seen before (default on, as vLLM); in "
+        "disaggregated mode the prefill workers cache them",
     )
     p.add_argument("--max-model-len", type=int, help="cap the context (default: the model's)")
     p.add_argument("--max-batched-tokens", type=int, help="tokens per step (chunked: default 512)")
@@ -82,6 +90,20 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         "--max-queue", type=int, default=1024, help="waiting requests beyond the batch before 429"
     )
     p.add_argument("--api-key-env", help="name of an environment variable holding the API key")
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve an address beyond loopback (--host) without --api-key-env: anyone who can "
+        "reach it may use it",
+    )
+    p.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="close a connection whose request (headers and body) has not arrived whole S "
+        "seconds after it opened or after its previous answer (default 30)",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="weight seed (and the tool-call draw's)")
     a = p.add_argument_group("reasoning model and tool calls (reference_server.answer)")
@@ -115,7 +137,33 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     args = p.parse_args(argv)
     if args.api_key_env and not os.environ.get(args.api_key_env):
         p.error(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
+    wait_s = args.request_read_timeout
+    if not 0 < wait_s <= 86_400:  # also refuses nan and inf
+        p.error(f"--request-read-timeout must be > 0 and <= 86400 seconds, got {wait_s}")
+    if not _loopback(args.host) and not args.api_key_env:
+        if not args.allow_unauthenticated:
+            p.error(
+                f"--host {args.host} serves beyond this machine, and no --api-key-env is given: "
+                "anyone who can reach it could use it. Give --api-key-env VAR (clients send "
+                "'Authorization: Bearer <key>'), or --allow-unauthenticated if that is meant"
+            )
+        print(
+            f"loadlab-server: warning: serving {args.host} without an API key "
+            "(--allow-unauthenticated): anyone who can reach it may use it",
+            file=sys.stderr,
+        )
     return ServerConfig(**vars(args))
+
+
+def _loopback(host: str) -> bool:
+    """``127.0.0.1``, ``::1``, any 127.x address or ``localhost``: reachable from this machine
+    only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def _runner(config: ServerConfig) -> Any:
@@ -189,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # each torch op and must not wait a whole interval for the HTTP thread to give it back.
     sys.setswitchinterval(0.0005)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                               timeout_graceful_shutdown=3, access_log=False)  # fmt: skip
+                               timeout_graceful_shutdown=3, access_log=False,
+                               http=with_request_deadline(config.request_read_timeout))  # fmt: skip
     server = _Server(uv_config)
     server.ready_line = (
         f"loadlab-server ready: http://{config.host}:{config.port} mode={config.mode} "
@@ -197,8 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"max_num_seqs={config.max_num_seqs} max_model_len={info['max_model_len']} "
         f"prefix_caching={'on' if info.get('prefix_caching') else 'off'}"
     )
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again with
+    # the handler it found: with the default one the process dies there, before atexit, and
+    # the disaggregated workers' queues leak their semaphores. Ours exits instead (128 +
+    # the signal, the code the signal would give), so atexit stops the workers and frees them.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on)
     server.run()
     return 0
+
+
+def _exit_on(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

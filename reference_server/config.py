@@ -39,6 +39,8 @@ class ServerConfig:
     static_finished: str = "pad"
     max_queue: int = 1024
     api_key_env: str | None = None  # the name of the variable, never the key itself
+    allow_unauthenticated: bool = False  # serve beyond loopback without a key, on purpose
+    request_read_timeout: float = 30.0  # s for a request to arrive whole (deadline.py)
     threads: int | None = None
     seed: int = 0
     log_level: str = "warning"
@@ -74,6 +76,9 @@ class ServerConfig:
         argv: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value != f.default:
-                argv += ["--" + f.name.replace("_", "-"), str(value)]
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                argv += [flag] if value else []
+            elif value != f.default:
+                argv += [flag, str(value)]
         return argv

@@ -126,6 +126,14 @@ class Engine:
         self._inbox.append(("abort", seq_id))
         self._wake.set()
 
+    def pool(self, token_lists: list[list[int]]) -> list[list[float]]:
+        """Embeddings of whole sequences (``ModelRunner.pool``), run beside the engine's steps
+        on the caller's thread; a runner without pooling raises ``NotImplementedError``."""
+        pool = getattr(self.runner, "pool", None)
+        if pool is None:
+            raise NotImplementedError("this engine's runner does not pool")
+        return [list(map(float, row)) for row in pool(token_lists).tolist()]
+
     @property
     def queue_depth(self) -> int:
         """Requests not yet running: waiting in the scheduler or still in the inbox."""

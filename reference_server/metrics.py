@@ -25,6 +25,18 @@ a render from seeing half a step. Names (all prefixed ``loadlab_server_``)::
     requests_total{finish_reason}     counter  finished requests: length|stop|abort|error
     rejected_requests_total{reason}   counter  refused before admission (queue_full, ...)
 
+On CUDA (``torch.cuda.is_available()``) the page also describes the GPU the server runs on,
+under the names loadlab reads as GPU telemetry (``loadlab run --gpu-metrics URL/metrics``;
+labels ``gpu``, ``UUID``, ``Hostname``, ``modelName``; a quantity the driver does not report is
+left out)::
+
+    loadlab_gpu_utilization_percent   gauge    (torch.cuda.utilization; needs pynvml)
+    loadlab_gpu_memory_used_bytes     gauge    used on the device, every process's
+    loadlab_gpu_power_watts           gauge    (torch.cuda.power_draw)
+    loadlab_gpu_sm_clock_hertz        gauge    (torch.cuda.clock_rate)
+    loadlab_gpu_temperature_celsius   gauge
+    loadlab_gpu_energy_joules_total   counter  since the driver loaded (NVML, Volta and later)
+
 Besides ``/metrics``: the step log (``GET /v1/step_log``), the last ``STEP_LOG_SIZE`` steps
 each with its wall time from the engine loop's start of the step (inbox drained, batch
 scheduled) to its tokens handed to the API, and its shape in the simulator's step features
@@ -41,11 +53,23 @@ Usage::
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
+import socket
+import sys
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["PHASES", "STEP_BUCKETS_S", "STEP_LOG_FIELDS", "STEP_LOG_SIZE", "ServerStats"]
+__all__ = [
+    "PHASES",
+    "STEP_BUCKETS_S",
+    "STEP_LOG_FIELDS",
+    "STEP_LOG_SIZE",
+    "ServerStats",
+    "gpu_lines",
+]
 
 PHASES = ("prefill", "decode", "mixed")
 # Step times span ~1 ms (tiny model decode) to seconds (a 2k-token CPU prefill). Ten buckets a
@@ -177,3 +201,51 @@ def _labelled(name: str, label: str, values: Counter[str], always: tuple[str, ..
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def gpu_lines() -> list[str]:
+    """The ``loadlab_gpu_*`` lines of the GPU this server runs on; none without CUDA."""
+    # A server that never imported torch (the fake preset) runs nothing on a GPU; importing it
+    # here would stall the event loop for seconds on the first scrape.
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return []
+    i = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(i)
+    uuid = f"GPU-{props.uuid}"
+    labels = f'Hostname="{socket.gethostname()}",UUID="{uuid}",gpu="{i}",modelName="{props.name}"'
+    reads: dict[str, tuple[str, Callable[[], float]]] = {
+        "utilization_percent": ("gauge", lambda: torch.cuda.utilization(i)),
+        "memory_used_bytes": ("gauge", lambda: _used(torch.cuda.mem_get_info(i))),
+        "power_watts": ("gauge", lambda: torch.cuda.power_draw(i) / 1000),  # mW
+        "sm_clock_hertz": ("gauge", lambda: torch.cuda.clock_rate(i) * 1e6),  # MHz
+        "temperature_celsius": ("gauge", lambda: torch.cuda.temperature(i)),
+        "energy_joules_total": ("counter", lambda: _nvml_energy_j(uuid)),
+    }
+    lines = []
+    for name, (kind, read) in reads.items():
+        with contextlib.suppress(Exception):  # no pynvml, or not on this board: left out
+            value = float(read())
+            lines += [
+                f"# TYPE loadlab_gpu_{name} {kind}",
+                f"loadlab_gpu_{name}{{{labels}}} {value!r}",
+            ]
+    return lines
+
+
+def _used(free_total: tuple[int, int]) -> int:
+    return free_total[1] - free_total[0]
+
+
+@functools.cache
+def _nvml() -> Any:
+    import pynvml  # nvidia-ml-py; torch's own GPU readings use it too
+
+    pynvml.nvmlInit()  # once per process
+    return pynvml
+
+
+def _nvml_energy_j(uuid: str) -> float:
+    nvml = _nvml()
+    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+    return float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000  # mJ

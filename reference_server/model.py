@@ -94,7 +94,7 @@ class ModelArgs:
 PRESETS: dict[str, ModelArgs] = {
     # Tests: a few ms per step on CPU, GQA (4 query heads share 2 KV heads).
     "tiny": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, max_seq_len=1024),
-    # This 2-core machine: ~46 M parameters = 185 MB of fp32 weights, 5.8x the 32 MiB L3, so
+    # A 2-core CPU: ~46 M parameters = 185 MB of fp32 weights, 5.8x a 32 MiB L3, so
     # every decode step streams the weights from DRAM (memory-bound) while a 128-token prefill
     # does 128 tokens of matmul per weight byte (compute-bound). See
     # docs/reference-server-physics.md for the measurements.

@@ -34,6 +34,7 @@ from reference_server.model import (
     ModelArgs,
     Transformer,
     default_device_dtype,
+    dense_attention,
     init_weights,
 )
 from reference_server.sampling import Sampler
@@ -181,6 +182,24 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_seq_len": self.args.max_seq_len,
         }
+
+    # ---------------------------------------------------------------- pooling
+    @torch.inference_mode()
+    def pool(self, token_lists: list[list[int]]) -> Tensor:
+        """Unit-length embeddings [N, dim] (fp32) of whole sequences: each one's final-norm
+        hidden states averaged over its tokens, from one forward pass per sequence with plain
+        causal attention (no KV cache: nothing is generated, nothing is kept)."""
+        out = []
+        vocab = self.args.vocab_size
+        for ids in token_lists:
+            if any(not 0 <= i < vocab for i in ids):
+                raise ValueError(f"token ids must be from 0 to {vocab - 1}")
+            tok_t = torch.tensor(ids, device=self.device)  # [T]
+            pos_t = torch.arange(len(ids), device=self.device)
+            h = self.model(tok_t, pos_t, dense_attention)  # [T, D]
+            v = self.model.norm(h).float().mean(dim=0)  # [D]
+            out.append(v / v.norm().clamp_min(1e-12))
+        return torch.stack(out) if out else torch.empty(0, self.args.dim)
 
     # ---------------------------------------------------------------- one step
     @torch.inference_mode()

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from reference_server.answer import Answer, Piece
 from reference_server.engine_like import TokenEvent
 from reference_server.sequence import SamplingParams
+from reference_server.vision import image_part_text
 
 __all__ = [
     "ChatRequest",
@@ -115,6 +116,9 @@ def part_text(part: TextPart) -> str:
     if part.text:
         return part.text
     extra = part.model_extra or {}
+    image = image_part_text({"type": part.type, **extra})
+    if image is not None:
+        return image
     content = extra.get("content")
     if isinstance(content, str):
         return content

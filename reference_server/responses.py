@@ -32,6 +32,7 @@ from reference_server.answer import Answer, Piece
 from reference_server.engine_like import TokenEvent
 from reference_server.messages import sse_event
 from reference_server.protocol import DEFAULT_MAX_TOKENS, _Request
+from reference_server.vision import image_part_text
 
 __all__ = ["ResponsesRequest", "ResponsesStream", "responses_prompt"]
 
@@ -55,7 +56,9 @@ def _item_text(item: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "".join(
+            image_part_text(p) or str(p.get("text", "")) for p in content if isinstance(p, dict)
+        )
     for key in ("arguments", "output"):  # function_call, function_call_output
         if isinstance(item.get(key), str):
             return str(item[key])

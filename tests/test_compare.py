@@ -10,7 +10,7 @@ import pytest
 
 from loadlab.analysis.compare import _boot_quantile, _Resampler, compare
 from loadlab.cli import main
-from loadlab.results import write_results
+from loadlab.results import read_results, write_results
 from loadlab.slo import parse_slo
 from tests.helpers.synth import make_results
 
@@ -159,6 +159,34 @@ def test_only_labels_group_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     args = ["compare", str(a), str(b), str(b), str(a), "--labels", "m,p,p,m", "--bootstrap", "200"]
     assert main(args) == 0
     assert "m (2 runs) (baseline)" in capsys.readouterr().out
+
+
+def test_runs_that_did_not_start_equally_cold_are_said_so_and_every_column_has_a_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs of one server, the second finding the first's prompts cached: the comparison
+    says their hit rates differ (the gate is left as it is); alike runs get no such line."""
+    from loadlab.report.comparison import _header
+
+    def with_cache(seed: int, cached: int) -> Path:
+        res = make_results(300, seed=seed, tokens=4)
+        for r in res.records:
+            r.prompt_tokens, r.cached_prompt_tokens = 100, cached
+        return write_results(res, tmp_path / f"{seed}-{cached}.json")
+
+    cold, warm = with_cache(1, 46), with_cache(3, 88)
+    args = ["compare", str(cold), str(warm), "--labels", "a,b", "--bootstrap", "200"]
+    assert main([*args, "--fail-on-regression", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: prefix-cache hit rates differ (a 46.0 %, b 88.0 % of prompt tokens)" in out
+    assert "--cache-bust" in out
+    header = out.splitlines()[0].split()
+    assert header[-1] == "verdict"
+    alike = ["compare", str(cold), str(with_cache(3, 47)), "--bootstrap", "200"]
+    assert main(alike) == 0
+    assert "hit rates differ" not in capsys.readouterr().out
+    cmp = compare([read_results(cold), read_results(warm)], ["a", "b"], n_boot=100)
+    assert all(_header(cmp)) and cmp.valid() and cmp.to_dict()["cautions"]
 
 
 @pytest.mark.parametrize("n", ["0", "-5", "99", "100001"])

@@ -1,5 +1,5 @@
 """Every numeric setting is finite, of its type and within its documented range, with the fix
-in the message (issue 17, item 3): nothing overflows, wraps or allocates without bound."""
+in the message: nothing overflows, wraps or allocates without bound."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from loadlab.results import Results
 
 DATA = Path(__file__).resolve().parent / "data"
 FILES = ("results_v1_run", "results_v1_merged")
-# issue 16: requested against server-counted prompt lengths, answers that stopped early, and
+# Newer than these files: requested against server-counted prompt lengths, answers that stopped early, and
 # the per-token view of ITL (its report row shows only where a chunk carried several tokens)
 ADDED_SUMMARY_KEYS = {"prompt_tokens_match", "short_outputs", "itl_per_token_ms"}
 ADDED_REPORT_LINES = {

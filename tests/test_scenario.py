@@ -61,8 +61,8 @@ def test_the_reasoning_slo_example_loads() -> None:
 def test_same_scenario_and_seed_give_the_same_requests(monkeypatch):
     monkeypatch.chdir(ROOT)
     for name in ("chat", "batch", "azure_conv", "dataset"):
-        a = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
-        b = list(build_requests(load_scenario(f"scenarios/{name}.toml")))
+        a = list(build_requests(load_scenario(f"scenarios/{name}.toml", overrides={"seed": 1})))
+        b = list(build_requests(load_scenario(f"scenarios/{name}.toml", overrides={"seed": 1})))
         assert a == b
     other = load_scenario("scenarios/chat.toml", overrides={"seed": 2})
     chat1 = list(build_requests(load_scenario("scenarios/chat.toml")))
@@ -140,10 +140,29 @@ def test_malformed_trace_line_fails_the_scenario_before_any_load(tmp_path):
 
 def test_tokenizer_file_without_the_package_fails_up_front(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
-    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\ntokenizer = "tokenizer.json"\n')
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\ntokenizer = "tokenizer.json"\n')
     try:
         import tokenizers  # noqa: F401
     except ImportError:
         assert "pip install tokenizers" in error_of(p)
     else:
         pytest.skip("tokenizers is installed")
+
+
+def test_a_tokenizer_in_the_workload_table_says_where_it_goes(tmp_path):
+    """The tokenizer is a setting of the run (a mix's table never took it): the message names
+    the file, the key and where to write it instead."""
+    for workload in ('kind = "chat"', 'kind = "mix"\n[[workload.mix]]\nkind = "chat"'):
+        body = f'rate_rps = 1\nrequests = 3\n[workload]\ntokenizer = "byte"\n{workload}\n'
+        p = write(tmp_path, body)
+        assert error_of(p) == (
+            f"{p}: workload.tokenizer: the tokenizer is a setting of the run, not of its "
+            "workload: write `tokenizer = ...` at the top of the scenario file (before any "
+            "[table]), give --tokenizer, or RunConfig(tokenizer=...)"
+        )
+    p = write(tmp_path, 'tokenizer = "byte"\nrate_rps = 1\nrequests = 3\n[workload]\nkind = "mix"\n'
+              '[[workload.mix]]\nkind = "chat"\n')  # fmt: skip
+    assert load_scenario(p).tokenizer == "byte"
+    p = write(tmp_path, 'rate_rps = 1\nrequests = 3\n[workload]\nkind = "mix"\nturns = 2\n'
+              '[[workload.mix]]\nkind = "chat"\n')  # fmt: skip
+    assert error_of(p).startswith(f"{p}: workload.turns: unknown key for kind 'mix'; valid keys")

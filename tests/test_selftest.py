@@ -57,11 +57,26 @@ def test_mismatched_chunk_counts_are_counted_not_compared() -> None:
     assert "NO" in render_levels([{**lv, "within_tolerance": False}])
 
 
-def test_presets_are_the_issue_loads() -> None:
+def test_presets_are_the_documented_loads() -> None:
     def load(p: SelftestConfig) -> tuple[object, ...]:  # streams, requests, server timing
         return (p.levels, p.levels[0] * p.requests_per_stream, p.ttft_ms, p.itl_ms, p.tokens)
 
-    assert load(PRESETS["issue64"]) == ((64,), 640, 100.0, 20.0, 64)
-    assert load(PRESETS["issue256"]) == ((256,), 2560, 50.0, 5.0, 128)
+    assert load(PRESETS["streams64"]) == ((64,), 640, 100.0, 20.0, 64)
+    assert load(PRESETS["streams256"]) == ((256,), 2560, 50.0, 5.0, 128)
     with pytest.raises(ValueError, match="workers"):
         SelftestConfig(levels=(1,), workers=2)
+
+
+def test_earlier_preset_names_still_run_but_are_not_offered() -> None:
+    import argparse
+
+    from loadlab.commands import selftest
+
+    parser = argparse.ArgumentParser(prog="loadlab selftest")
+    selftest.add_arguments(parser)
+    for old, new in (("issue64", "streams64"), ("issue256", "streams256")):
+        assert parser.parse_args(["--preset", old]).preset == new
+    assert parser.parse_args(["--preset", "streams64"]).preset == "streams64"
+    assert "streams256" in parser.format_help() and "issue" not in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--preset", "issue65"])

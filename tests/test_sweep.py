@@ -89,9 +89,10 @@ def test_html_page_escapes_and_embeds_the_plot() -> None:
 
 @pytest.mark.slow
 def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_path) -> None:
-    """Issue 17, item 13: a chat workload's rate counts sessions; at 4 sessions/s of two-turn
+    """A chat workload's rate counts sessions; at 4 sessions/s of two-turn
     sessions about 8 requests/s go out, and the text says both."""
     from loadlab.config import EndpointConfig, RunConfig
+    from loadlab.runner.run import prepare
     from loadlab.runner.sweep import run_level
     from loadlab.selftest.fixed_server import FixedServerProcess
     from loadlab.slo import parse_slo
@@ -104,10 +105,10 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
     spec = parse_slo({"objectives": ["ttft_ms.p90 <= 5000"], "min_requests": 1}, source="t")
     unit = rate_unit(workload)
     with FixedServerProcess(ttft_ms=10, itl_ms=5, tokens=4) as url:
-        ep = EndpointConfig(url=url, name="fx")
+        prepared = prepare(base, EndpointConfig(url=url, name="fx"))
 
         def evaluate(load: float) -> Level:
-            return run_level(base, ep, spec, load, "rate", tmp_path, inconclusive="pass")
+            return run_level(base, prepared, spec, load, "rate", tmp_path, inconclusive="pass")
 
         r = find_max_load(evaluate, [4.0], bisect_steps=0, mode="rate", load_unit=unit)
     lv = r.levels[0]
@@ -120,8 +121,8 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
 
 
 def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeypatch) -> None:
-    """The endpoint is asked how it counts tokens once for the whole sweep; each level's
-    ``run_load`` reuses that answer (it asked again before every level)."""
+    """The endpoint is asked how it counts tokens once for the whole sweep; each level
+    reuses that answer (it asked again before every level)."""
     from loadlab.cli import main
     from loadlab.runner import prompt_sizing as sizing
     from loadlab.selftest.fixed_server import FixedServerProcess
@@ -151,13 +152,12 @@ def test_each_level_has_its_own_seed_and_prompts() -> None:
     from loadlab.config import RunConfig
     from loadlab.runner.sweep import level_config
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     base = RunConfig(rate_rps=1.0, duration_s=4.0, prompt_tokens=64, max_tokens=4)
     cfgs = [level_config(base, load, "rate") for load in (1.0, 2.0, 2)]
     assert cfgs[0].seed != cfgs[1].seed and cfgs[1].seed == cfgs[2].seed
     assert level_config(base.replace(seed=1), 1.0, "rate").seed != cfgs[0].seed
-    one, two = ([s.prompt for s in build_requests(without_asking(c))] for c in cfgs[:2])
+    one, two = ([s.prompt for s in build_requests(c)] for c in cfgs[:2])
     assert len(one) >= 1 and len(two) >= 2
     # no 16-character block (one KV block of the byte tokenizer) of level 2 begins as level 1's
     assert not {p[:16] for p in one} & {p[:16] for p in two}
@@ -185,3 +185,75 @@ def test_a_later_level_starts_as_cold_as_the_first_on_a_prefix_cache(tmp_path) -
         records = read_results(out / name).records
         assert records and all(r.outcome == "ok" for r in records), name
         assert sum(r.cached_prompt_tokens or 0 for r in records) == 0, name
+
+
+def test_an_inconclusive_lowest_level_asks_for_longer_levels_not_lower_loads() -> None:
+    """Too few requests (or an interval straddling a threshold) is no measured miss: the
+    advice is a longer level, which a lower load cannot give."""
+
+    def evaluate(load: float) -> Level:
+        why = "only 12 requests were sent; the SLO asks for at least 100 (min_requests)"
+        return Level(load, passed=False, exit_code=2, sent_rps=2.0, failed_objectives=(why,),
+                     inconclusive=True, undecided=("min_requests",), more_requests=88)  # fmt: skip
+
+    r = find_max_load(evaluate, [1, 2, 4])
+    assert r.note.startswith("the lowest level was not conclusive (min_requests); it needs "
+                             "about 88 more requests, at 2 requests/s about 44 s more")  # fmt: skip
+    assert "--duration" in r.note and "try lower loads" not in r.note
+
+
+def test_a_sweep_sets_throughput_floors_aside_and_judges_them_at_its_answer(
+    tmp_path, capsys
+) -> None:
+    """One stream cannot make a throughput floor: the sweep searches on the ceilings (as
+    ``capacity --simulate`` does), then says how the highest passing level did on the floors;
+    a level with too few requests for the SLO asks for longer levels."""
+    from loadlab.cli import main
+    from loadlab.selftest.fixed_server import FixedServerProcess
+
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p90 <= 60000", "output_tokens_per_s >= 1e9"]\n'
+                   "min_requests = 1\n")  # fmt: skip
+    few = tmp_path / "few.toml"
+    few.write_text('objectives = ["ttft_ms.p90 <= 60000"]\nmin_requests = 100000\n')
+    common = ["--concurrencies", "1,2", "--duration", "1", "--prompt-tokens", "8",
+              "--max-tokens", "4", "--inconclusive", "pass", "--bisect-steps", "0",
+              "--saturation-lag-ms", "100000", "--no-progress"]  # fmt: skip
+    with FixedServerProcess(ttft_ms=5, itl_ms=2, tokens=4) as url:
+        code = main(["sweep", "--endpoint", url, "--slo", str(slo),
+                     "--out-dir", str(tmp_path / "a"), *common])  # fmt: skip
+        out = capsys.readouterr()
+        assert code == 0, out.out
+        assert "highest load meeting the SLOs: 2 streams" in out.out
+        assert "not searched on (floors fail at low load by design): output_tokens_per_s" in out.err
+        assert "NOT met: output_tokens_per_s >= 1e+09: measured" in out.out
+        assert "  at 2 streams (" in out.out  # the highest passing level
+        code = main(["sweep", "--endpoint", url, "--slo", str(few),
+                     "--out-dir", str(tmp_path / "b"), *common])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "the lowest level was not conclusive" in out and "--duration" in out
+    assert "try lower loads" not in out
+
+
+def test_the_sweep_page_has_the_reports_style_and_the_slo_thresholds() -> None:
+    import base64
+    import re
+
+    from loadlab.runner.sweep import render_html
+    from loadlab.slo import parse_slo
+
+    r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
+    spec = parse_slo({"name": "chat", "objectives": ["ttft_ms.p95 <= 500", "e2e_ms.p99 <= 300",
+                                                     "output_tokens_per_s >= 1000"]})  # fmt: skip
+    page = render_html(r, spec)
+    assert "<style>" in page and "Content-Security-Policy" in page
+    assert "Highest load meeting the SLOs: 4 requests/s" in page
+    assert "ttft_ms.p95 &lt;= 500; e2e_ms.p99 &lt;= 300" in page  # the lines drawn
+    assert "output_tokens_per_s" not in page.split("Dashed lines")[1].split("</p>")[0]
+
+    def dashes(html: str) -> int:
+        svg = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)", html).group(1)).decode()
+        return svg.count("stroke-dasharray")
+
+    assert dashes(page) == dashes(render_html(r)) + 2  # one dashed line per ceiling

@@ -63,11 +63,11 @@ _OPT_INTS = (
     "intended_ns", "sent_ns", "headers_ns", "end_ns", "http_status",
     "prompt_tokens_requested", "prompt_tokens", "cached_prompt_tokens", "shared_prefix_tokens",
     "max_tokens", "output_tokens", "answer_ns", "reasoning_start_ns", "reasoning_end_ns",
-    "reasoning_tokens",
+    "reasoning_tokens", "inputs", "images", "image_pixels",
 )  # fmt: skip
 _INTS = ("turn", "worker", "output_tokens_chunks", "reasoning_chunks", "tool_call_chunks",
          "tool_calls")  # fmt: skip
-_BOOLS = ("output_tokens_disagree", "late")
+_BOOLS = ("output_tokens_disagree", "late", "streamed")
 _CODED = ("outcome", "request_class", "endpoint", "output_tokens_source", "finish_reason")
 _TEXT = ("request_id", "session_id", "error", "response_id")
 _LISTS = ("chunk_ns", "chunk_tokens")
@@ -279,10 +279,24 @@ class RecordColumns:
         return np.repeat(np.arange(self.n, dtype=np.int32), self.n_chunks)
 
     @cached_property
+    def gap_mask(self) -> np.ndarray:
+        """bool [chunks - 1]: chunk j + 1 follows chunk j in a streamed answer (a gap of its
+        ITL; a request not streamed has none: ``metrics.itl_ms``)."""
+        streamed = self.ints["streamed"]
+        if streamed.strides == (0,) and (not streamed.size or streamed[0]):
+            return self.same_stream
+        return self.same_stream & streamed.astype(bool)[self.chunk_owner[1:]]
+
+    @property
+    def gap_counts(self) -> np.ndarray:
+        """int64 [n]: each record's gaps (``gaps`` holds them record after record)."""
+        return np.where(self.ints["streamed"] != 0, np.maximum(self.n_chunks - 1, 0), 0)
+
+    @cached_property
     def gaps(self) -> tuple[np.ndarray, np.ndarray]:
         """Every gap between consecutive token chunks of a stream (ms, as ``metrics.itl_ms``:
         the int difference, then one division), and the record of each (int32)."""
-        ns, inner = self.lists["chunk_ns"][1], self.same_stream  # gap j: chunk j to j + 1
+        ns, inner = self.lists["chunk_ns"][1], self.gap_mask  # gap j: chunk j to j + 1
         gaps = np.empty(int(np.count_nonzero(inner)))
         done = 0
         for at in range(0, inner.size, 1 << 22):  # 4 M at a time: no 128 MB of differences

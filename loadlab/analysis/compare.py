@@ -34,7 +34,9 @@ import numpy as np
 from scipy import stats
 
 from loadlab.analysis import metrics, vectors
-from loadlab.analysis.columns import RecordColumns, columns_of
+from loadlab.analysis.columns import NONE, RecordColumns, columns_of
+from loadlab.analysis.cost import COST_METRICS, Pricing, cost_units, pricing_of
+from loadlab.analysis.prefix_cache import server_hit_rate, usage_hit_rate
 from loadlab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,8 +46,10 @@ if TYPE_CHECKING:
 __all__ = [
     "BOOTSTRAP_MAX",
     "BOOTSTRAP_MIN",
+    "CACHE_GAP_PP",
     "Comparison",
     "MetricChange",
+    "cache_caution",
     "check_bootstrap",
     "compare",
     "numbered_labels",
@@ -113,6 +117,9 @@ class Comparison:
     alpha: float = 0.05
     warnings: tuple[str, ...] = ()
     repeats: tuple[int, ...] = ()  # runs per setup (files that share a label); () = one each
+    # said beside the table, the gate unchanged: setups whose prefix caches were not equally
+    # warm (``cache_caution``)
+    cautions: tuple[str, ...] = ()
 
     def regressions(self, pct: float) -> list[tuple[MetricChange, int]]:
         return [
@@ -136,6 +143,7 @@ class Comparison:
             "repeats": list(self.repeats or [1] * len(self.labels)),
             "alpha": self.alpha,
             "warnings": list(self.warnings),
+            "cautions": list(self.cautions),
             "rows": [
                 {
                     "metric": r.metric,
@@ -619,6 +627,59 @@ def _count_row(
     )
 
 
+def _ratio_boot(num: np.ndarray, den: np.ndarray, res: _Resampler) -> np.ndarray:
+    """Bootstrap replicates of ``sum(num) / sum(den)``, the units drawn by ``res``."""
+    out = np.empty(res.n_boot)
+    for start in range(0, res.n_boot, res.chunk):
+        w = res.weights(start)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[start : start + w.shape[0]] = (w @ num) / (w @ den)
+    return out
+
+
+def _cost_rows(
+    setups: Sequence[Sequence[Results]],
+    priced: Sequence[Sequence[Pricing | None]],
+    alpha: float,
+    n_boot: int,
+    seed: int,
+) -> list[MetricChange]:
+    """Dollars per million output tokens, per 1,000 requests and per session at each setup's
+    prices: the bill over what it bought, pooled over a setup's runs. Bootstrapped over the
+    bill's units (``cost.cost_units``: sessions for an API price, whole seconds for GPU-hours;
+    runs first when a setup has several); a setup without prices has no value."""
+    units: list[list[np.ndarray] | None] = []
+    for runs, prices in zip(setups, priced, strict=True):
+        ok = all(p is not None and p.kind for p in prices)
+        units.append(
+            [cost_units(r, p) for r, p in zip(runs, prices, strict=True) if p] if ok else None
+        )
+    rows = []
+    for col, metric, scale in ((1, COST_METRICS[0], 1e6), (2, COST_METRICS[1], 1e3),
+                               (3, COST_METRICS[2], 1.0)):  # fmt: skip
+        values: list[float | None] = []
+        boots: list[np.ndarray | None] = []
+        for j, u in enumerate(units):
+            pooled = np.concatenate(u) if u else np.zeros((0, 4))
+            den = float(pooled[:, col].sum())
+            values.append(float(pooled[:, 0].sum()) / den * scale if den else None)
+            few = not u or any(len(x) < 5 for x in u) or not den
+            res = _Resampler([len(x) for x in u or []], n_boot, (seed, 77, j))
+            boots.append(None if few else _ratio_boot(pooled[:, 0], pooled[:, col], res) * scale)
+
+        def pair(
+            i: int, b: list[np.ndarray | None] = boots
+        ) -> tuple[np.ndarray, np.ndarray] | None:
+            b0, bi = b[0], b[i]
+            return None if b0 is None or bi is None else (b0, bi)
+
+        note = "" if all(b is not None for b in boots) else (
+            "not tested: needs prices and >= 5 sessions (API) or seconds (GPU-hours) in each run")  # fmt: skip
+        n = [sum(len(x) for x in u) if u else 0 for u in units]
+        rows.append(_bootstrap_row(metric, values, True, pair, n, note, alpha))
+    return rows
+
+
 def _undecided(rows: Sequence[MetricChange], names: Sequence[str]) -> list[str]:
     """A warning for each tested change whose interval is not finite (no finite bootstrap
     replicate: a baseline of zero): a gate cannot call it a pass, so it makes the
@@ -656,9 +717,17 @@ def compare(
     check_bootstrap(n_boot)
     setups = [[r for r, lb in zip(results_list, labels, strict=True) if lb == n] for n in names]
     keys: tuple[str, ...] = LATENCY
-    if all(vectors.has_reasoning_or_tools(columns_of(r.records)) for r in results_list):
+    cols_of = [columns_of(r.records) for r in results_list]  # read once each: a file's own
+    pooled = all(not (c.ints["inputs"] == NONE).any() for c in cols_of)
+    if pooled:
+        keys = ("e2e_ms",)  # embeddings / rerank: nothing streamed, so no TTFT, ITL or TPOT
+    elif all(vectors.has_reasoning_or_tools(c) for c in cols_of):
         keys = (*LATENCY, "ttfat_ms")  # reasoning models: the answer's wait, not the first token
-    m = len(keys) * len(PERCENTILES) + 2 + (1 if slo is not None else 0)
+    # prices: each setup's own (a pricing file may hold a table per label), cost rows when any
+    priced = [[pricing_of(r, n) for r in runs] for runs, n in zip(setups, names, strict=True)]
+    cost_on = any(p is not None and p.kind for ps in priced for p in ps)
+    m = len(keys) * len(PERCENTILES) + (1 if pooled else 2) + (1 if slo is not None else 0)
+    m += len(COST_METRICS) if cost_on else 0
     a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
     per_run = [
         [
@@ -672,7 +741,8 @@ def compare(
         for i, runs in enumerate(per_run)
     ]
     rows = [row for k in keys for row in _latency_rows(per_run, resamplers, k, a)]
-    rows.append(_throughput_row(setups, a, n_boot, seed))
+    if not pooled:
+        rows.append(_throughput_row(setups, a, n_boot, seed))
     counts = [
         [vectors.count_outcomes(columns_of(r.records), r.scheduled_count) for r in runs]
         for runs in setups
@@ -708,16 +778,49 @@ def compare(
                 a,
             )
         )
+    if cost_on:
+        rows.extend(_cost_rows(setups, priced, a, n_boot, seed))
     warnings = [
         f"{label}: the load generator was saturated; its latencies are not trustworthy"
         for label, r in zip(labels, results_list, strict=True)
         if r.saturated
     ]
     warnings += _undecided(rows, names)
+    caution = cache_caution(setups, names)
     return Comparison(
         labels=tuple(names),
         rows=tuple(rows),
         alpha=alpha,
         warnings=tuple(dict.fromkeys(warnings)),
         repeats=tuple(len(runs) for runs in setups),
+        cautions=(caution,) if caution else (),
     )
+
+
+CACHE_GAP_PP = 5.0  # setups whose prefix-cache hit rates differ by more are said not alike
+
+
+def _hit_rate(run: Results) -> float | None:
+    """A run's prefix-cache hit rate: the server's counters, else the usage's cached tokens."""
+    server = server_hit_rate(run.server_samples)
+    if server is not None and server[0] is not None:
+        return server[0]
+    return usage_hit_rate(run.records)
+
+
+def cache_caution(setups: Sequence[Sequence[Results]], labels: Sequence[str]) -> str | None:
+    """A sentence when the setups' prefix-cache hit rates (the mean of each setup's runs)
+    differ by more than ``CACHE_GAP_PP`` points: runs that did not start equally cold (a
+    second run against one server finds the first's prompts cached) differ in TTFT for that
+    reason alone. None when they agree, or fewer than two setups say."""
+    rates = {}
+    for label, runs in zip(labels, setups, strict=True):
+        said = [v for r in runs if (v := _hit_rate(r)) is not None]
+        if said:
+            rates[label] = sum(said) / len(said)
+    if len(rates) < 2 or (max(rates.values()) - min(rates.values())) * 100 <= CACHE_GAP_PP:
+        return None
+    each = ", ".join(f"{label} {rate * 100:.1f} %" for label, rate in rates.items())
+    return (f"prefix-cache hit rates differ ({each} of prompt tokens): the runs did not start "
+            "equally cold, so part of their TTFT difference is the cache's. Unless that is "
+            "what is compared, run each with --cache-bust (or its own --seed)")  # fmt: skip

@@ -14,6 +14,9 @@ Per request (milliseconds; ``None`` when undefined for that request)::
                  omission aware: a request that waited to be sent shows the wait)
     max_gap_ms   the longest gap of one stream (a stall), stall_count: gaps over k x its median
 
+A request asked without streaming (``RequestRecord.streamed`` False) has an E2E latency (its
+body's arrival) but no TTFT, TTFAT, ITL or TPOT: those are ``None`` (empty for ITL), never 0.
+
 Over a run: exact percentiles (numpy, linear interpolation) of ok requests sent inside the
 measurement window; throughput over the window; goodput from per-request objectives.
 ``percentile`` is the one percentile of loadlab: every figure it prints or gates on (the
@@ -43,6 +46,7 @@ from loadlab.records import OUTCOME_DROPPED, OUTCOME_OK, RequestRecord, is_faile
 __all__ = [
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
+    "STREAM_METRICS",
     "TOKEN_METRICS",
     "Counts",
     "Distribution",
@@ -83,8 +87,9 @@ DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
 
 def ttft_ms(r: RequestRecord) -> float | None:
-    """Time to first token: first token-carrying chunk minus ``sent`` (ms)."""
-    if r.sent_ns is None or not r.chunk_ns:
+    """Time to first token: first token-carrying chunk minus ``sent`` (ms); ``None`` for a
+    request not streamed (its one chunk is the whole answer)."""
+    if r.sent_ns is None or not r.chunk_ns or not r.streamed:
         return None
     return (r.chunk_ns[0] - r.sent_ns) / NS_PER_MS
 
@@ -92,28 +97,39 @@ def ttft_ms(r: RequestRecord) -> float | None:
 def ttft_from_intended_ms(r: RequestRecord) -> float | None:
     """TTFT from the intended send time (falls back to ``sent`` in closed loop)."""
     start = r.intended_ns if r.intended_ns is not None else r.sent_ns
-    if start is None or not r.chunk_ns:
+    if start is None or not r.chunk_ns or not r.streamed:
         return None
     return (r.chunk_ns[0] - start) / NS_PER_MS
 
 
 def e2e_ms(r: RequestRecord) -> float | None:
-    """End-to-end latency: last token-carrying chunk minus ``sent`` (ms)."""
-    if r.sent_ns is None or not r.chunk_ns:
+    """End-to-end latency: last token-carrying chunk minus ``sent`` (ms); for embeddings and
+    rerank (nothing streamed: ``inputs`` set), the answer's end minus ``sent``."""
+    end = _last_ns(r)
+    if r.sent_ns is None or end is None:
         return None
-    return (r.chunk_ns[-1] - r.sent_ns) / NS_PER_MS
+    return (end - r.sent_ns) / NS_PER_MS
+
+
+def _last_ns(r: RequestRecord) -> int | None:
+    if r.chunk_ns:
+        return r.chunk_ns[-1]
+    return r.end_ns if r.inputs is not None and r.outcome == "ok" else None
 
 
 def e2e_from_intended_ms(r: RequestRecord) -> float | None:
     """E2E latency from the intended send time (falls back to ``sent``)."""
     start = r.intended_ns if r.intended_ns is not None else r.sent_ns
-    if start is None or not r.chunk_ns:
+    end = _last_ns(r)
+    if start is None or end is None:
         return None
-    return (r.chunk_ns[-1] - start) / NS_PER_MS
+    return (end - start) / NS_PER_MS
 
 
 def itl_ms(r: RequestRecord) -> list[float]:
     """Every gap between consecutive token-carrying chunks of one stream (ms)."""
+    if not r.streamed:
+        return []
     c = r.chunk_ns
     return [(c[i] - c[i - 1]) / NS_PER_MS for i in range(1, len(c))]
 
@@ -133,7 +149,7 @@ def itl_per_token_ms(r: RequestRecord) -> list[float]:
     ends (a chunk of k tokens after a gap g gives k values g / k). Equal to ``itl_ms`` when
     every chunk carries one token; empty when the split is not known (``chunk_token_counts``)."""
     counts = chunk_token_counts(r)
-    if counts is None:
+    if counts is None or not r.streamed:
         return []
     c = r.chunk_ns
     out: list[float] = []
@@ -154,8 +170,9 @@ def output_token_count(r: RequestRecord) -> int:
 
 def ttfat_ms(r: RequestRecord) -> float | None:
     """Time to first answer token: the first chunk carrying answer content minus ``sent``
-    (ms); ``None`` when no answer content came (an answer that is only a tool call)."""
-    if r.sent_ns is None or r.answer_ns is None:
+    (ms); ``None`` when no answer content came (an answer that is only a tool call), or
+    the request was not streamed."""
+    if r.sent_ns is None or r.answer_ns is None or not r.streamed:
         return None
     return (r.answer_ns - r.sent_ns) / NS_PER_MS
 
@@ -184,9 +201,10 @@ def answer_token_count(r: RequestRecord) -> int:
 
 
 def tpot_ms(r: RequestRecord) -> float | None:
-    """Time per output token after the first: (t_last - t_first) / (output_tokens - 1) (ms)."""
+    """Time per output token after the first: (t_last - t_first) / (output_tokens - 1) (ms);
+    ``None`` for a request not streamed (its tokens came in one body, not one by one)."""
     n = output_token_count(r)
-    if n < 2 or len(r.chunk_ns) < 1:
+    if n < 2 or len(r.chunk_ns) < 1 or not r.streamed:
         return None
     return (r.chunk_ns[-1] - r.chunk_ns[0]) / NS_PER_MS / (n - 1)
 
@@ -425,6 +443,10 @@ class Throughput:
     requests_per_s: float
     output_tokens_per_s_series: tuple[float, ...]
     series_bin_s: float
+    # embeddings and rerank (records with ``inputs``): texts and their tokens per second, of
+    # the requests that completed ok inside the window; None for a run that sent none
+    inputs_per_s: float | None = None
+    input_tokens_per_s: float | None = None
 
     @classmethod
     def over(
@@ -435,8 +457,10 @@ class Throughput:
         completed: int,
         series: tuple[float, ...],
         bin_s: float,
+        pooled: tuple[int, int] | None = None,
     ) -> Throughput:
-        """The rates of ``window_s`` seconds that saw these tokens and completions."""
+        """The rates of ``window_s`` seconds that saw these tokens and completions (and,
+        for embeddings and rerank, ``pooled``: the texts and their tokens)."""
         return cls(
             window_s=window_s,
             output_tokens=output_tokens,
@@ -445,12 +469,17 @@ class Throughput:
             requests_per_s=completed / window_s,
             output_tokens_per_s_series=series,
             series_bin_s=bin_s,
+            inputs_per_s=None if pooled is None else pooled[0] / window_s,
+            input_tokens_per_s=None if pooled is None else pooled[1] / window_s,
         )
 
     def to_dict(self) -> dict[str, float]:
         """The results file's ``summary.throughput`` (without the series)."""
         out = asdict(self)
         del out["output_tokens_per_s_series"]
+        for key in ("inputs_per_s", "input_tokens_per_s"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -470,6 +499,8 @@ def throughput(
     out_tokens = 0.0
     prompt_tokens = 0
     completed = 0
+    inputs = input_tokens = 0
+    pooled = False
     series: Counter[int] = Counter()
     bin_ns = int(bin_s * NS_PER_S)
     for r in records:
@@ -480,11 +511,19 @@ def throughput(
         answered = r.ok or bool(r.chunk_ns)
         if answered and r.sent_ns is not None and lo <= r.sent_ns <= hi:
             prompt_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
-        if r.ok and r.chunk_ns and lo <= r.chunk_ns[-1] <= hi:
+        last = _last_ns(r)
+        if r.ok and last is not None and lo <= last <= hi:
             completed += 1
+            if r.inputs is not None:
+                inputs += r.inputs
+                input_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
+        pooled = pooled or r.inputs is not None
     n_bins = (max(series) + 1) if series else 0
     per_s = tuple(series.get(i, 0) / bin_s for i in range(n_bins))
-    return Throughput.over(span_s, out_tokens, prompt_tokens, completed, per_s, bin_s)
+    pooled_counts = (inputs, input_tokens) if pooled else None
+    return Throughput.over(
+        span_s, out_tokens, prompt_tokens, completed, per_s, bin_s, pooled_counts
+    )
 
 
 # The latency distributions of a run (a summary's rows, an SLO's percentile metrics): the
@@ -498,6 +537,17 @@ LATENCY_METRICS = (
     "tpot_ms",
     "e2e_ms",
     "e2e_from_intended_ms",
+    "max_gap_ms",
+    "ttfat_ms",
+    "reasoning_ms",
+)
+# The latency metrics a request has only when it was streamed (``RequestRecord.streamed``).
+STREAM_METRICS = (
+    "ttft_ms",
+    "ttft_from_intended_ms",
+    "itl_ms",
+    "itl_per_token_ms",
+    "tpot_ms",
     "max_gap_ms",
     "ttfat_ms",
     "reasoning_ms",

@@ -17,7 +17,17 @@ Three numbers, each a fraction of prompt tokens (vLLM's definition: hits / queri
   forms) or the reference server's ``loadlab_server_prefix_cache_*_total``.
 
 TTFT is split between requests served partly from the cache (``cached_prompt_tokens > 0``)
-and those that were not (``== 0``), from the latency population of the summary.
+and those that were not (``== 0``), from the latency population of the summary. The two
+groups are rarely alike: in a chat run the cached requests are the later turns, whose prompts
+carry the history (longer, and sent once the load has built up), the uncached ones the first
+turns. So beside the two groups (each with its prompt length and turns) the comparison is also
+made like for like (``TTFTSplit``): only over the requests whose turn and prompt-length band
+(``band``: lengths within a factor of about 1.4) requests of the other group share; none such
+(a chat run: every cached request a later turn), and it says it cannot be made.
+
+The server's KV block size aligns the expected rate: the workload's ``block_size``
+(``--cache-block-size``), else what the server said (``results.extra["server_info"]``,
+``/v1/server_info``).
 
 Example::
 
@@ -28,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +47,7 @@ import numpy as np
 
 from loadlab.analysis import vectors
 from loadlab.analysis.columns import NONE, RecordColumns, columns_of
-from loadlab.analysis.metrics import Distribution, distribution
+from loadlab.analysis.metrics import Distribution, distribution, percentile, ttft_ms
 from loadlab.records import RequestRecord, pick
 
 if TYPE_CHECKING:
@@ -45,10 +56,13 @@ if TYPE_CHECKING:
 __all__ = [
     "SERVER_COUNTERS",
     "PrefixCacheSummary",
+    "TTFTSplit",
+    "band",
     "expected_cached_tokens",
     "expected_hit_rate",
     "prefix_cache_summary",
     "server_hit_rate",
+    "ttft_split",
     "usage_hit_rate",
 ]
 
@@ -74,8 +88,12 @@ def expected_cached_tokens(shared_tokens: int, prompt_tokens: int, block_size: i
     return usable // block_size * block_size if block_size else usable
 
 
-def _prompt_tokens(cols: RecordColumns) -> np.ndarray:
-    """Each record's prompt: the server's count, else the requested one, else 0."""
+def _prompt_tokens(r: RequestRecord) -> int:
+    return r.prompt_tokens or r.prompt_tokens_requested or 0
+
+
+def _prompt_tokens_of(cols: RecordColumns) -> np.ndarray:
+    """``_prompt_tokens`` of every record: the server's count, else the requested, else 0."""
     counted, asked = cols.ints["prompt_tokens"], cols.ints["prompt_tokens_requested"]
     return np.where((counted != NONE) & (counted != 0), counted, np.where(asked != NONE, asked, 0))
 
@@ -92,7 +110,7 @@ def expected_hit_rate(records: Iterable[RequestRecord], block_size: int | None) 
     Reads the server's prompt count when it gave one, so a chat template's tokens are in the
     denominator as in the server's query counter."""
     cols = columns_of(records if isinstance(records, Sequence) else list(records))
-    n, shared = _prompt_tokens(cols), cols.ints["shared_prefix_tokens"]
+    n, shared = _prompt_tokens_of(cols), cols.ints["shared_prefix_tokens"]
     use = cols.ok & (shared != NONE) & (n != 0)
     usable = np.maximum(0, np.minimum(shared[use], n[use] - 1))  # expected_cached_tokens
     hits = usable // block_size * block_size if block_size else usable
@@ -102,7 +120,7 @@ def expected_hit_rate(records: Iterable[RequestRecord], block_size: int | None) 
 def usage_hit_rate(records: Iterable[RequestRecord]) -> float | None:
     """Fraction of prompt tokens the server reported cached, over the ok records that said."""
     cols = columns_of(records if isinstance(records, Sequence) else list(records))
-    n, cached = _prompt_tokens(cols), cols.ints["cached_prompt_tokens"]
+    n, cached = _prompt_tokens_of(cols), cols.ints["cached_prompt_tokens"]
     use = cols.ok & (cached != NONE) & (n != 0)
     return _rate(cached[use], n[use])
 
@@ -131,6 +149,85 @@ def server_hit_rate(
     return None
 
 
+def band(prompt_tokens: int) -> int:
+    """The prompt-length band of a request: lengths within a factor of sqrt(2) share one.
+
+    >>> band(64), band(90), band(91), band(162)
+    (12, 12, 13, 14)
+    """
+    return int(2 * math.log2(max(1, prompt_tokens)))
+
+
+@dataclass(frozen=True)
+class TTFTSplit:
+    """TTFT of cached and uncached requests, raw and like for like (module docstring)."""
+
+    cached_ms: Distribution
+    uncached_ms: Distribution
+    cached_prompt_p50: float | None  # prompt tokens of each group (median)
+    uncached_prompt_p50: float | None
+    cached_turns: tuple[int, int] | None  # (first, last) turn of each group
+    uncached_turns: tuple[int, int] | None
+    # over the (turn, prompt-length band) pairs holding requests of both groups only
+    matched_cached_ms: Distribution
+    matched_uncached_ms: Distribution
+    # two-sided Mann-Whitney U of the matched groups' TTFTs: is the difference more than
+    # chance? None with fewer than two requests in either
+    matched_p_value: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        dists = "cached_ms uncached_ms matched_cached_ms matched_uncached_ms"
+        return {
+            **{k: getattr(self, k).to_dict() for k in dists.split()},
+            **pick(
+                self,
+                "cached_prompt_p50 uncached_prompt_p50 cached_turns uncached_turns matched_p_value",
+            ),
+        }
+
+
+def _turns(group: Sequence[RequestRecord]) -> tuple[int, int] | None:
+    return (min(r.turn for r in group), max(r.turn for r in group)) if group else None
+
+
+def ttft_split(records: Sequence[RequestRecord]) -> TTFTSplit:
+    """``TTFTSplit`` of the ok, streamed ``records`` (a summary's latency population)."""
+    timed = [(r, t) for r in records if (t := ttft_ms(r)) is not None]
+    cached = [(r, t) for r, t in timed if (r.cached_prompt_tokens or 0) > 0]
+    uncached = [(r, t) for r, t in timed if r.cached_prompt_tokens == 0]
+
+    def like(r: RequestRecord) -> tuple[int, int]:
+        return r.turn, band(_prompt_tokens(r))
+
+    both = {like(r) for r, _ in cached} & {like(r) for r, _ in uncached}
+
+    def matched(group: list[tuple[RequestRecord, float]]) -> list[float]:
+        return [t for r, t in group if like(r) in both]
+
+    def prompt_p50(group: list[tuple[RequestRecord, float]]) -> float | None:
+        return percentile([float(_prompt_tokens(r)) for r, _ in group], 50) if group else None
+
+    return TTFTSplit(
+        cached_ms=distribution([t for _, t in cached]),
+        uncached_ms=distribution([t for _, t in uncached]),
+        cached_prompt_p50=prompt_p50(cached),
+        uncached_prompt_p50=prompt_p50(uncached),
+        cached_turns=_turns([r for r, _ in cached]),
+        uncached_turns=_turns([r for r, _ in uncached]),
+        matched_cached_ms=distribution(matched(cached)),
+        matched_uncached_ms=distribution(matched(uncached)),
+        matched_p_value=_p_value(matched(cached), matched(uncached)),
+    )
+
+
+def _p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy import stats
+
+    return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
 @dataclass(frozen=True)
 class PrefixCacheSummary:
     """Expected and measured hit rates (fractions of prompt tokens) and TTFT split (ms)."""
@@ -143,8 +240,17 @@ class PrefixCacheSummary:
     server_hit_rate: float | None
     server_queries: float | None
     server_source: str | None
-    ttft_cached_ms: Distribution
-    ttft_uncached_ms: Distribution
+    ttft: TTFTSplit
+    block_size_source: str = ""  # "workload" | "server" | "" (not known)
+    scraped: bool = False  # the run sampled the server's /metrics (--scrape)
+
+    @property
+    def ttft_cached_ms(self) -> Distribution:
+        return self.ttft.cached_ms
+
+    @property
+    def ttft_uncached_ms(self) -> Distribution:
+        return self.ttft.uncached_ms
 
     @property
     def difference_pp(self) -> float | None:
@@ -163,6 +269,8 @@ class PrefixCacheSummary:
             ),
             "ttft_cached_ms": self.ttft_cached_ms.to_dict(),
             "ttft_uncached_ms": self.ttft_uncached_ms.to_dict(),
+            "ttft": self.ttft.to_dict(),
+            "block_size_source": self.block_size_source,
         }
 
 
@@ -171,17 +279,18 @@ def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
     workload, no cached tokens reported, no counters scraped)."""
     records = results.records
     workload = results.extra.get("workload") or {}
-    block_size = workload.get("block_size") if isinstance(workload.get("block_size"), int) else None
+    block_size, source = _block_size(workload, results.extra.get("server_info") or {})
     expected = expected_hit_rate(records, block_size)
     usage = usage_hit_rate(records)
     server = server_hit_rate(results.server_samples)
     if expected is None and usage is None and (server is None or server[0] is None):
         return None
+    # the split's population: the window's ok requests that said what they had cached (only
+    # those are records again; a million of them are columns until here)
     cols = columns_of(records)
-    lat = vectors.latency_mask(cols, results.measurement_window_ns())
-    ttft, said = vectors.per_request(cols, "ttft_ms"), cols.ints["cached_prompt_tokens"]
-    timed = lat & ~np.isnan(ttft)
-    cached, uncached = ttft[timed & (said > 0)], ttft[timed & (said == 0)]
+    said = vectors.latency_mask(cols, results.measurement_window_ns())
+    said &= cols.ints["cached_prompt_tokens"] != NONE
+    lat = [cols.record(int(i)) for i in np.flatnonzero(said)]
     basis = str(workload.get("shared_prefix_basis") or "")
     return PrefixCacheSummary(
         expected_hit_rate=expected,
@@ -192,6 +301,18 @@ def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
         server_hit_rate=server[0] if server else None,
         server_queries=server[1] if server else None,
         server_source=server[2] if server else None,
-        ttft_cached_ms=distribution(cached),
-        ttft_uncached_ms=distribution(uncached),
+        ttft=ttft_split(lat),
+        block_size_source=source,
+        scraped=bool(results.server_samples),
     )
+
+
+def _block_size(workload: Mapping[str, Any], server: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The KV block size the expected rate is aligned to, and who said it."""
+    for said, who in (
+        (workload.get("block_size"), "workload"),
+        (server.get("block_size"), "server"),
+    ):
+        if isinstance(said, int) and not isinstance(said, bool) and said > 0:
+            return said, who
+    return None, ""

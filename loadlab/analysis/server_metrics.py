@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["SERIES_NAMES", "parse_prometheus_text", "server_series"]
+__all__ = ["SERIES_NAMES", "parse_prometheus_text", "server_series", "split_key"]
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*\"")
@@ -132,6 +132,16 @@ def parse_prometheus_text(text: str, errors: list[str] | None = None) -> dict[st
             if errors is not None:
                 errors.append(f"line {lineno}: {exc}: {raw[:120]!r}")
     return out
+
+
+def split_key(key: str) -> tuple[str, dict[str, str]]:
+    """A key of ``parse_prometheus_text`` back into its name and labels.
+
+    >>> split_key('DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1",gpu="0"}')
+    ('DCGM_FI_DEV_GPU_UTIL', {'UUID': 'GPU-1', 'gpu': '0'})
+    """
+    name, brace, _ = key.partition("{")
+    return (name, _parse_labels(key, len(name))[0]) if brace else (name, {})
 
 
 def _base(key: str) -> str:

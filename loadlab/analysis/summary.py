@@ -29,17 +29,18 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from loadlab.analysis import vectors
-from loadlab.analysis.columns import columns_of
+from loadlab.analysis.columns import NONE, columns_of
 from loadlab.analysis.metrics import (
     DEFAULT_PERCENTILES,
     LATENCY_METRICS,
+    STREAM_METRICS,
     TOKEN_METRICS,
     Counts,
     Distribution,
@@ -49,7 +50,15 @@ from loadlab.analysis.metrics import (
 from loadlab.analysis.token_checks import PromptMatch
 from loadlab.records import RequestRecord
 
-__all__ = ["ANSWER_METRICS", "Run", "RunSummary", "has_reasoning_or_tools", "summarize"]
+__all__ = [
+    "ANSWER_METRICS",
+    "Run",
+    "RunSummary",
+    "has_reasoning_or_tools",
+    "interrupted_note",
+    "overload_note",
+    "summarize",
+]
 
 # The distributions a reasoning model or an agent adds (written when the run has either).
 ANSWER_METRICS = ("ttfat_ms", "reasoning_ms", *TOKEN_METRICS)
@@ -58,6 +67,46 @@ ANSWER_METRICS = ("ttfat_ms", "reasoning_ms", *TOKEN_METRICS)
 def has_reasoning_or_tools(records: Iterable[RequestRecord]) -> bool:
     """True when some request streamed reasoning or called a tool."""
     return any(r.reasoning_chunks or r.reasoning_tokens or r.tool_calls for r in records)
+
+
+def interrupted_note(extra: Mapping[str, Any]) -> str | None:
+    """Why a run is not whole (``results.extra``), or None: stopped by a signal before its
+    stop rule, or rebuilt from its journal after the process died. Such a run sent less
+    than it was asked to, and the requests in flight at the end are missing: the summary,
+    the reports and the SLO gate say so (the gate does not take it as evidence)."""
+    if not extra.get("interrupted"):
+        return None
+    source = extra.get("from_journal")
+    if source:
+        return (f"INTERRUPTED: rebuilt from the journal {source}; the run stopped before its "
+                "stop rule and the requests in flight then are missing")  # fmt: skip
+    return ("INTERRUPTED: the run was stopped (a signal) before its stop rule; the requests "
+            "in flight then are missing")  # fmt: skip
+
+
+def overload_note(run: Run) -> str | None:
+    """In open loop, a server that completes requests more slowly than they arrive (under
+    90 % of the arrival rate, 10 requests or more behind over the window) has a queue that
+    grows without bound: its latencies grow with the run's length instead of describing a
+    steady state. The sentence that says so, or None."""
+    cols = columns_of(run.records)
+    if not (cols.ints["intended_ns"] != NONE).any():
+        return None  # closed loop: the queue is bounded by the streams
+    lo, hi = run.measurement_window_ns()
+    span_s = (hi - lo) / 1e9
+    if span_s <= 0:
+        return None
+    sent = cols.sent
+    arrived = int(((sent != NONE) & (sent >= lo) & (sent <= hi)).sum())
+    served = vectors.throughput(cols, (lo, hi)).requests_per_s
+    if not (served < 0.9 * arrived / span_s and arrived - served * span_s >= 10):
+        return None
+    failed = int(cols.failed.sum())
+    lost = f" ({failed:,} never completed)" if failed else ""
+    return (f"OVERLOADED: requests arrived at {arrived / span_s:.3g}/s and completed at "
+            f"{served:.3g}/s{lost}: the queue grows without bound, so the latencies above grow "
+            "with the run's length and describe no steady state; lower the rate, or add "
+            "capacity")  # fmt: skip
 
 
 class Run(Protocol):
@@ -110,6 +159,9 @@ class RunSummary:
     answer_tokens: Distribution
     tool_call_tokens: Distribution
     reasoning_or_tools: bool  # some request reasoned or called a tool
+    # some ok request of the window was streamed (or none was ok); False: TTFT, ITL and TPOT
+    # do not apply (``STREAM_METRICS``) and are left out, not written as empty or zero
+    streamed: bool = True
 
     def latency(self, name: str) -> Distribution:
         """The distribution of one of ``LATENCY_METRICS`` or ``TOKEN_METRICS`` (a report's
@@ -128,8 +180,10 @@ class RunSummary:
             **{
                 name: self.latency(name).to_dict()
                 for name in (*LATENCY_METRICS, *TOKEN_METRICS)
-                if name not in ANSWER_METRICS or self.reasoning_or_tools
+                if (name not in ANSWER_METRICS or self.reasoning_or_tools)
+                and (self.streamed or name not in STREAM_METRICS)
             },
+            **({} if self.streamed else {"streamed": False}),
             "stalls_per_stream_mean": self.stalls_per_stream_mean,
             "output_tokens_per_request": self.output_tokens_per_request.to_dict(),
             "token_count_disagreements": self.token_count_disagreements,
@@ -183,4 +237,5 @@ def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary
         short_outputs=vectors.short_outputs(cols, lat),
         throughput=vectors.throughput(cols, window),
         saturated=run.saturated,
+        streamed=n_lat == 0 or bool(cols.ints["streamed"][lat].any()),
     )

@@ -73,29 +73,34 @@ def per_request(cols: RecordColumns, name: str) -> np.ndarray:
     """``metrics.PER_REQUEST_METRICS[name]`` of every record (float64 [n], NaN: None)."""
     if name not in PER_REQUEST_METRICS:
         raise ValueError(f"unknown per-request metric {name!r}")
-    sent, first, last = cols.sent, cols.first_chunk, cols.last_chunk
+    sent, first = cols.sent, cols.first_chunk
+    streamed = cols.ints["streamed"].astype(bool)
     chunks = cols.n_chunks > 0
     ints = cols.ints
-    if name in ("ttft_ms", "e2e_ms", "ttft_from_intended_ms", "e2e_from_intended_ms"):
-        start = sent if name in ("ttft_ms", "e2e_ms") else _start(cols)
-        end = first if name.startswith("ttft") else last
-        return _ms(end, start, (start != NONE) & chunks)
+    if name in ("ttft_ms", "ttft_from_intended_ms"):
+        start = sent if name == "ttft_ms" else _start(cols)
+        return _ms(first, start, (start != NONE) & chunks & streamed)
+    if name in ("e2e_ms", "e2e_from_intended_ms"):
+        start = sent if name == "e2e_ms" else _start(cols)
+        end = _last(cols)
+        return _ms(end, start, (start != NONE) & (end != NONE))
     if name == "tpot_ms":
         n = cols.output_tokens
-        valid = (n >= 2) & chunks
+        valid = (n >= 2) & chunks & streamed
         out = np.full(cols.n, np.nan)
-        out[valid] = (last[valid] - first[valid]) / NS_PER_MS / (n[valid] - 1)
+        out[valid] = (cols.last_chunk[valid] - first[valid]) / NS_PER_MS / (n[valid] - 1)
         return out
     if name == "max_gap_ms":
         gaps, owner = _gaps(cols)
         out = np.full(cols.n, np.nan)
         if gaps.size:  # a stream's gaps lie together: the max of each run of one owner
-            first = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
-            out[owner[first]] = np.maximum.reduceat(gaps, first)
+            first_gap = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+            out[owner[first_gap]] = np.maximum.reduceat(gaps, first_gap)
+        out[~streamed] = np.nan
         return out
     if name == "ttfat_ms":
         answer = ints["answer_ns"]
-        return _ms(answer, sent, (sent != NONE) & (answer != NONE))
+        return _ms(answer, sent, (sent != NONE) & (answer != NONE) & streamed)
     if name == "reasoning_ms":
         a, b = ints["reasoning_start_ns"], ints["reasoning_end_ns"]
         return _ms(b, a, (a != NONE) & (b != NONE))
@@ -108,6 +113,13 @@ def per_request(cols: RecordColumns, name: str) -> np.ndarray:
         return ints["tool_call_chunks"].astype(float)
     answer_tokens = cols.output_tokens - reasoning - ints["tool_call_chunks"]
     return np.maximum(0, answer_tokens).astype(float)  # answer_tokens
+
+
+def _last(cols: RecordColumns) -> np.ndarray:
+    """int64 [n]: ``metrics._last_ns``, where E2E ends: the last token chunk, else for an
+    embeddings or rerank request completed ok the end of its answer (NONE: neither)."""
+    pooled = (cols.ints["inputs"] != NONE) & cols.ok
+    return np.where(cols.n_chunks > 0, cols.last_chunk, np.where(pooled, cols.end, NONE))
 
 
 def latency_mask(cols: RecordColumns, window_ns: tuple[int, int]) -> np.ndarray:
@@ -138,7 +150,7 @@ def itl_per_token_ms(cols: RecordColumns, mask: np.ndarray) -> np.ndarray:
     keep = _select((mask & known)[owner])
     if tokens.strides == (0,) and tokens.size and tokens[0] <= 1:  # a token every chunk
         return gaps if keep is None else gaps[keep]
-    k = tokens[1:][cols.same_stream]  # the tokens of the chunk that ends each gap
+    k = tokens[1:][cols.gap_mask]  # the tokens of the chunk that ends each gap
     if keep is not None:
         gaps, k = gaps[keep], k[keep]
     if not (k > 1).any():  # a token a chunk: the per-token view is the gaps themselves
@@ -166,7 +178,7 @@ def stall_counts(cols: RecordColumns, mask: np.ndarray, k: float = 3.0) -> np.nd
     numpy's, over the streams of each length at once (one row a stream); nothing the size
     of all the gaps is copied."""
     gaps, owner = _gaps(cols)
-    counts = np.maximum(cols.n_chunks - 1, 0)  # gaps of each stream, laid out one after another
+    counts = cols.gap_counts  # gaps of each stream, laid out one after another
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # where its gaps start
     med = np.full(cols.n, np.inf)  # fewer than two gaps, or not asked for: no gap is over inf
     for length in np.unique(counts[mask & (counts >= 2)]):
@@ -267,11 +279,14 @@ def throughput(
     asked = cols.ints["prompt_tokens_requested"]
     n = np.where((prompt != NONE) & (prompt != 0), prompt, np.where(asked != NONE, asked, 0))
     prompt_tokens = int(n[counted].sum())
-    last = cols.last_chunk
-    done = mine & cols.ok & (cols.n_chunks > 0) & (last >= lo) & (last <= hi)
+    last = _last(cols)
+    done = mine & cols.ok & (last != NONE) & (last >= lo) & (last <= hi)
     completed = int(done.sum())
+    texts = cols.ints["inputs"]
+    given = mine & (texts != NONE)  # embeddings and rerank: how many texts, and their tokens
+    pooled = (int(texts[done & given].sum()), int(n[done & given].sum())) if given.any() else None
     series = tuple(float(x) / bin_s for x in _series(ns, w, int(bin_s * NS_PER_S)))
-    return Throughput.over(span_s, out_tokens, prompt_tokens, completed, series, bin_s)
+    return Throughput.over(span_s, out_tokens, prompt_tokens, completed, series, bin_s, pooled)
 
 
 def good_mask(cols: RecordColumns, limits: Mapping[str | None, Mapping[str, float]]) -> np.ndarray:

@@ -16,12 +16,12 @@ from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
 from loadlab.clients.base import Client, Completion, Message
 from loadlab.clients.bodies import build_body
 from loadlab.clients.openai import OpenAIClient, OpenAIStreamState
+from loadlab.clients.pooling import PoolingClient
 from loadlab.clients.responses import ResponsesClient, ResponsesStreamState
 from loadlab.clients.sse import SSEDecoder, SSEEvent
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.workloads.tokenizers import NOT_LOCAL, load_tokenizer
 
 __all__ = [
     "AnthropicClient",
@@ -31,6 +31,7 @@ __all__ = [
     "Message",
     "OpenAIClient",
     "OpenAIStreamState",
+    "PoolingClient",
     "ResponsesClient",
     "ResponsesStreamState",
     "SSEDecoder",
@@ -41,31 +42,35 @@ __all__ = [
 ]
 
 
-def _token_ends(cfg: RunConfig) -> Callable[[str], Sequence[int]] | None:
-    """The workload's tokenizer when loadlab holds it (a folder, a file, ``byte``): tokens per
-    streamed chunk where the server does not say. ``server``/``auto`` hold none."""
-    spec = cfg.workload.get("tokenizer")
-    if not isinstance(spec, str) or spec in NOT_LOCAL:
-        return None
-    return load_tokenizer(spec).token_ends
-
-
-def make_client(endpoint: EndpointConfig, cfg: RunConfig) -> Client:
+def make_client(
+    endpoint: EndpointConfig,
+    cfg: RunConfig,
+    token_ends: Callable[[str], Sequence[int]] | None = None,
+) -> Client:
     """The client for ``endpoint.api`` with the run's stream, usage, body and timeout knobs.
+
+    ``token_ends`` is the target model's tokenizer when loadlab holds it (the run's prompt
+    sizing has it): tokens per streamed chunk where the server does not say.
 
     The connection pool is the closed-loop concurrency, or the open-loop in-flight cap, or
     unlimited (an open loop without a cap must never wait for a connection).
     """
-    kinds: tuple[type[StreamingClient], ...] = (OpenAIClient, AnthropicClient, ResponsesClient)
+    kinds: tuple[type[StreamingClient], ...] = (
+        OpenAIClient,
+        AnthropicClient,
+        ResponsesClient,
+        PoolingClient,
+    )
     kind = next((k for k in kinds if endpoint.api in k.APIS), None)
     if kind is None:
         raise ConfigError(
             f"endpoint {endpoint.name!r}: api {endpoint.api!r} has no client; "
-            "use api = 'chat', 'completions', 'anthropic' or 'responses'"
+            "use api = 'chat', 'completions', 'anthropic', 'responses', 'embeddings', 'rerank' "
+            "or 'score'"
         )
     return kind(
         endpoint,
-        token_ends=_token_ends(cfg),
+        token_ends=token_ends,
         stream=cfg.stream,
         include_usage=cfg.include_usage,
         extra_body=cfg.extra_body,

@@ -15,7 +15,7 @@ Tried in this order by ``server_counter(endpoint)``, each checked with one probe
 prompts are then cut by characters, so their lengths are close, not exact.
 
 These are blocking calls made before the run's clock starts: the probes once per endpoint
-(``loadlab.runner.prompt_sizing.prepared_sizing``), the counts while the workload builds its first 2,048
+(``loadlab.runner.prompt_sizing.size_prompts``), the counts while the workload builds its first 2,048
 requests ahead (``RequestStream``); they never run on the hot path. A client module because it
 speaks the endpoint's API (the data layers, workloads among them, never import clients).
 """

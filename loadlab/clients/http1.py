@@ -191,25 +191,36 @@ class ResponseReader:
         """The bytes of one read, and when that read returned."""
         self.last_ns = t
         self.got_bytes = True
-        if self.sink is None:
+        sink = self.sink
+        if sink is None:
             if data:
                 self.reusable = False  # bytes outside an exchange
             return
+        if self._chunked and self._state == _SIZE and not self._buf:
+            # The usual read of a token stream: exactly one whole chunk, handed to the sink
+            # here (``_deliver`` inline, and no stamp kept for ``end``: this runs every read)
+            nl = data.find(b"\r\n", 0, 10)
+            if nl > 0:
+                try:
+                    end = nl + 2 + int(data[:nl], 16)
+                except ValueError:  # a chunk extension, or garbage: the full way
+                    end = 0
+                # a piece of one byte or more, then CRLF and nothing after it
+                if end > nl + 2 and data[end : end + 3] == b"\r\n":
+                    try:
+                        if not sink.on_bytes(data[nl + 2 : end], t):
+                            return
+                        self.reusable = False  # the sink stopped: unread body on the wire
+                        error, message = None, ""
+                    except Exception as exc:  # a sink bug must end this request, not hang it
+                        error, message = Failure.PROTOCOL, f"{type(exc).__name__}: {exc}"
+                    self._read_ns = t
+                    self.end(error, message)
+                    self._read_ns = None
+                    return
         self._read_ns = t
         try:
             if self._chunked:
-                if self._state == _SIZE and not self._buf:
-                    # The usual read of a token stream: exactly one whole chunk.
-                    nl = data.find(b"\r\n", 0, 10)
-                    if nl > 0:
-                        try:
-                            size = int(data[:nl], 16)
-                        except ValueError:  # a chunk extension, or garbage: the full way
-                            size = 0
-                        end = nl + 2 + size
-                        if size > 0 and end + 2 == len(data) and data.endswith(b"\r\n"):
-                            self._deliver(data[nl + 2 : end], t)
-                            return
                 self._chunks(data, t)
             elif self._head:
                 self._response_head(data, t)
@@ -328,9 +339,12 @@ class ResponseReader:
                 if nl < 0:
                     break
                 try:
-                    size = int(buf[pos:nl].split(b";", 1)[0], 16)
+                    size = int(buf[pos:nl], 16)
                 except ValueError:
-                    size = -1
+                    try:  # a chunk extension (";name=value"), seldom sent
+                        size = int(buf[pos:nl].split(b";", 1)[0], 16)
+                    except ValueError:
+                        size = -1
                 if size < 0:  # not hex digits (int() would also take a sign)
                     self._flush(pieces, t)
                     self.end(Failure.PROTOCOL, f"bad chunk size line {buf[pos:nl][:40]!r}")

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
-from array import array
 from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -93,11 +93,15 @@ def token_count(value: Any) -> int | None:
 
 
 def retry_after_s(value: str) -> float | None:
-    """``Retry-After``: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    """``Retry-After``: delay-seconds or an HTTP-date (RFC 9110 §10.2.3); a value that is
+    not a finite number of seconds (``inf``, ``nan``) is none (the results file is strict JSON).
+    """
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError):
@@ -160,10 +164,11 @@ class StreamState:
         self._sse = stream  # False: collect the body (non-streaming, an error, a non-SSE 200)
         self._body: list[bytes] = []
         self._parts: list[str] = []
-        # token chunks' read times until finish() hands them to the record as chunk_ns: an
-        # array is no container to the garbage collector, which otherwise walks every
-        # in-flight stream's timestamps (a list of ints) in each young collection
-        self._stamps = array("q")
+        # token chunks' read times, handed to the record as chunk_ns by finish(). A list: the
+        # run freezes the heap every 0.1 s, so the collector walks a stream's list only while
+        # it is young and short, and array("q").append parses its argument, over four times
+        # the cost of list.append on every chunk
+        self._stamps: list[int] = []
         self._outcome: str | None = None
         self._any_event = False
         self._head = b""  # the first bytes, until an event decodes (to spot a non-SSE body)
@@ -179,7 +184,10 @@ class StreamState:
 
     @property
     def text(self) -> str:
-        return "".join(p if isinstance(p, str) else str(p) for p in self._parts)
+        try:
+            return "".join(self._parts)
+        except TypeError:  # a server that sent a number as the text
+            return "".join(map(str, self._parts))
 
     @property
     def tool_calls(self) -> tuple[dict[str, str], ...]:
@@ -334,8 +342,8 @@ class StreamState:
             rec.response_id = self._header_id
         if rec.chunk_ns:  # a dialect that appended to the record itself keeps its stamps
             rec.chunk_ns.extend(self._stamps)
-        else:
-            rec.chunk_ns = self._stamps.tolist()
+        else:  # the list itself: nothing appends to it once the response has ended
+            rec.chunk_ns = self._stamps
         self._count_tokens()
 
     def _parse_body(self, t_ns: int) -> None:

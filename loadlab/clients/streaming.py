@@ -45,6 +45,9 @@ API_PATHS = {
     "completions": "/completions",
     "anthropic": "/messages",
     "responses": "/responses",
+    "embeddings": "/embeddings",
+    "rerank": "/rerank",
+    "score": "/score",
 }
 
 
@@ -154,6 +157,17 @@ class StreamingClient:
         """The headers that carry the API key (OpenAI's, which most servers take)."""
         return {"Authorization": f"Bearer {key}"}
 
+    def _body(self, spec: RequestSpec, history: Sequence[Message]) -> dict[str, Any]:
+        """The request body (``loadlab.clients.bodies``; a dialect with its own shape overrides)."""
+        return build_body(
+            spec,
+            self.endpoint,
+            history=history,
+            stream=self.stream,
+            include_usage=self.include_usage,
+            extra_body=self.extra_body,
+        )
+
     def _state(self, rec: RequestRecord, t0_ns: int) -> StreamState:
         """The sans-IO state that interprets one response into ``rec``."""
         return self.STATE(
@@ -191,17 +205,12 @@ class StreamingClient:
         if self._transport is None:
             name = type(self).__name__
             raise RuntimeError(f"use {name} as `async with {name}(...) as client`")
-        rec = RequestRecord.for_spec(spec, endpoint=self.endpoint.name, intended_ns=intended_ns)
+        rec = RequestRecord.for_spec(
+            spec, endpoint=self.endpoint.name, intended_ns=intended_ns, streamed=self.stream
+        )
         state = self._state(rec, t0_ns)
         state.token_ends = self.token_ends
-        body = build_body(
-            spec,
-            self.endpoint,
-            history=history,
-            stream=self.stream,
-            include_usage=self.include_usage,
-            extra_body=self.extra_body,
-        )
+        body = self._body(spec, history)
         attempt_ns = time.perf_counter_ns()
         try:
             await self._transport.exchange(dumps(body), spec.request_id, state)

@@ -24,12 +24,13 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import re
-from array import array
+from collections.abc import Callable
 from typing import Any
 
 from loadlab.clients.sse import RawEvent, SSEDecoder, SSELimitError
-from loadlab.clients.state import StreamState
+from loadlab.clients.state import StreamState, loads
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
 
 __all__ = ["TokenFrameState", "TypedEventState"]
@@ -38,6 +39,35 @@ _LEARN_TRIES = 3  # token frames learned per stream (see TokenFrameState._learn_
 # a JSON string's body that needs no unescaping: no quote, backslash or control character
 _plain = re.compile(rb'[^"\\\x00-\x1f]+').fullmatch
 
+_MatchAt = Callable[[bytes, int], "re.Match[bytes] | None"]  # a Pattern's match or fullmatch
+_Frame = tuple[bytes, int, _MatchAt, _MatchAt, _MatchAt]  # TokenFrameState._tpl
+
+
+@functools.lru_cache(maxsize=256)
+def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """A JSON string body, then ``tail``: one call matches a token event's text and the rest
+    of its frame. Streams of one server share their tails.
+
+    The first pattern's body is bytes that are neither a quote nor a control character: the
+    usual text, matched fastest. A quote in the text is escaped (a backslash before it), so
+    that body cannot stop there and meet ``tail``, which starts with the string's closing
+    quote and runs to the end of the event. The second pattern, tried when the first fails,
+    also takes escaped pairs (``\\"``, ``\\\\``), so a text with a quote in it stays on the
+    fast way; a lone backslash cannot end its body. A body with a backslash is unescaped by
+    the JSON parser, which refuses a bad escape (the read then goes the full way). The
+    quantifiers are possessive: giving bytes back could never let ``tail`` match (the byte
+    after a body is a quote, or the match is lost), and a body that does not end in ``tail``
+    is given up at once, not retried over every split of its text."""
+    escaped_tail = re.escape(tail)
+    return (
+        re.compile(rb'([^"\x00-\x1f]++)' + escaped_tail),
+        re.compile(rb'((?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f])++)' + escaped_tail),
+    )
+
+
+# ``in`` with an int: ``b"\\" in raw`` first tries the bytes as an integer, and makes and drops
+# a TypeError (its message formatted) on every chunk
+_BACKSLASH = ord("\\")
 _SLOTS: dict[type, tuple[str, ...]] = {}
 
 
@@ -61,38 +91,54 @@ class TokenFrameState(StreamState):
 
     def __init__(self, record: RequestRecord, **kw: Any) -> None:
         super().__init__(record, **kw)  # stream, t0_ns, secrets: StreamState's
-        self._tpl: tuple[bytes, bytes, int, int] | None = None  # a token read's frame (below)
-        self._fast: tuple[bytes, bytes, int, int] | None = None  # _tpl while the decoder idles
+        # a token read's frame (_learn_frame): the bytes before the text, their length, and
+        # the text-then-tail pattern's fullmatch and match
+        self._tpl: _Frame | None = None
+        self._fast: _Frame | None = None  # _tpl while the decoder idles
         self._learn = _LEARN_TRIES
         self._keys = self.TEXT_KEYS
 
     def on_bytes(self, data: bytes, t_ns: int) -> bool:
         fast = self._fast
         if fast is not None:  # token events in the stream's learned frame (_learn_frame)
-            head, tail, lh, lt = fast
-            pos, n = 0, len(data)
-            t_rel = t_ns - self._t0
-            while data.startswith(head, pos):
-                start = pos + lh
-                end = data.find(tail, start)
-                if end <= start or _plain(data, start, end) is None:
-                    break
-                try:
-                    text = data[start:end].decode()
-                except UnicodeDecodeError:
-                    break
-                self._stamps.append(t_rel)
-                self._parts.append(text)
-                pos = end + lt
-                if pos == n:
+            head, lh, whole, first, quoted = fast
+            if data.startswith(head) and (m := whole(data, lh)) is not None:
+                # the usual read: one token event (its text, then the frame's tail, then
+                # nothing); four calls, the fewest this can take
+                raw = m[1]
+                try:  # a text with escapes ("\n", "\u00e9") is unescaped by the JSON parser
+                    text = loads(b'"' + raw + b'"') if _BACKSLASH in raw else raw.decode()
+                except ValueError:
+                    pass  # not UTF-8, a bad escape: the full way (and its verdict)
+                else:
+                    self._stamps.append(t_ns - self._t0)
+                    self._parts.append(text)
                     return False
-            if pos:
-                data = data[pos:]  # the rest, from an event boundary, goes the full way
+            else:  # several token events in one read (a backlog), maybe more after them
+                pos, n = 0, len(data)
+                while data.startswith(head, pos) and (
+                    (m := first(data, pos + lh)) is not None
+                    or (m := quoted(data, pos + lh)) is not None  # a text with a quote
+                ):
+                    raw = m[1]
+                    try:
+                        text = loads(b'"' + raw + b'"') if _BACKSLASH in raw else raw.decode()
+                    except ValueError:
+                        break
+                    self._stamps.append(t_ns - self._t0)
+                    self._parts.append(text)
+                    pos = m.end()
+                    if pos == n:
+                        return False
+                if pos:
+                    data = data[pos:]  # the rest, from an event boundary, goes the full way
         if not self._sse:
             return self._keep(data)
         if not self._any_event and len(self._head) < 256:
             self._head = (self._head + data[:256]).lstrip(b"\xef\xbb\xbf\r\n")
         dec = self._decoder
+        learning = self._learn and self._tpl is None
+        fresh = learning and dec.idle()  # this read starts at an event boundary
         try:  # free unless raised (zero-cost try, Python 3.11+)
             events = dec.feed_raw(data)
         except SSELimitError as exc:  # the transport closes the connection: reading stopped
@@ -102,10 +148,31 @@ class TokenFrameState(StreamState):
             t_rel = t_ns - self._t0
             if len(events) == 1 and self._learn:
                 return self._learn_frame(data, events[0], t_rel)
+            if fresh:
+                return self._learn_each(data, events, t_rel)
             for ev_data, ev_type, _, _ in events:
                 if self._event(ev_data, ev_type, t_rel):
                     return True
         self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        return False
+
+    def _learn_each(self, data: bytes, events: list[RawEvent], t_rel: int) -> bool:
+        """A read of several whole events, while the frame is not learned yet: each is
+        interpreted as if it had come in a read of its own (``_learn_frame``), so that a stream
+        read behind its server (a first read holding the head, the role chunk and a few tokens;
+        a backlog) still learns its frame and leaves the full way. The read is cut at its blank
+        lines; one that does not cut into exactly its events is interpreted without learning.
+        """
+        raws = data.split(b"\n\n")
+        whole = len(raws) == len(events) + 1 and not raws[-1] and b"\r" not in data
+        for i, event in enumerate(events):
+            if whole and self._learn and self._tpl is None:
+                failed = self._learn_frame(raws[i] + b"\n\n", event, t_rel)
+            else:
+                failed = self._event(event[0], event[1], t_rel)
+            if failed:
+                return True
+        self._fast = self._tpl if self._tpl is not None and self._decoder.idle() else None
         return False
 
     def _learn_frame(self, data: bytes, event: RawEvent, t_rel: int) -> bool:
@@ -151,7 +218,8 @@ class TokenFrameState(StreamState):
                         end = start + len(raw)
                         head, tail = data[:start], data[end:]
                         if self._frame_holds(head, tail, event[1]):
-                            self._tpl = (head, tail, start, len(data) - end)
+                            plain, quoted = _text_then(tail)
+                            self._tpl = (head, start, plain.fullmatch, plain.match, quoted.match)
                         break
         self._fast = self._tpl if self._tpl is not None and dec.idle() else None
         return failed
@@ -173,7 +241,7 @@ class TokenFrameState(StreamState):
         if hasattr(self, "__dict__"):  # a subclass without __slots__
             scratch.__dict__.update(self.__dict__)
         scratch.record = RequestRecord(self.record.request_id)
-        scratch._stamps, scratch._parts = array("q"), []
+        scratch._stamps, scratch._parts = [], []
         scratch._outcome, scratch.done, scratch.usage = None, False, self.usage
         failed = scratch._event(events[0][0], event_type, 0)
         return (

@@ -101,7 +101,7 @@ def responses_input(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             )
             continue
         if m.get("content"):
-            items.append({"role": role, "content": m["content"]})
+            items.append({"role": role, "content": _responses_content(m["content"])})
         for c in m.get("tool_calls") or ():
             fn = c["function"]
             items.append(
@@ -148,5 +148,37 @@ def anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                 )
             out.append({"role": "assistant", "content": blocks})
         else:
-            out.append({"role": role, "content": m.get("content") or ""})
+            out.append({"role": role, "content": _anthropic_content(m.get("content") or "")})
     return out
+
+
+def _anthropic_content(content: Any) -> Any:
+    """OpenAI content parts as Messages blocks: an ``image_url`` becomes an ``image`` block
+    (base64 from a ``data:`` URL, else a ``url`` source)."""
+    if not isinstance(content, list):
+        return content
+    out: list[dict[str, Any]] = []
+    for part in content:
+        if part.get("type") != "image_url":
+            out.append(part)
+            continue
+        url = part["image_url"]["url"]
+        if url.startswith("data:") and ";base64," in url:
+            media, data = url[5:].split(";base64,", 1)
+            out.append({"type": "image", "source": {"type": "base64", "media_type": media,
+                                                    "data": data}})  # fmt: skip
+        else:
+            out.append({"type": "image", "source": {"type": "url", "url": url}})
+    return out
+
+
+def _responses_content(content: Any) -> Any:
+    """OpenAI content parts as Responses ones: ``input_text`` and ``input_image``."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "input_image", "image_url": p["image_url"]["url"]}
+        if p.get("type") == "image_url"
+        else {"type": "input_text", "text": p.get("text", "")}
+        for p in content
+    ]

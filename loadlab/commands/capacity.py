@@ -55,8 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="weights and KV cache dtype")
     f.add_argument("--compute-efficiency", type=float, help="achieved / peak FLOP/s (0.6)")
     f.add_argument("--bandwidth-efficiency", type=float, help="achieved / peak bytes/s (0.8)")
-    f.add_argument("--prefix-hit-rate", type=float, default=0.0, metavar="H",
-                   help="fraction of prompt tokens served from a prefix cache (0.5)")  # fmt: skip
+    f.add_argument("--prefix-hit-rate", type=float, metavar="H",
+                   help="fraction of prompt tokens served from a prefix cache, e.g. 0.5 "
+                   "(default: none); prices only the uncached prefill and counts shared "
+                   "prefix blocks once, so it needs --model, --hardware and --prompt-tokens")  # fmt: skip
     f.add_argument("--shared-prefixes", type=int, default=1, metavar="P",
                    help="distinct cached prefixes per GPU, counted once each (default 1)")  # fmt: skip
     f.add_argument("--reserve", type=float, default=DEFAULT_MEMORY_RESERVE_FRACTION,
@@ -183,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         from loadlab.capacity.measured import run_vs_measured
 
         return run_vs_measured(args)
+    _check_prefix_hit_rate(args)
     out: dict[str, object] = {}
     if args.simulate:
         from loadlab.simulate.capacity import run_capacity
@@ -199,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model and args.prompt_tokens:
             hw = _hardware(args)
             check = MemoryCheck(_model(args, hw), hw, args.prompt_tokens, args.batch, args.reserve,
-                                args.prefix_hit_rate, args.shared_prefixes)  # fmt: skip
+                                args.prefix_hit_rate or 0.0, args.shared_prefixes)  # fmt: skip
         elif args.model or args.prompt_tokens:
             print("note: the memory cross-check needs --model, --hardware and --prompt-tokens",
                   file=sys.stderr)  # fmt: skip
@@ -215,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
             if args.prompt_tokens is None or args.completion_tokens is None:
                 raise ConfigError("sizing needs --prompt-tokens and --completion-tokens too")
             check = MemoryCheck(m, hw, args.prompt_tokens, args.batch, args.reserve,
-                                args.prefix_hit_rate, args.shared_prefixes)  # fmt: skip
+                                args.prefix_hit_rate or 0.0, args.shared_prefixes)  # fmt: skip
             plan = size_first_principles(
                 check, int(args.completion_tokens), args.peak_rps, args.headroom
             )
@@ -237,6 +240,26 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         _write_json(args.json_out, out)
     return 0
+
+
+def _check_prefix_hit_rate(args: argparse.Namespace) -> None:
+    """``--prefix-hit-rate`` changes a first-principles estimate (the memory check and the
+    prefill price need the model and the prompt); where it could change nothing, say so."""
+    if args.prefix_hit_rate is None:
+        return
+    if args.simulate:
+        raise ConfigError(
+            "--prefix-hit-rate does not apply to --simulate: the simulated server's prefix "
+            "cache serves the workload's own prompts (give a --scenario whose prompts share "
+            "prefixes, and --prefix-caching on)"
+        )
+    if not (args.model and args.prompt_tokens):
+        raise ConfigError(
+            "--prefix-hit-rate changes the estimate only with --model, --hardware and "
+            "--prompt-tokens (it prices the uncached part of each prefill and counts shared "
+            "prefix blocks once); from --decode-tokens-per-s alone, prefill is inside "
+            "--headroom: lower --headroom instead"
+        )
 
 
 def _write_json(path: str, out: dict[str, object]) -> None:

@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slo", metavar="FILE", help="SLO file: adds goodput (requests meeting it, per s)"
     )
+    parser.add_argument(
+        "--pricing", metavar="FILE", help="prices by label (docs/cost.md): adds cost rows"
+    )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
     parser.add_argument(
@@ -70,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
     check_bootstrap(args.bootstrap)
     spec = load_slo(args.slo) if args.slo else None
     runs = [read_said(p, "compare") for p in args.results]
+    if args.pricing:  # each file priced by its label's table (else its endpoint's, else all)
+        from loadlab.analysis.cost import apply_pricing
+
+        for r, label in zip(runs, labels, strict=True):
+            apply_pricing(r, args.pricing, label)
     requests = sum(len(r.records) for r in runs)
     if requests > 200_000:
         say("compare", f"{args.bootstrap:,} bootstrap resamples of {requests:,} requests ...")

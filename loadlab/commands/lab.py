@@ -4,7 +4,7 @@
     loadlab lab --quick                          # tiny preset, seconds (what the tests run)
     loadlab lab --preset 1b --out reports/lab-gpu   # one GPU
     loadlab lab --modes continuous,chunked --duration 60
-    loadlab lab --prefix-cache [--quick]         # only the prefix-cache experiment (issue 18)
+    loadlab lab --prefix-cache [--quick]         # only the prefix-cache experiment
 
 Writes ``<out>/lab.md``, ``lab.html``, ``lab.json`` and one results file per mode, experiment
 and round (``loadlab report <out>/chunked-interference-r1.json`` reads any of them).

@@ -15,6 +15,7 @@ slo`` is the CI gate.)
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     parser.add_argument("--csv", metavar="FILE", help="write the per-request table as CSV")
     parser.add_argument("--slo", metavar="FILE", help="add the verdict against this SLO file")
+    parser.add_argument("--pricing", metavar="FILE", help="price the run with this pricing file")
     parser.add_argument(
         "--inconclusive",
         choices=("fail", "pass"),
@@ -77,7 +79,7 @@ def _cell(v: object) -> object:
 
 def run(args: argparse.Namespace) -> int:
     from loadlab.commands import read_said
-    from loadlab.journal import read_journal
+    from loadlab.journal import journal_note, read_journal
     from loadlab.report.text import render_summary, render_verdict
     from loadlab.results import write_results
     from loadlab.slo import evaluate, load_slo
@@ -86,10 +88,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a results file or --from-journal JOURNAL (one of them)")
     if args.out and not args.from_journal:
         raise ConfigError("--out writes a results file rebuilt with --from-journal; give that")
+    if args.results and not args.from_journal:
+        from loadlab.analysis.recorded import is_recorded_trace, render_trace_summary, trace_summary
+
+        if is_recorded_trace(args.results):  # a `loadlab record` trace, not a results file
+            print(render_trace_summary(trace_summary(args.results)))
+            return 0
     if args.from_journal:
         results = read_journal(args.from_journal)
+        note = journal_note(results)
+        if note:
+            print(f"loadlab report: {args.from_journal}: {note}", file=sys.stderr)
     else:
         results = read_said(args.results, "report")
+    if args.pricing:  # prices applied after the run (the file's own otherwise)
+        from loadlab.analysis.cost import apply_pricing
+
+        apply_pricing(results, args.pricing)
     source = args.results or args.from_journal
     spec = load_slo(args.slo) if args.slo else None
     print(render_summary(results))

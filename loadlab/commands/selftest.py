@@ -2,9 +2,11 @@
 server whose chunk write times are the truth (see ``loadlab.selftest.accuracy`` for the definitions).
 
     loadlab selftest                       # rising load: 1, 16, 64, 128, 256 streams
-    loadlab selftest --preset issue64      # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
-    loadlab selftest --preset issue256      # 256 streams at 5 ms ITL, two loadlab processes
+    loadlab selftest --preset streams64    # 64 streams, TTFT 100 ms, ITL 20 ms, 64 tokens, 640 requests
+    loadlab selftest --preset streams256   # 256 streams at 5 ms ITL, two loadlab processes
     loadlab selftest --levels 1,32 --ttft-ms 20 --itl-ms 5 --tokens 32
+    loadlab selftest --wire --endpoint http://127.0.0.1:8000 --model M   # your server, judged
+                                           # by the kernel's packet times (loadlab.wire.check)
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from pathlib import Path
 from loadlab.errors import ConfigError
 from loadlab.report.output import check_output, write_output
 from loadlab.results import write_results
-from loadlab.selftest.accuracy import PRESETS, SelftestConfig, render_levels, run_selftest
+from loadlab.selftest.accuracy import (
+    PRESETS,
+    SelftestConfig,
+    preset_name,
+    render_levels,
+    run_selftest,
+)
+from loadlab.wire.check import WIRE_ONLY, add_wire_arguments, run_command
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 
@@ -28,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--preset",
         choices=sorted(PRESETS),
+        type=preset_name,
         default="default",
         help="a named load (default: default)",
     )
@@ -39,11 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--workers",
         type=int,
-        help="loadlab processes (the server runs in one more; default 1, 2 for --preset issue256)",
+        help="loadlab processes (the server runs in one more; default 1, 2 for --preset streams256)",
     )
     a("--ttft-tol-ms", type=float, help="tolerance on the TTFT error p99")
     a("--itl-tol-ms", type=float, help="tolerance on the ITL p99 error")
     a("--out", metavar="FILE", help="results file (default reports/selftest-<UTC time>.json)")
+    add_wire_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> SelftestConfig:
@@ -72,6 +83,8 @@ def config_from_args(args: argparse.Namespace) -> SelftestConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.wire or any(getattr(args, f) is not None for f in WIRE_ONLY):
+        return run_command(args)  # the user's endpoint, judged by a packet capture
     sc = config_from_args(args)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(args.out) if args.out else Path("reports") / f"selftest-{stamp}.json"

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loadlab.commands import run as run_cmd
+from loadlab.commands.flags import add_run_arguments, config_from_args
 
 if TYPE_CHECKING:
     from loadlab.simulate.steptime import StepTimeModel
@@ -42,7 +43,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from loadlab.simulate.setup import add_server_arguments, add_step_arguments
 
-    run_cmd.add_arguments(p)  # the same load: run's flags (endpoint flags only label the file)
+    add_run_arguments(p)  # the same load: run's flags (endpoint flags only label the file)
     add_server_arguments(p)
     add_step_arguments(p)
     f = p.add_argument_group("fit a step-time model")
@@ -96,27 +97,29 @@ def _fit(args: argparse.Namespace) -> StepTimeModel | int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlab.analysis.summary import overload_note
     from loadlab.results import write_results
+    from loadlab.runner.run import check, settle
     from loadlab.simulate import Simulator
     from loadlab.simulate.fit import extrapolation
     from loadlab.simulate.setup import jitter_as_asked, server_from_args, step_model_from_args
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     fitted = _fit(args) if args.fit_reference or args.fit_results or args.fit_steps else None
     if isinstance(fitted, int):
         return fitted
     try:
-        cfg = run_cmd.config_from_args(args)
-        run_cmd._check(cfg)
+        cfg = config_from_args(args)
+        check(cfg)
         step_model = jitter_as_asked(args, fitted) if fitted else step_model_from_args(args)
         server = server_from_args(args, step_model)
     except ValueError as exc:
         print(f"loadlab simulate: {exc}", file=sys.stderr)
         return 2
     print(f"loadlab simulate: {server.mode}, {step_model.describe()}", file=sys.stderr)
-    try:
-        out = Simulator(cfg, server, step_model).run(build_requests(without_asking(cfg)))
+    cfg = settle(cfg, log=lambda line: print(f"loadlab simulate: {line}", file=sys.stderr))
+    try:  # no prompt sizing: a simulation reads the requested token counts, not the text
+        out = Simulator(cfg, server, step_model).run(build_requests(cfg))
     except ValueError as exc:
         print(f"loadlab simulate: {exc}", file=sys.stderr)
         return 2
@@ -133,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = write_results(results, Path(cfg.out or f"reports/predicted-{stamp}.json"))
     print(run_cmd.summary_text(results))
+    overloaded = overload_note(results)
+    if overloaded:
+        run_cmd.warn(f"loadlab simulate: the simulated server is {overloaded}")
     print(
         f"predicted: {out.num_steps:,} steps ({out.stretch_steps:,} by the decode shortcut), "
         f"{out.preemptions} preemptions, {len(out.requests):,} requests in {out.wall_s:.2f} s"
     )
     print(f"results: {path}")
-    return run_cmd._slo_exit(cfg, results)
+    return run_cmd.slo_exit_code(cfg, results)

@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--junit", metavar="FILE", help="also write JUnit XML (one case per objective)"
     )
+    parser.add_argument("--pricing", metavar="FILE", help="price the run with this pricing file")
     parser.add_argument(
         "--markdown",
         metavar="FILE",
@@ -68,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         print(render_verdict(verdict), end="")
         _write_outputs(args, verdict, None)
         return verdict.exit_code
+    if args.pricing:  # prices applied after the run (the file's own otherwise)
+        from loadlab.analysis.cost import apply_pricing
+
+        apply_pricing(results, args.pricing)
     verdict = evaluate(results, spec, inconclusive=args.inconclusive)
     print(render_summary(results))
     print(render_verdict(verdict), end="")

@@ -5,8 +5,10 @@
     loadlab sweep --slo slo.toml --concurrencies 1,2,4,8,16 --duration 20   # embedded server
 
 Each level is one ``loadlab run`` (every ``run`` flag applies: workload, scenario, warm-up,
-seed...) judged by the SLO file; rising levels until one fails, then bisection between the
-last pass and the first fail. Writes one results file per level, ``sweep.json`` (the
+seed...) judged by the SLO file's ceilings; rising levels until one fails, then bisection
+between the last pass and the first fail. The file's floors (``output_tokens_per_s >= 1000``)
+are set aside, as ``capacity --simulate`` does (a low load fails them by design), and judged
+at the highest passing level. Writes one results file per level, ``sweep.json`` (the
 summary) and ``sweep.html`` (the curve) into ``--out-dir``, and prints the latency-throughput curve with its knee. Exit code:
 0 when some level met the SLOs, 1 when none did, 2 on bad input.
 
@@ -28,11 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadlab.commands import run as run_command
+from loadlab.commands.flags import add_run_arguments, config_from_args
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError, at_least, require
 from loadlab.report.output import check_folder, write_output
-from loadlab.runner.prompt_sizing import prepared_sizing
 
 if TYPE_CHECKING:
     from loadlab.config import RunConfig
@@ -44,7 +45,6 @@ __all__ = ["add_arguments", "parse_levels", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    run_command.add_arguments(p)  # every run flag: the levels are runs
     s = p.add_argument_group("sweep")
     s.add_argument(
         "--rates",
@@ -60,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--mode", default="continuous", help="embedded reference server mode")
     s.add_argument("--predict", action="store_true",
                    help="also simulate the sweep; print and plot predicted beside measured")  # fmt: skip
+    add_run_arguments(p)  # every run flag: the levels are runs
     from loadlab.simulate.setup import add_server_arguments, add_step_arguments
 
     add_server_arguments(p, mode=False)  # --mode above is the simulated server's too
@@ -91,7 +92,15 @@ def _server(mode: str, preset: str) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadlab.runner.sweep import Level, find_max_load, render_html, run_level
+    from loadlab.runner.sweep import (
+        Level,
+        ceilings_only,
+        find_max_load,
+        floors_line,
+        judge_floors,
+        render_html,
+        run_level,
+    )
 
     if (args.rates is None) == (args.concurrencies is None):
         raise ConfigError("give exactly one of --rates R1,R2,.. or --concurrencies C1,C2,..")
@@ -104,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")
     from loadlab.slo import load_slo  # scipy: only once the flags are right
 
-    spec = load_slo(args.slo)
+    full_spec = load_slo(args.slo)
+    spec, floors = ceilings_only(full_spec)  # one stream never meets a throughput floor
     step = None
     if args.predict:  # a model file that cannot be used is said before anything is measured
         from loadlab.simulate.setup import step_model_from_args
@@ -114,9 +124,12 @@ def run(args: argparse.Namespace) -> int:
         args.rate = levels[0]
     else:
         args.concurrency = int(levels[0])
-    base = run_command.config_from_args(args)
+    base = config_from_args(args)
     if not base.endpoints:
         require("server", "the embedded reference server (no --endpoint)")
+    from loadlab.runner.run import prepare, settle
+
+    base = settle(base, log=_say)  # one seed for the sweep; each level derives its own
     from loadlab.workloads import rate_unit
 
     unit = rate_unit(base.workload) if mode == "rate" else "streams"
@@ -125,29 +138,36 @@ def run(args: argparse.Namespace) -> int:
     check_folder(out_dir, "--out-dir")
 
     def sweep(endpoint: EndpointConfig) -> int:
+        from loadlab.runner.preflight import preflight
+
+        checked, _, notes = preflight(base.replace(endpoints=(endpoint,)))
+        endpoint = checked.endpoints[0]  # the served model; a request that cannot fit: exit 2
+        for note in notes:
+            print(f"loadlab sweep: {note}", file=sys.stderr)
+        if floors:
+            print(f"loadlab sweep: {floors_line(floors)}", file=sys.stderr)
+        # The prompt sizing (a tokenizer, or asking the server) is made once for every level.
+        prepared = prepare(base, endpoint, log=_say)
+
         def evaluate(load: float) -> Level:
             print(f"loadlab sweep: {mode} {load:g} {unit} ...", file=sys.stderr, flush=True)
-            lv = run_level(base, endpoint, spec, load, mode, out_dir, args.inconclusive)
+            lv = run_level(base, prepared, spec, load, mode, out_dir, args.inconclusive)
             verdict = "PASS" if lv.passed else ("INVALID" if lv.exit_code == 2 else "FAIL")
             print(f"  -> {verdict} {lv.path}", file=sys.stderr)
             for why in lv.failed_objectives:
                 print(f"     {why}", file=sys.stderr)
             return lv
 
-        # The prompt sizing (a tokenizer, or asking the server) is resolved once for every
-        # level, not probed again before each (run_load reuses an outer resolution).
-        with prepared_sizing(base.replace(endpoints=(endpoint,))) as warnings:
-            for w in warnings:
-                print(f"loadlab sweep: {w}", file=sys.stderr)
-            result = find_max_load(
-                evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
-            )
+        result = find_max_load(
+            evaluate, levels, args.bisect_steps, mode == "concurrency", mode, unit
+        )
+        result.floors = judge_floors(result, full_spec)
         summary = out_dir / "sweep.json"
         write_output(
             summary, "--out-dir", lambda p: p.write_text(json.dumps(result.to_dict(), indent=2))
         )
         page = out_dir / "sweep.html"
-        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result)))
+        write_output(page, "--out-dir", lambda p: p.write_text(render_html(result, full_spec)))
         print(result.to_text())
         print(f"summary: {summary}; plot: {page}")
         if args.predict:
@@ -159,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
         return sweep(base.endpoints[0])
     with _server(args.mode, args.preset) as url:
         return sweep(EndpointConfig(url=url, name="reference", model=base_model(args)))
+
+
+def _say(line: str) -> None:
+    print(f"loadlab sweep: {line}", file=sys.stderr)
 
 
 def base_model(args: argparse.Namespace) -> str:
@@ -176,7 +200,6 @@ def _predict(args: argparse.Namespace, step: StepTimeModel, base: RunConfig, spe
     from loadlab.simulate.setup import server_from_args
     from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     server = server_from_args(args, step)
     print(f"loadlab sweep: predicting ({server.mode}; {step.describe()}) ...", file=sys.stderr)
@@ -184,7 +207,7 @@ def _predict(args: argparse.Namespace, step: StepTimeModel, base: RunConfig, spe
                                       bisect_steps=args.bisect_steps, inconclusive=args.inconclusive)  # fmt: skip
     for lv in measured.levels:  # predict every measured load, for the curves
         if lv.load not in runs:
-            cfg = without_asking(level_config(base, lv.load, mode))
+            cfg = level_config(base, lv.load, mode)  # no sizing: a simulation counts no text
             runs[lv.load] = Simulator(cfg, server, step).run(build_requests(cfg)).to_results()
     measured_runs = {lv.load: read_results(lv.path) for lv in measured.levels if lv.path}
     curves = {"measured": curves_of(measured_runs), "predicted": curves_of(runs)}

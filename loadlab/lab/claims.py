@@ -8,7 +8,7 @@ measurement was busy (other processes, steal, the server's step jitter; see
 an effect has not disproved it, and one that is quiet and still does not show it says that
 these settings do not show it here.
 
-The figures (issue 20) do not depend on how many gaps a stream happens to have:
+The figures do not depend on how many gaps a stream happens to have:
 
 =========  ==================================================================  =========
 claim      figure, per round                                                   threshold
@@ -34,7 +34,7 @@ from loadlab.lab.figures import ratio
 
 __all__ = ["CHECKS", "CLAIMS", "condense", "judge", "judge_claims"]
 
-# The lesson's claims (../shared/seed/), each number in the report names one of them.
+# The lesson's claims, each number in the report names one of them.
 CLAIMS = {
     "decode": "decode is memory-bandwidth-bound → batching multiplies decode throughput",
     "prefill": "prefill is compute-bound → batching barely helps prefill",

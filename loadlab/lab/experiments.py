@@ -50,9 +50,9 @@ from loadlab.lab.machine import MachineWatch, Placement, pin, placement_report, 
 from loadlab.lab.settings import ALL_MODES, LabSettings
 from loadlab.records import RequestSpec
 from loadlab.results import Results, merge_results, write_results
+from loadlab.runner.endpoint import run_endpoint
+from loadlab.runner.run import Prepared, prepare
 from loadlab.runner.runner import run_async
-from loadlab.runner.workers import run_endpoint
-from loadlab.workloads import build_requests
 
 __all__ = [
     "EXPERIMENTS",
@@ -192,16 +192,16 @@ def experiment_configs(s: LabSettings, url: str, experiment: str) -> list[RunCon
     return [streams, longs]
 
 
-def _specs(cfg: RunConfig, offset_s: float) -> Iterator[RequestSpec]:
-    for spec in build_requests(cfg):
+def _specs(cfg: RunConfig, offset_s: float, prepared: Prepared) -> Iterator[RequestSpec]:
+    for spec in prepared.build(cfg):
         if offset_s and spec.intended_at_s is not None:
             spec = dataclasses.replace(spec, intended_at_s=spec.intended_at_s + offset_s)
         yield spec
 
 
-def batch_specs(cfg: RunConfig, lengths: list[int]) -> list[RequestSpec]:
+def batch_specs(cfg: RunConfig, lengths: list[int], prepared: Prepared) -> list[RequestSpec]:
     """The batch job's documents, each asking for exactly its own answer length."""
-    specs = list(build_requests(cfg))
+    specs = list(prepared.build(cfg))
     return [
         dataclasses.replace(
             spec, max_tokens=n, extra_body={**spec.extra_body, "min_tokens": n, "ignore_eos": True}
@@ -210,10 +210,14 @@ def batch_specs(cfg: RunConfig, lengths: list[int]) -> list[RequestSpec]:
     ]
 
 
-async def _run_parts(parts_in: list[tuple[RunConfig, Iterator[RequestSpec]]]) -> Results:
+async def _run_parts(
+    parts_in: list[tuple[RunConfig, Iterator[RequestSpec]]], prepared: Prepared
+) -> Results:
     t0 = time.perf_counter_ns() + 50_000_000  # every part waits for the same start
     parts = [
-        run_endpoint(cfg, cfg.endpoints[0], specs, t0_ns=t0, scrape=i == 0)
+        run_endpoint(
+            cfg, prepared.endpoint, specs, t0_ns=t0, scrape=i == 0, token_ends=prepared.token_ends
+        )
         for i, (cfg, specs) in enumerate(parts_in)
     ]
     done = list(await asyncio.gather(*parts))
@@ -252,14 +256,15 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
 
 def _run_experiment(s: LabSettings, url: str, mode: str, experiment: str, round_no: int) -> Results:
     cfgs = experiment_configs(s, url, experiment)
+    prepared = prepare(cfgs[0], cfgs[0].endpoints[0])  # the parts share one endpoint
     if experiment == "batch":
-        parts = [(cfgs[0], iter(batch_specs(cfgs[0], job_lengths(s))))]
+        parts = [(cfgs[0], iter(batch_specs(cfgs[0], job_lengths(s), prepared)))]
     else:
         offsets = [0.0, s.long_first_s][: len(cfgs)]
-        parts = [(c, _specs(c, off)) for c, off in zip(cfgs, offsets, strict=True)]
+        parts = [(c, _specs(c, off, prepared)) for c, off in zip(cfgs, offsets, strict=True)]
     watch = MachineWatch.start()
     before = _counters(url)
-    results = run_async(_run_parts(parts))
+    results = run_async(_run_parts(parts, prepared))
     after = _counters(url)
     machine = watch.stop()
     try:

@@ -2,8 +2,8 @@
 many gaps a stream happens to have, nor on how fast this machine decodes.
 
 The pooled p99 ITL sees a long prompt's stall only when stalls are more than 1 % of all gaps,
-which changes with the decode speed (issue 20: a quiet run's stalls were under 1 % and the
-p99 missed them). So the lab judges interference per stream instead:
+which changes with the decode speed (on a quiet machine the stalls are under 1 % and the
+p99 misses them). So the lab judges interference per stream instead:
 
 - a long prompt's **prefill window** is its TTFT interval: from its send to its first token
   (queued or prefilled; in ``continuous`` mode every decode waits for it);

@@ -23,7 +23,8 @@ Example::
     >>> ship = RecordShipper(worker=1, host="a", t0_perf_ns=10, t0_wall_ns=0)
     >>> ship.add(RequestRecord("r1", sent_ns=5, chunk_ns=[7]))
     >>> col = RecordCollector(host="a", t0_perf_ns=0, t0_wall_ns=0)
-    >>> col.add_batch("node-1", ship.take_batch(final=True))
+    >>> [r.request_id for r in col.add_batch("node-1", ship.take_batch(final=True))]
+    ['r1']
     >>> col.records[0].sent_ns, col.records[0].worker, col.finished_nodes
     (15, 1, {'node-1'})
 """
@@ -135,13 +136,14 @@ class RecordCollector:
             return int(batch["t0_perf_ns"]) - self.t0_perf_ns
         return int(batch["t0_wall_ns"]) - self.t0_wall_ns
 
-    def add_batch(self, node_id: str, batch: Mapping[str, Any]) -> None:
+    def add_batch(self, node_id: str, batch: Mapping[str, Any]) -> list[RequestRecord]:
+        """Take a worker's batch; returns its records on the collector's time base."""
         delta = self.offset_ns(batch)
         worker = int(batch["worker"])
-        for d in batch["records"]:
-            r = shift_record(RequestRecord.from_dict(d), delta)
+        added = [shift_record(RequestRecord.from_dict(d), delta) for d in batch["records"]]
+        for r in added:
             r.worker = worker
-            self.records.append(r)
+        self.records += added
         self.seen_nodes.add(node_id)
         self.workers_by_node[node_id] = worker
         self.shipped_by_node[node_id] = int(batch.get("shipped", 0))
@@ -150,6 +152,7 @@ class RecordCollector:
             self.generator_by_node[node_id] = dict(batch["generator"])
         if batch.get("final"):
             self.finished_nodes.add(node_id)
+        return added
 
     def generator_summary(self, threshold_ms: float) -> dict[str, Any]:
         """Saturated when any worker's gevent loop lag p99 passed ``threshold_ms``."""

@@ -15,6 +15,13 @@ Roles (one per process)::
 The file is written in the ``quitting`` event (Locust fires it before deciding the exit code,
 so ``--slo`` can set ``environment.process_exit_code``). On Ctrl-C the master also stops and
 drains its workers there first.
+
+Nothing is lost to a dead master: at ``init``, before any user starts, the master (or single
+process) checks loadlab's options and starts the journal of ``--loadlab-out``
+(``loadlab.journal``): a bad option is exit 2 there. Every batch it takes in (every second) is
+appended to the journal from a thread, so a master killed with ``kill -9`` leaves every record
+that reached it for ``loadlab report --from-journal``. Workers that ``--processes`` forked ask
+Linux for SIGTERM when the master dies, and stop with it.
 """
 
 from __future__ import annotations
@@ -22,18 +29,24 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import logging
+import os
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import gevent
 from locust.runners import STATE_INIT, STATE_MISSING, STATE_STOPPED, MasterRunner, WorkerRunner
 
 from loadlab.analysis.metrics import LogHistogram
+from loadlab.errors import UsageError
+from loadlab.journal import JournalWriter, default_out_path, prepare_output, save_results
 from loadlab.locust.collect import RecordCollector, RecordShipper
-from loadlab.locust.options import config_from_options, default_out_path
+from loadlab.locust.options import check_options, config_from_options
 from loadlab.records import RequestRecord
-from loadlab.results import Results, environment_info, write_results
+from loadlab.results import Results, environment_info
+from loadlab.runner import signals
 
 __all__ = ["install", "next_user_seed", "record_done", "request_started", "t0_ns"]
 
@@ -60,6 +73,10 @@ class _State:
         self.measuring_lag = False
         self.cpu = (0.0, 0.0)  # (process CPU s, monotonic s) at test_start
         self.cpu_percent = 0.0  # CPU used while users ran, % of one core
+        self.out: Path | None = None  # the results file (master or local)
+        self.journal: JournalWriter | None = None
+        self.unjournaled: list[RequestRecord] = []  # taken in, not yet handed to the journal
+        self.journaling: gevent.Greenlet | None = None
 
 
 _S = _State()
@@ -119,13 +136,18 @@ def _on_init(environment: Any, **_: Any) -> None:
     runner = environment.runner
     if isinstance(runner, MasterRunner):
         _S.role = "master"
+        _start_journal(environment.parsed_options)
         runner.register_message(MESSAGE, _on_records)
         _wrap_master_quit(environment)
     elif isinstance(runner, WorkerRunner):
         _S.role = "worker"
+        if getattr(environment.parsed_options, "processes", None):
+            _die_with_master()
         gevent.spawn(_flusher, environment)
     else:
         _S.role = "local"
+        _start_journal(environment.parsed_options)
+        gevent.spawn(_local_flusher)
     if _S.role != "master":
         # Build the prompt corpus now: done by the first user, it would block the gevent loop
         # (and every other user's timestamps) for a few hundred ms mid-run.
@@ -173,7 +195,7 @@ def _on_test_stop(environment: Any, **_: Any) -> None:
         _send(environment, final=True)
     elif _S.role == "local" and _S.shipper is not None and _S.collector is not None:
         if not _S.shipper.final_sent:
-            _S.collector.add_batch("local", _batch(final=True))
+            _journal(_S.collector.add_batch("local", _batch(final=True)))
     if _S.role in ("local", "master") and _S.stop_ns is None:
         _S.stop_ns = time.perf_counter_ns()
 
@@ -223,6 +245,14 @@ def _flusher(environment: Any) -> None:
             _send(environment, final=False)
 
 
+def _die_with_master() -> None:
+    """A worker ``--processes`` forked gets SIGTERM when its master dies, even by ``kill -9``
+    (Locust's own heartbeat would let it load the endpoint for another minute)."""
+    signals.stop_parent_death()
+    if os.getppid() == 1:  # the master died before the request took effect
+        os._exit(1)
+
+
 def _lag_monitor(ship: RecordShipper) -> None:
     # How late the gevent loop wakes a sleeper: the delay every chunk timestamp may carry.
     while _S.shipper is ship and _S.measuring_lag:
@@ -241,7 +271,56 @@ def _lag_monitor(ship: RecordShipper) -> None:
 def _on_records(environment: Any, msg: Any, **_: Any) -> None:
     if _S.collector is None:
         _S.collector = RecordCollector.start_now(_S.host)
-    _S.collector.add_batch(str(msg.node_id), msg.data)
+    _journal(_S.collector.add_batch(str(msg.node_id), msg.data))
+
+
+def _local_flusher() -> None:
+    """One process: its records reach the collector, and the journal, every second too."""
+    while True:
+        gevent.sleep(FLUSH_INTERVAL_S)
+        ship, col = _S.shipper, _S.collector
+        if ship is not None and col is not None and ship.pending and not ship.final_sent:
+            _journal(col.add_batch("local", _batch(final=False)))
+
+
+# ------------------------------------------------------------------ the journal
+
+
+def _start_journal(opts: Any) -> None:
+    """Check loadlab's options and start the journal before any user runs; exit 2 if bad."""
+    out = Path(getattr(opts, "loadlab_out", "") or default_out_path("locust"))
+    try:
+        check_options(opts)
+        journal = prepare_output(
+            out,
+            {
+                "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "kind": "locust",
+                "endpoint": "locust",
+                "config": config_from_options(opts),
+            },
+            flag="--loadlab-out",
+        )
+    except UsageError as exc:
+        print(f"locust: loadlab: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    _S.out, _S.journal = out, JournalWriter(journal)
+
+
+def _journal(records: list[RequestRecord]) -> None:
+    """Hand records to the journal: one greenlet writes them, from a thread, in order."""
+    if _S.journal is None or not records:
+        return
+    _S.unjournaled += records
+    if _S.journaling is None or _S.journaling.dead:
+        _S.journaling = gevent.spawn(_write_journal, _S.journal)
+
+
+def _write_journal(writer: JournalWriter) -> None:
+    while _S.unjournaled:
+        batch, _S.unjournaled = _S.unjournaled, []
+        # a thread: the encoding and the fsync never hold up the loop that stamps tokens
+        gevent.get_hub().threadpool.apply(writer.write, (batch,))
 
 
 def _wrap_master_quit(environment: Any) -> None:
@@ -304,8 +383,8 @@ def _results(environment: Any) -> Results:
     )
     threshold = float(getattr(opts, "saturation_lag_ms", 20.0))
     results.generator = col.generator_summary(threshold)
-    out = getattr(opts, "loadlab_out", "") or default_out_path()
-    results.extra["locust"]["out"] = out
+    out = _S.out or Path(getattr(opts, "loadlab_out", "") or default_out_path("locust"))
+    results.extra["locust"]["out"] = str(out)
     return results
 
 
@@ -317,14 +396,20 @@ def _locust_version() -> str:
 
 def _finish(environment: Any, results: Results) -> None:
     """Write the file, print loadlab's summary, and turn an SLO verdict into the exit code."""
-    path = write_results(results, results.extra["locust"]["out"])
+    if _S.journaling is not None:
+        _S.journaling.join()  # every record in the journal before it is dropped
     info = results.extra["locust"]
-    log.info(
-        "loadlab: %d records from %d worker(s) written to %s",
-        len(results.records),
-        results.workers,
-        path,
-    )
+    out = Path(info["out"])
+    path, note = save_results(results, out, _S.journal.journal if _S.journal else None)
+    if note:
+        log.error("loadlab: %s", note)
+    if path is not None:
+        log.info(
+            "loadlab: %d records from %d worker(s) written to %s",
+            len(results.records),
+            results.workers,
+            path,
+        )
     from loadlab.report.text import render_summary
 
     print(render_summary(results), flush=True)
@@ -333,6 +418,8 @@ def _finish(environment: Any, results: Results) -> None:
         environment.process_exit_code = _slo_exit_code(results, slo_path)
     if info["workers_missing_final"] and not environment.process_exit_code:
         environment.process_exit_code = 3  # incomplete records never pass silently
+    if path != out:  # elsewhere, or nowhere: not the file asked for
+        environment.process_exit_code = max(environment.process_exit_code or 0, 2)
 
 
 def _slo_exit_code(results: Results, slo_path: str) -> int:

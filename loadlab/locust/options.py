@@ -13,13 +13,21 @@ Example::
 
 from __future__ import annotations
 
-import time
+import math
 from typing import Any
 
 from loadlab.config import EndpointConfig
+from loadlab.errors import ConfigError
 from loadlab.headers import public_url
+from loadlab.limits import MAX_DURATION_S, MAX_TOKENS
 
-__all__ = ["OPTION_NAMES", "add_options", "config_from_options", "endpoint_from_options"]
+__all__ = [
+    "OPTION_NAMES",
+    "add_options",
+    "check_options",
+    "config_from_options",
+    "endpoint_from_options",
+]
 
 # (flag, argparse kwargs). Kept as data so config_from_options can list exactly these.
 _OPTIONS: list[tuple[str, dict[str, Any]]] = [
@@ -56,7 +64,8 @@ _OPTIONS: list[tuple[str, dict[str, Any]]] = [
         "--loadlab-out",
         {
             "default": "",
-            "help": "loadlab results file written at exit (default reports/locust-<UTC time>.json)",
+            "help": "loadlab results file written at exit "
+            "(default reports/locust-<UTC time>-<pid>.json)",
         },
     ),
     ("--slo", {"default": "", "help": "SLO file (TOML): the exit code follows its verdict"}),
@@ -109,8 +118,38 @@ def endpoint_from_options(opts: Any, host: str | None) -> EndpointConfig:
     )
 
 
-def default_out_path() -> str:
-    return time.strftime("reports/locust-%Y%m%dT%H%M%SZ.json", time.gmtime())
+# option -> (lowest, highest, whether the lowest itself is allowed)
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "prompt_tokens": (1, MAX_TOKENS, True),
+    "max_tokens": (1, MAX_TOKENS, True),
+    "turns": (1, MAX_TOKENS, True),
+    "think_time": (0, MAX_DURATION_S, True),
+    "request_timeout": (0, MAX_DURATION_S, False),
+    "read_timeout": (0, MAX_DURATION_S, False),
+    "loadlab_final_wait": (0, MAX_DURATION_S, True),
+    "saturation_lag_ms": (0, MAX_DURATION_S * 1000, False),
+}
+
+
+def check_options(opts: Any) -> None:
+    """loadlab's options, checked before any user starts (the master's, or the single
+    process's): raises ``ConfigError`` naming the flag and what it takes. ``--loadlab-out``
+    is checked by starting its journal (``loadlab.journal.prepare_output``)."""
+    for name, (lo, hi, closed) in _RANGES.items():
+        value = getattr(opts, name, None)
+        if value is None:
+            continue
+        x = float(value)
+        if not (math.isfinite(x) and (x >= lo if closed else x > lo) and x <= hi):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} must be a finite number {'>=' if closed else '>'} {lo:g} and "
+                f"<= {hi:,.0f}, got {value}"
+            )
+    if getattr(opts, "slo", ""):
+        from loadlab.slo import load_slo
+
+        load_slo(opts.slo)
 
 
 def config_from_options(opts: Any) -> dict[str, Any]:

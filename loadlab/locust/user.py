@@ -104,7 +104,7 @@ def workload_specs(workload: Mapping[str, Any], seed: int) -> Iterator[RequestSp
         )
         produced = False
         # Built when asked, not 2,048 ahead: a user starts on the live gevent loop, and reading
-        # ahead took ~80 ms per user, so a 20 users/s ramp blocked the loop (issue 17).
+        # ahead took ~80 ms per user, so a 20 users/s ramp would block the loop.
         for spec in build_requests(cfg, read_ahead=0):
             produced = True
             if round_ == 0:

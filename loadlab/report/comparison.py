@@ -53,7 +53,7 @@ def _header(cmp: Comparison) -> list[str]:
         for i, (label, n) in enumerate(zip(cmp.labels, runs, strict=True))
     ]
     for label in cmp.labels[1:]:
-        head += [f"{label} vs {base}", ""]
+        head += [f"{label} vs {base}", "verdict"]
     return ["metric", *head]
 
 
@@ -62,6 +62,11 @@ def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
         f"Intervals: {(1 - cmp.alpha) * 100:g} % for the whole table (Bonferroni over "
         f"{len(cmp.rows)} rows); latency by a bootstrap over requests, rates by Fisher's exact test."
     ]
+    if any(r.metric.startswith("usd_") for r in cmp.rows):
+        out.append(
+            "Cost rows: each setup's prices (docs/cost.md), bootstrapped over its sessions (API "
+            "prices) or whole seconds of the window (GPU-hours)."
+        )
     if any(n > 1 for n in cmp.repeats):
         out.append(
             "Files that share a label are runs of one setup: the bootstrap draws the runs, then "
@@ -82,7 +87,7 @@ def footer_lines(cmp: Comparison, pct: float | None) -> list[str]:
         {f"{r.metric}: {r.note}" for r in cmp.rows if r.note.startswith(("not", "fewer"))}
     )
     out += notes
-    out += [f"WARNING: {w}" for w in cmp.warnings]
+    out += [f"WARNING: {w}" for w in (*cmp.warnings, *cmp.cautions)]
     return out
 
 

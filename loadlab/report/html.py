@@ -22,14 +22,25 @@ import jinja2
 from markupsafe import Markup, escape
 
 from loadlab._version import __version__
+from loadlab.analysis.batch_job import batch_jobs
 from loadlab.analysis.prefix_cache import prefix_cache_summary
 from loadlab.analysis.server_metrics import server_series
-from loadlab.analysis.summary import summarize
+from loadlab.analysis.summary import interrupted_note, summarize
+from loadlab.analysis.telemetry import energy_of, telemetry_of
 from loadlab.records import printable
 from loadlab.report import plots
 from loadlab.report.comparison import change_cell, footer_lines
+from loadlab.report.cost import cost_rows, energy_rows
 from loadlab.report.prefix_cache import prefix_cache_rows
-from loadlab.report.text import PCT_KEYS, fmt_num, latency_rows, pct_cells
+from loadlab.report.telemetry import gpu_plot
+from loadlab.report.text import (
+    NOT_STREAMED_LINE,
+    PCT_KEYS,
+    fmt_num,
+    latency_rows,
+    pct_cells,
+    short_error,
+)
 
 if TYPE_CHECKING:
     from loadlab.analysis.compare import Comparison
@@ -84,20 +95,33 @@ def _ci(r: ObjectiveResult) -> str:
     return f"{lo} – {hi}"
 
 
+def _rounded(data: Any) -> Any:
+    """Floats to 6 significant digits (2.9413063599999996 -> 2.94131), inside lists too."""
+    if isinstance(data, float):
+        return float(f"{data:.6g}")
+    if isinstance(data, list | tuple):
+        return [_rounded(x) for x in data]
+    return data
+
+
 def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested config as (dotted key, JSON value) rows."""
+    """Nested config as (dotted key, JSON value) rows, floats rounded (``_rounded``)."""
     if isinstance(data, Mapping) and data:
         rows = []
         for k, v in data.items():
             rows += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
         return rows
-    text = data if isinstance(data, str) else json.dumps(data, default=str, ensure_ascii=False)
+    if isinstance(data, str):
+        return [(prefix or "(value)", data)]
+    text = json.dumps(_rounded(data), default=str, ensure_ascii=False)
     return [(prefix or "(value)", text)]
 
 
 def _errors(results: Results, limit: int = 20) -> list[tuple[str, int]]:
     c = Counter(
-        printable(f"{r.outcome}: {r.error}") for r in results.records if r.failed and r.error
+        printable(f"{r.outcome}: {short_error(r.error, 400)}")
+        for r in results.records
+        if r.failed and r.error
     )
     return c.most_common(limit)
 
@@ -126,9 +150,12 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "workers": results.workers,
         "window": f"{(hi - lo) / 1e9:.2f} s",
         "saturated": results.saturated,
+        "interrupted": interrupted_note(results.extra),
         "lag": fmt_num(results.generator.get("loop_lag_ms_max")),
         "pct_keys": PCT_KEYS,
         "latency": [(label, d.count, pct_cells(d)) for label, d in latency_rows(results, s)],
+        "not_streamed": "" if s.streamed else NOT_STREAMED_LINE,
+        "batch_jobs": batch_jobs(results),
         "counts": c,
         "failed_text": f"{c.failed:,} of {c.sent:,}" if c.failed else "0",
         "tp": s.throughput,
@@ -143,7 +170,9 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
             "server": plots.server_side(results),
             "prompt": plots.ttft_vs_prompt(results),
             "timeline": plots.timeline(results),
+            "gpu": gpu_plot(results),
         },
+        **_cost_context(results),
         "server_sources": [(k, v[2]) for k, v in series.items()],
         "prefix_cache": prefix_cache_rows(pc) if (pc := prefix_cache_summary(results)) else [],
         "config": _flatten(results.config),
@@ -151,6 +180,17 @@ def render_html(results: Results, verdict: Verdict | None = None, source: str = 
         "generator": _flatten(gen) if gen else [],
     }
     return render_template("report.html.j2", **ctx)
+
+
+def _cost_context(results: Results) -> dict[str, Any]:
+    """The cost and energy rows (``loadlab.report.cost``) and the GPU source's name."""
+    energy = energy_of(results)
+    tel = telemetry_of(results)
+    return {
+        "cost": cost_rows(results),
+        "energy": energy_rows(energy) if energy is not None else [],
+        "gpu_source": tel.get("source", "") if tel else "",
+    }
 
 
 def _write(text: str, path: str | Path) -> Path:
@@ -190,7 +230,7 @@ def render_comparison_html(
         "rows": rows,
         "gate": cmp.exit_code(fail_on_regression_pct),
         "pct": fail_on_regression_pct,
-        "warnings": list(cmp.warnings),
+        "warnings": [*cmp.warnings, *cmp.cautions],
         "footer": footer_lines(cmp, fail_on_regression_pct),
         "cdfs": plots.comparison_cdfs(runs, numbered_labels(run_labels or cmp.labels)),
     }

@@ -9,18 +9,21 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loadlab.analysis import metrics, vectors
+from loadlab.analysis.batch_job import BatchJob, batch_jobs
 from loadlab.analysis.columns import NONE, columns_of
 from loadlab.analysis.generator import parser_fell_behind, worst_process
 from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
-from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, summarize
+from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, interrupted_note, summarize
 from loadlab.records import RequestRecord, printable
+from loadlab.report.cost import cost_lines
 from loadlab.report.prefix_cache import render_prefix_cache_text
 
 if TYPE_CHECKING:
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from loadlab.slo import ObjectiveResult, Verdict
 
 __all__ = [
+    "batch_job_text",
     "fmt_num",
     "latency_rows",
     "objective_line",
@@ -35,6 +39,7 @@ __all__ = [
     "render_summary",
     "render_table",
     "render_verdict",
+    "short_error",
     "slowest_requests",
 ]
 
@@ -77,6 +82,35 @@ def fmt_num(v: Any, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
+
+
+def short_error(text: str, width: int = 160) -> str:
+    """An error on one line: the ``message`` of a JSON error body in place of the body (an
+    OpenAI-shaped ``{"error": {"message": ...}}``), then, if still longer than ``width``, cut
+    at a word boundary with an ellipsis; never mid-word, never inside JSON.
+
+    >>> short_error('HTTP 400: {"error":{"message":"prompt too long","type":"inval...')
+    'HTTP 400: prompt too long'
+    >>> short_error("one two three four", 12)
+    'one two…'
+    """
+    head, brace, body = text.partition("{")
+    if brace:
+        found = _JSON_MESSAGE.search(body)
+        message = found.group(1).replace('\\"', '"').replace("\\\\", "\\") if found else None
+        if message:
+            text = head + message
+        elif len(text) > width:  # a JSON body with no message: not cut inside
+            text = head + "{…}"
+    text = re.sub(r"[ \t\r\n]+", " ", text).strip()  # one line
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut).rstrip(" ,;:") + "…"
+
+
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
     """Aligned columns; ``align`` has one letter per column, l or r (default: l then r...)."""
     align = align or "l" + "r" * (len(header) - 1)
@@ -101,13 +135,24 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
     """(label, distribution) for each latency metric shown (from-intended only for open loop)."""
     open_loop = is_open_loop(results)
     same = summary.itl_per_token_ms == summary.itl_ms  # one token per chunk: nothing to add
+    # embeddings / rerank only: nothing streamed, so only end-to-end latency applies
+    texts = columns_of(results.records).ints["inputs"]
+    pooled = bool(texts.size) and not (texts == NONE).any()
     return [
         (label, summary.latency(name))
         for label, name, ol in LATENCY_ROWS
         if (open_loop or not ol)
         and (summary.reasoning_or_tools or name not in ANSWER_METRICS)
         and not (same and name == "itl_per_token_ms")
+        and (summary.streamed or name not in metrics.STREAM_METRICS)
+        and not (pooled and not name.startswith("e2e"))
     ]
+
+
+NOT_STREAMED_LINE = (
+    "not streamed: each answer came whole, so TTFT, ITL and TPOT do not apply (left out, "
+    "not zero); E2E is the time to the whole answer"
+)
 
 
 def _saturation_banner(results: Results) -> str:
@@ -173,20 +218,22 @@ def slowest_requests(results: Results, n: int = 5) -> list[RequestRecord]:
     return [cols.record(int(i)) for i in order]
 
 
-def _slowest_table(results: Results) -> str:
-    """The slowest requests with loadlab's id and the server's (to find them in its logs)."""
+def _slowest_table(results: Results, streamed: bool) -> str:
+    """The slowest requests with loadlab's id and the server's (to find them in its logs);
+    TTFT only where the requests were streamed."""
     rows = [
         [
             printable(r.request_id),
             printable(r.response_id or "-"),
-            fmt_num(metrics.ttft_ms(r)),
+            *([fmt_num(metrics.ttft_ms(r))] if streamed else []),
             fmt_num(metrics.e2e_ms(r)),
             fmt_num(metrics.output_token_count(r)),
         ]
         for r in slowest_requests(results)
     ]
-    header = ["slowest requests", "server id", "TTFT (ms)", "E2E (ms)", "tokens"]
-    return render_table(header, rows, "llrrr")
+    ttft = ["TTFT (ms)"] if streamed else []
+    header = ["slowest requests", "server id", *ttft, "E2E (ms)", "tokens"]
+    return render_table(header, rows, "ll" + "r" * (len(header) - 2))
 
 
 def _trace_line(t: dict[str, Any]) -> str:
@@ -204,6 +251,21 @@ def _trace_line(t: dict[str, Any]) -> str:
     return (
         f"trace       {t.get('format', '?')} {t.get('path', '?')}: {t.get('rows_read', 0):,} rows "
         f"read, {t.get('requests', 0):,} requests; skipped: {', '.join(skipped) or 'none'}"
+    )
+
+
+def batch_job_text(job: BatchJob) -> str:
+    """A batch job's completion time and rates (``loadlab.analysis.batch_job``), two lines."""
+    head = (f"batch job   class {job.request_class}: {job.documents:,} documents "
+            f"({job.ok:,} ok, {job.failed:,} failed)")  # fmt: skip
+    if job.completion_s is None:
+        return head + "; none completed"
+    e2e = job.e2e_ms
+    return (
+        f"{head}; job completion time {fmt_num(job.completion_s, 2)} s (first send to last "
+        f"token)\n            {fmt_num(job.documents_per_s, 2)} documents/s   output "
+        f"{fmt_num(job.output_tokens_per_s)} tok/s   total {fmt_num(job.total_tokens_per_s)} "
+        f"tok/s   E2E per document p50 {fmt_num(e2e.at(50))} ms  p99 {fmt_num(e2e.at(99))} ms"
     )
 
 
@@ -233,6 +295,9 @@ def render_summary(results: Results) -> str:
     head = f"run {results.started_at or '-'}  kind {results.kind}  workers {results.workers}"
     head += f"  window {fmt_num((hi - lo) / 1e9, 2)} s ({fmt_num(lo / 1e9, 2)} to {fmt_num(hi / 1e9, 2)} s)"
     parts.append(head)
+    stopped = interrupted_note(results.extra)
+    if stopped is not None:
+        parts.append(f"{stopped}: not valid evidence for an SLO gate.")
     if results.saturated:
         parts.append(_saturation_banner(results))
     failed = f"{c.failed:,} of {c.sent:,}" if c.failed else "0"
@@ -241,12 +306,20 @@ def render_summary(results: Results) -> str:
         vals = [fmt_num(v) for v in pct_cells(d)]
         rows.append([f"{label} (ms)", fmt_num(d.count), *vals, failed])
     parts.append(render_table(["latency", "n", *PCT_KEYS, "failed (not in n)"], rows))
+    if not s.streamed:
+        parts[-1] += "\n" + NOT_STREAMED_LINE
     t = s.throughput
     parts.append(
         f"throughput  output {fmt_num(t.output_tokens_per_s)} tok/s   "
         f"total {fmt_num(t.total_tokens_per_s)} tok/s   "
         f"requests {fmt_num(t.requests_per_s, 2)} req/s"
+        + (
+            f"   inputs {fmt_num(t.inputs_per_s, 2)}/s   input {fmt_num(t.input_tokens_per_s)} tok/s"
+            if t.inputs_per_s is not None
+            else ""
+        )
     )
+    parts.extend(batch_job_text(job) for job in batch_jobs(results))
     err_pct = f" ({c.error_rate * 100:.1f} %)" if c.sent else ""
     by = ", ".join(f"{k} {v:,}" for k, v in c.by_outcome.items() if k != "ok") or "none"
     sent = f"outcomes    scheduled {c.scheduled:,}  sent {c.sent:,}  ok {c.ok:,}  "
@@ -258,7 +331,7 @@ def render_summary(results: Results) -> str:
     )
     first_error = _first_error(results)
     if first_error:
-        parts[-1] += f"\n            first error: {printable(first_error[:160])}"
+        parts[-1] += f"\n            first error: {printable(short_error(first_error))}"
     lost = (results.extra.get("locust") or {}).get("lost_by_worker") or {}
     if lost:
         parts[-1] += (
@@ -283,13 +356,14 @@ def render_summary(results: Results) -> str:
     if s.reasoning_or_tools:
         parts.append(_token_kinds_line(s))
     if columns_of(results.records).text["response_id"].given().any():
-        parts.append(_slowest_table(results))
+        parts.append(_slowest_table(results, s.streamed))
     if s.token_count_disagreements:
         parts.append(
             f"note        {s.token_count_disagreements} requests: server usage and streamed "
             "chunks disagree on the output token count"
         )
     parts.extend(_length_lines(s))
+    parts.extend(cost_lines(results))  # prices and GPU energy, when the run has them
     if results.saturated:
         parts.append("GENERATOR SATURATED: this run cannot pass an SLO gate.")
     return "\n\n".join(parts) + "\n"

@@ -1,8 +1,10 @@
-"""Sizing prompts by asking the endpoint: ``server``, ``calibrate`` and ``auto``.
+"""How a run sizes each endpoint's prompts: ``size_prompts(cfg, endpoint)``, from the run's
+``tokenizer``, once per endpoint before any request is built; the ``Sizing`` is handed to
+``build_requests``.
 
-A local tokenizer sizes prompts inside the workload (``loadlab.workloads.exact``). The methods
-that ask the endpoint send requests (``loadlab.clients.counting``), which the data layers must
-not do, so they are resolved here, once per endpoint, before the requests are built:
+A tokenizer loadlab holds counts locally (``loadlab.workloads.exact``). The methods that ask
+the endpoint send requests (``loadlab.clients.counting``), which the data layers must not do,
+so they are resolved here:
 
     server      the endpoint's counting route (/tokenize, /v1/tokenize, count_tokens), or an error
     calibrate   two one-token requests (``usage.prompt_tokens``: overhead and characters per
@@ -13,35 +15,24 @@ not do, so they are resolved here, once per endpoint, before the requests are bu
 
 Example::
 
-    with prepared_sizing(cfg) as warnings:   # probes each of cfg.endpoints once
-        for line in warnings:
-            print(line, file=sys.stderr)
-        specs = build_requests(cfg)          # finds the sizing resolved above
+    how = size_prompts(cfg, endpoint)        # asks the endpoint once, if it has to
+    if how is not None and how.warning:
+        print(how.warning, file=sys.stderr)
+    specs = build_requests(cfg.replace(endpoints=(endpoint,)), how)
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import numpy as np
 
 from loadlab.clients.counting import calibrate, server_counter, server_says_byte
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.workloads.exact import (
-    AsksServer,
-    PromptFitter,
-    Sizing,
-    forget_sizing,
-    local_sizing,
-    remember_sizing,
-    sizing,
-)
+from loadlab.workloads.exact import PromptFitter, Sizing, local_sizing, tokenizer_sizing
 from loadlab.workloads.params import WorkloadError
 from loadlab.workloads.prompts import prompt_text
-from loadlab.workloads.tokenizers import ByteTokens
+from loadlab.workloads.tokenizers import SERVER_METHODS, ByteTokens
 
-__all__ = ["FALLBACK_CHARS_PER_TOKEN", "ask_endpoint", "prepared_sizing"]
+__all__ = ["FALLBACK_CHARS_PER_TOKEN", "ask_endpoint", "size_prompts"]
 
 # ``auto`` with nothing to count with: English text under GPT- and Llama-style BPE vocabularies
 FALLBACK_CHARS_PER_TOKEN = 4.0
@@ -98,34 +89,26 @@ def ask_endpoint(ep: EndpointConfig, method: str) -> Sizing:
             FALLBACK_CHARS_PER_TOKEN,
             None,
             warning=(
-                f"loadlab run: endpoint {ep.name}: prompt lengths are estimates at "
+                f"endpoint {ep.name}: prompt lengths are estimates at "
                 f"{FALLBACK_CHARS_PER_TOKEN:g} characters per token ({why}); for exact lengths "
                 "give --tokenizer (the model's tokenizer folder or tokenizer.json)"
             ),
         )
 
 
-@contextlib.contextmanager
-def prepared_sizing(cfg: RunConfig) -> Iterator[list[str]]:
-    """Resolve every endpoint's sizing once, before the run; yields the warnings to print.
-    Inside, ``build_requests`` finds them; on exit those resolved here are forgotten, so a
-    later run against a new server on the same address asks again. Nested calls reuse what an
-    outer one resolved."""
-    spec = cfg.workload.get("tokenizer")
-    warnings: list[str] = []
-    added = []
-    if spec is not None and spec != "none":
-        spec = str(spec)
-        for ep in cfg.endpoints:
-            try:
-                how = sizing(cfg.replace(endpoints=(ep,)), spec)
-            except AsksServer as need:
-                how = ask_endpoint(ep, need.method)
-                added.append(remember_sizing(spec, ep, how))
-            if how.warning:
-                warnings.append(how.warning)
-    try:
-        yield warnings
-    finally:
-        for key in added:
-            forget_sizing(key)
+def size_prompts(cfg: RunConfig, endpoint: EndpointConfig) -> Sizing | None:
+    """How ``endpoint``'s prompts are sized in this run, from ``cfg.tokenizer``: made once per
+    endpoint before any request is built and passed to whatever builds them (``--workers``
+    processes get it from the parent). None: prompts are drafts (``tokenizer = "none"``, or a
+    workload that gives its own ``chars_per_token`` estimate). May ask the endpoint
+    (``server``, ``calibrate``, ``auto``, or a local tokenizer without the chat template a chat
+    API needs), so never from inside a running load."""
+    spec = cfg.tokenizer
+    if spec == "none" or cfg.workload.get("chars_per_token") is not None:
+        return None
+    if spec not in SERVER_METHODS:
+        local = tokenizer_sizing(spec, endpoint.api)
+        if local is not None:
+            return local
+        spec = "auto"  # no chat template: only the endpoint can count its chat prompts
+    return ask_endpoint(endpoint, spec)

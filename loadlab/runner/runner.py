@@ -373,8 +373,8 @@ class Runner:
                 results = tuple(tool_result(c["id"], spec.prompt) for c in calls)
                 spec = dataclasses.replace(spec, tool_results=results)
             done = await self._send(spec, history, intended_ns)
-            if not done.record.ok:
-                return
+            if not done.record.ok or k + 1 == len(unit):
+                return  # (a lone request, most of a run's, builds no history)
             calls = done.tool_calls
             history.extend(spec.new_messages())
             history.append(assistant_turn(done.text, calls))

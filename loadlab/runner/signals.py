@@ -1,4 +1,4 @@
-"""Stop signals: SIGINT, SIGTERM and SIGHUP all end a run the same way (issue 17, item 1).
+"""Stop signals: SIGINT, SIGTERM and SIGHUP all end a run the same way.
 
 What each does (docs/failure-and-recovery.md):
 
@@ -13,9 +13,9 @@ What each does (docs/failure-and-recovery.md):
 
 ``install()`` puts this module's handler in place for one command; ``run_endpoint`` replaces it
 while its runs last with one that notes the signal and stops every run of the process
-(``Runner.stop``; ``loadlab.runner.workers._StopSignals``), and calls ``begin_run()`` so that
+(``Runner.stop``; ``loadlab.runner.endpoint._StopSignals``), and calls ``begin_run()`` so that
 from then on a signal is only noted. The state is per process: a
-``--workers`` child has its own copy and is stopped by its parent (``loadlab.runner.workers``).
+``--workers`` child has its own copy and is stopped by its parent (``loadlab.runner.fanout``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from loadlab.errors import ConfigError
 from loadlab.records import pick
-from loadlab.runner.sweep import Level, SweepResult, find_max_load, judge_level, level_config
+from loadlab.runner.sweep import (
+    Level,
+    SweepResult,
+    ceilings_only,
+    find_max_load,
+    floors_line,
+    judge_level,
+    level_config,
+)
 from loadlab.simulate.engine import Simulator
 
 if TYPE_CHECKING:
@@ -69,12 +77,11 @@ def predicted_sweep(
     objective it cannot yet decide at the SLO's confidence (0 errors in 150 requests against
     ``error_rate <= 0.01``) is not held against it; beside a measured sweep, use its policy."""
     from loadlab.workloads import build_requests
-    from loadlab.workloads.exact import without_asking
 
     runs: dict[float, Any] = {}
 
     def evaluate(load: float) -> Level:
-        cfg = without_asking(level_config(base, load, mode))  # no server counts a simulation
+        cfg = level_config(base, load, mode)  # no prompt sizing: no server counts a simulation
         cfg = enough_requests(cfg, spec.min_requests)
         results = Simulator(cfg, server, model).run(build_requests(cfg)).to_results()
         runs[float(load)] = results
@@ -256,22 +263,9 @@ def run_capacity(args: Any, model_spec: Any, hardware: Any) -> dict[str, Any]:
     print(f"simulated server: {server.mode}, max_num_seqs {server.max_num_seqs}, "
           f"{server.num_kv_blocks:,} KV blocks; {step.describe()}")  # fmt: skip
     if dropped:
-        print("not searched on (floors fail at low load by design): " + ", ".join(dropped))
+        print(floors_line(dropped))
     print(plan.to_text())
     return plan.to_dict()
-
-
-def ceilings_only(spec: SLOSpec) -> tuple[SLOSpec, list[str]]:
-    """The SLO without its floors (``output_tokens_per_s >= 1000``, ``goodput_rps >= 4``):
-    a search for the highest load that meets the SLO cannot use objectives that a low load
-    fails by design. Returns the ceilings and the floors' text."""
-    import dataclasses
-
-    floors = [str(o) for o in spec.objectives if not o.upper_bound]
-    keep = tuple(o for o in spec.objectives if o.upper_bound)
-    if not keep:
-        raise ConfigError(f"{spec.source or 'the SLO'} has no upper-bound objective to search on")
-    return dataclasses.replace(spec, objectives=keep), floors
 
 
 def _base_config(args: Any, run_config: Any, prompt: int, completion: int) -> RunConfig:

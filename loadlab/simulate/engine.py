@@ -191,7 +191,7 @@ class Simulator:
         self.model = step_model
         self.join = chat_join_tokens
         self.fast = fast
-        seed = int(cfg.seed or 0) & (2**63 - 1)  # each worker's step jitter stream
+        seed = cfg.request_seed & (2**63 - 1)  # each worker's step jitter stream
         if server.mode == "disaggregated":
             pre, dec = make_workers(server)
             pre_model = step_model

@@ -58,6 +58,7 @@ __all__ = [
     "fit_reference",
     "fit_results",
     "fit_step_log",
+    "fit_warning",
     "measure_reference",
     "points_from_results",
     "points_from_step_log",
@@ -188,7 +189,26 @@ def residual_table(model: StepTimeModel) -> str:
     ranges = ", ".join(f"{k} {lo:g}-{hi:g}" for k, (lo, hi) in model.fit_range.items())
     if ranges:
         lines.append(f"fitted on: {ranges}")
+    poor = fit_warning(model)
+    if poor:
+        lines.append(poor)
     return "\n".join(lines)
+
+
+POOR_FIT_RMS_PCT = 25.0  # a fit whose steps miss by more than this (rms) is said to be poor
+
+
+def fit_warning(model: LinearStepTime) -> str | None:
+    """A line when the fit's own points miss it by ``POOR_FIT_RMS_PCT`` or more (rms): a
+    step time that far off moves every latency the simulator predicts as far."""
+    rms = model.residuals.get("rms_error_pct")
+    if rms is None or rms < POOR_FIT_RMS_PCT:
+        return None
+    worst = model.residuals.get("max_abs_error_pct", rms)
+    return (f"WARNING: a poor fit: its own steps miss it by {rms:.0f} % rms (worst "
+            f"{worst:.0f} %), so predictions from it can be off by as much. The steps vary "
+            "more than their sizes explain: fit on a log taken under a steadier load, or on "
+            "more steps of each shape, and check the residuals above")  # fmt: skip
 
 
 def extrapolation(

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from loadlab.analysis import metrics
+from loadlab.analysis import cost, metrics, telemetry
 from loadlab.errors import TOO_DEEP, SLOError, at_least
 
 __all__ = [
+    "COST_METRICS",
     "DIST_METRICS",
     "RATE_METRICS",
     "Objective",
@@ -41,7 +42,12 @@ RATE_METRICS = (
     "output_tokens_per_s",
     "total_tokens_per_s",
     "requests_per_s",
+    "inputs_per_s",  # embeddings and rerank
+    "input_tokens_per_s",
 )
+# What the run cost and the energy it used (docs/cost.md): whole-run figures from its prices
+# and GPU telemetry, e.g. "usd_per_million_output_tokens <= 2.0".
+COST_METRICS = (*cost.COST_METRICS, *telemetry.ENERGY_METRICS)
 Status = Literal["pass", "fail", "inconclusive"]
 Policy = Literal["fail", "pass"]
 _OPS = ("<=", ">=", "<", ">")
@@ -72,11 +78,11 @@ class Objective:
                     f"{self.metric} needs a percentile between 0 and 100, "
                     f"e.g. {self.metric}.p95 <= 500"
                 )
-        elif self.metric in RATE_METRICS:
+        elif self.metric in RATE_METRICS or self.metric in COST_METRICS:
             if self.percentile is not None:
                 raise ValueError(f"{self.metric} is a whole-run figure: drop the .p suffix")
         else:
-            known = ", ".join(DIST_METRICS + RATE_METRICS)
+            known = ", ".join(DIST_METRICS + RATE_METRICS + COST_METRICS)
             raise ValueError(f"unknown metric {self.metric!r}; known: {known}")
         if not math.isfinite(self.threshold):
             raise ValueError(f"threshold must be a finite number, got {self.threshold}")

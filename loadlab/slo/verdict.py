@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,10 @@ import numpy as np
 
 from loadlab.analysis import metrics, vectors
 from loadlab.analysis.columns import NONE, RecordColumns, columns_of
-from loadlab.records import pick
+from loadlab.analysis.cost import pricing_of, run_cost
+from loadlab.analysis.summary import interrupted_note
+from loadlab.analysis.telemetry import energy_of
+from loadlab.records import RequestRecord, pick
 from loadlab.slo.intervals import (
     MAX_N,
     Bounds,
@@ -28,7 +31,7 @@ from loadlab.slo.intervals import (
     proportion_bounds_at,
     proportion_ci,
 )
-from loadlab.slo.spec import DIST_METRICS, Objective, Policy, SLOSpec, Status
+from loadlab.slo.spec import COST_METRICS, DIST_METRICS, Objective, Policy, SLOSpec, Status
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -194,8 +197,36 @@ def _eval_proportion(obj: Objective, k: int, n: int, conf: float) -> ObjectiveRe
     return ObjectiveResult(obj, p_hat, status, lo, hi, n, extra, note)
 
 
+def _eval_cost(
+    obj: Objective, results: Results, recs: Sequence[RequestRecord], window: tuple[int, int]
+) -> ObjectiveResult:
+    """A cost figure at the run's prices, or an energy figure from its GPU power series: a
+    point value over the window (no interval); a run without them fails and says why."""
+    n = metrics.count_outcomes(recs).sent  # records one by one: only a cost objective asks
+    if obj.metric.startswith("joules_"):
+        e = energy_of(results)
+        if e is None or e.missing:
+            why = e.missing if e is not None else "the run has no GPU telemetry (--gpu-metrics)"
+            return ObjectiveResult(obj, None, "fail", n=n, note=why)
+        value = getattr(e, obj.metric)
+        note = "the whole run's GPUs over the window (no interval)"
+    else:
+        pricing = pricing_of(results)
+        bill = run_cost(recs, window, pricing) if pricing is not None else None
+        if pricing is None or bill is None:
+            note = ("the run has no prices: run it with --pricing FILE or --price, or give "
+                    "this command --pricing FILE")  # fmt: skip
+            return ObjectiveResult(obj, None, "fail", n=n, note=note)
+        value = bill.figure(obj.metric)
+        note = f"at {pricing.describe()} (no interval)"
+    if value is None:
+        return ObjectiveResult(obj, None, "fail", n=n, note="nothing completed in the window")
+    status: Status = "pass" if obj.holds(value) else "fail"
+    return ObjectiveResult(obj, float(value), status, n=n, note=note)
+
+
 def _eval_one(
-    obj: Objective, cols: RecordColumns, spec: SLOSpec, window: tuple[int, int]
+    obj: Objective, results: Results, cols: RecordColumns, spec: SLOSpec, window: tuple[int, int]
 ) -> ObjectiveResult:
     mine = np.ones(cols.n, dtype=bool)
     if obj.request_class is not None:
@@ -203,8 +234,14 @@ def _eval_one(
         if not mine.any():
             note = f"no requests of class {obj.request_class!r} in this run"
             return ObjectiveResult(obj, None, "fail", note=note)
+    if obj.metric in metrics.STREAM_METRICS and not _streamed(cols, mine):
+        return ObjectiveResult(obj, None, "fail", note=NOT_STREAMED)
     if obj.metric in DIST_METRICS:
         return _eval_distribution(obj, cols, mine, window, spec.confidence)
+    if obj.metric in COST_METRICS:
+        recs = [r for r in results.records if r.request_class == obj.request_class] if (
+            obj.request_class is not None) else results.records  # fmt: skip
+        return _eval_cost(obj, results, recs, window)
     counts = vectors.count_outcomes(cols, mask=mine)
     if obj.metric == "error_rate":
         return _eval_proportion(obj, counts.failed, counts.sent, spec.confidence)
@@ -219,10 +256,41 @@ def _eval_one(
             ", ".join(f"{k} <= {v:g}" for k, v in limits.items()) or "no per-request limits"
         )
     else:
-        value = float(getattr(vectors.throughput(cols, window, mask=mine), obj.metric))
+        rate = getattr(vectors.throughput(cols, window, mask=mine), obj.metric)
+        if rate is None:  # inputs_per_s of a run that sent no embeddings or rerank requests
+            return ObjectiveResult(obj, None, "inconclusive", n=counts.sent,
+                                   note="no embeddings or rerank requests in this run")  # fmt: skip
+        value = float(rate)
         note = "a rate over the measurement window (no interval)"
     status: Status = "pass" if obj.holds(value) else "fail"
     return ObjectiveResult(obj, value, status, n=counts.sent, note=note)
+
+
+NOT_STREAMED = "not measured: the requests were not streamed"
+
+
+def _streamed(cols: RecordColumns, mine: np.ndarray | None = None) -> bool:
+    """Some ok request (of ``mine``) was streamed (an embedding or rerank request never is),
+    or none was ok (a failed run is judged as before)."""
+    ok = cols.ok if mine is None else cols.ok & mine
+    streamed = (cols.ints["streamed"] != 0) & (cols.ints["inputs"] == NONE)
+    return not ok.any() or bool((ok & streamed).any())
+
+
+def _unmeasured(cols: RecordColumns, spec: SLOSpec) -> str | None:
+    """The reason a run is no evidence for ``spec`` when it names a metric only a stream has
+    (TTFT, ITL, TPOT, as an objective or a per-request limit) and nothing was streamed: an
+    absent metric passes nothing (before, a non-streamed TPOT of 0.0 passed any objective)."""
+    if _streamed(cols):
+        return None
+    named = {o.metric for o in spec.objectives}
+    named |= {m for limits in spec.request_limits.values() for m in limits}
+    asked = sorted(named & set(metrics.STREAM_METRICS))
+    if not asked:
+        return None
+    return (f"{', '.join(asked)} cannot be judged: the requests were not streamed (an answer "
+            "that comes whole has no first token or gaps between tokens); run with streaming "
+            "(drop --no-stream, stream = true), or judge e2e_ms instead")  # fmt: skip
 
 
 def _window_reasons(cols: RecordColumns, window: tuple[int, int]) -> list[str]:
@@ -257,6 +325,12 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
             "lower the load, use --workers, or a bigger client machine"
         )
+    unmeasured = _unmeasured(cols, spec)
+    if unmeasured is not None:
+        reasons.append(unmeasured)
+    stopped = interrupted_note(results.extra)
+    if stopped is not None:
+        reasons.append(f"{stopped}: run it again to its end")
     if counts.sent < spec.min_requests:
         reasons.append(
             f"only {counts.sent} requests were sent; the SLO asks for at least "
@@ -264,7 +338,7 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
         )
     if counts.sent:
         reasons.extend(_window_reasons(cols, window))
-    rows = tuple(_eval_one(o, cols, spec, window) for o in spec.objectives)
+    rows = tuple(_eval_one(o, results, cols, spec, window) for o in spec.objectives)
     return Verdict(
         rows=rows,
         inconclusive_policy=inconclusive,

@@ -13,6 +13,10 @@
 
 Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
 (chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
+``cache_bust = true`` (``--cache-bust``) on any kind starts the run cold: a salt unique to the
+run goes after every prompt's first word (``salted``), so no prompt matches what the server
+cached before, while the lengths, the requests and the sharing within the run stay as they
+were (``salt = "..."`` fixes it; a ``prefix`` workload places its own).
 
 Open loop (``cfg.rate_rps`` set): specs come in order of ``intended_at_s`` (a chat session's
 later turns follow its first, with ``intended_at_s = None``). Closed loop: all ``None``.
@@ -26,7 +30,7 @@ Example::
     from loadlab.workloads import build_requests, workload_extra
 
     cfg = RunConfig(rate_rps=4, requests=100, workload={"kind": "chat", "sessions": 20})
-    specs = build_requests(cfg)
+    specs = build_requests(cfg, sizing)   # sizing: None, or one endpoint's (exact prompts)
     for spec in specs: ...
     results.extra["workload"] = workload_extra(specs)
 """
@@ -41,12 +45,23 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads import agent, batch, chat, dataset, mix, prefix, replay, synthetic
-from loadlab.workloads.base import PREFETCH_SPECS, RequestStream
-from loadlab.workloads.exact import exact_prompts, sizing
+from loadlab.workloads import (
+    agent,
+    batch,
+    chat,
+    dataset,
+    mix,
+    pooling,
+    prefix,
+    replay,
+    synthetic,
+)
+from loadlab.workloads.base import PREFETCH_SPECS, RequestStream, run_salt, with_reasoning_effort
+from loadlab.workloads.exact import Sizing, exact_prompts
 from loadlab.workloads.lengths import DATASETS
 from loadlab.workloads.params import TRACES, WorkloadError, closest, resolve_path
-from loadlab.workloads.tokenizers import resolve_tokenizer
+from loadlab.workloads.prompts import salted
+from loadlab.workloads.tokenizers import check_tokenizer
 
 __all__ = [
     "KINDS",
@@ -67,6 +82,8 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., RequestStream]]] = {
     "agent": (agent.validate, agent.agent_requests),
     "prefix": (prefix.validate, prefix.prefix_requests),
     "dataset": (dataset.validate, dataset.dataset_requests),
+    "embeddings": (pooling.validate, pooling.embedding_requests),
+    "rerank": (pooling.validate, pooling.rerank_requests),
 }
 KINDS["mix"] = (
     functools.partial(mix.validate, kinds=KINDS),
@@ -84,9 +101,11 @@ def _kind(workload: Mapping[str, Any]) -> str:
 
 
 def validate_workload(cfg: RunConfig, bases: Sequence[Path] = ()) -> None:
-    """Raise ``WorkloadError`` for the first bad ``[workload]`` key or value (files included)."""
+    """Raise ``WorkloadError`` for the first bad ``[workload]`` key or value (files included),
+    or a ``tokenizer`` that cannot be loaded."""
     kind = _kind(cfg.workload)
     KINDS[kind][0](cfg, cfg.workload, bases)
+    check_tokenizer(cfg.tokenizer, bases)
 
 
 def rate_unit(workload: Mapping[str, Any]) -> str:
@@ -101,32 +120,36 @@ def rate_unit(workload: Mapping[str, Any]) -> str:
 
 
 def build_requests(
-    cfg: RunConfig, *, chars_per_token: float = 1.0, read_ahead: int = PREFETCH_SPECS
+    cfg: RunConfig, sizing: Sizing | None = None, *, read_ahead: int = PREFETCH_SPECS
 ) -> Iterator[RequestSpec]:
     """The run's requests, lazily (endless for a closed-loop run stopped by duration), the
     first ``read_ahead`` built now (``RequestStream.read_ahead``; 0 builds each when asked).
 
-    ``chars_per_token`` is 1.0 on the reference server (byte tokenizer). A ``chars_per_token``
-    key in the workload wins over the argument. A ``tokenizer`` key (``--tokenizer``) makes
-    every prompt exactly its requested length as the server counts it
-    (``loadlab.workloads.exact``)."""
-    wl = cfg.workload
-    tokenizer = wl.get("tokenizer")
-    how = None if tokenizer in (None, "none") else sizing(cfg, str(tokenizer))
-    if wl.get("chars_per_token") is not None:
-        chars_per_token = float(wl["chars_per_token"])  # the scenario's value wins
-    elif how is not None:
-        chars_per_token = how.chars_per_token
-    if not chars_per_token > 0:
-        raise WorkloadError(f"chars_per_token must be > 0, got {chars_per_token}")
-    stream: RequestStream = KINDS[_kind(cfg.workload)][1](cfg, chars_per_token=chars_per_token)
-    if not prefix.fits_itself(cfg):  # a prefix workload with a tokenizer fits its own
-        stream = exact_prompts(stream, how)
-    effort = wl.get("reasoning_effort")
-    if effort is not None:
-        with_effort = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
-        stream = RequestStream(with_effort, stream.extra)
+    ``sizing`` makes every prompt exactly its requested length as one endpoint counts it
+    (``loadlab.workloads.exact``; the run makes it from ``cfg.tokenizer``, once per endpoint:
+    ``loadlab.runner.prompt_sizing``). Without one, prompts are drafts at the workload's
+    ``chars_per_token`` (1.0, the reference server's byte tokenizer, when it has none).
+
+    A config without a seed (``seed = None``: a run draws one first, ``RunConfig.seeded``)
+    builds the requests of seed 0 (``RunConfig.request_seed``), so a build outside a run
+    repeats."""
+    kind = _kind(cfg.workload)
+    stream: RequestStream = KINDS[kind][1](cfg, sizing)
+    if kind != "mix":  # a mix gives each part its own
+        stream = with_reasoning_effort(stream, cfg.workload)
+    salt = run_salt(cfg.workload) if kind != "prefix" else ""  # a prefix workload salts its own
+    if salt:
+        stream = _salted(stream, salt)
+    if not prefix.fits_itself(cfg, sizing):  # a prefix workload with a tokenizer fits its own
+        stream = exact_prompts(stream, sizing)  # outermost: its read-ahead is counted exactly
     return stream.read_ahead(read_ahead) if read_ahead > 0 else stream
+
+
+def _salted(stream: RequestStream, salt: str) -> RequestStream:
+    """Every prompt with the run's salt (``cache_bust``, ``salt``): unseen by the server's
+    prefix cache, the same lengths and shape (``loadlab.workloads.prompts.salted``)."""
+    specs = (dataclasses.replace(s, prompt=salted(s.prompt, salt)) for s in stream)
+    return RequestStream(specs, lambda: {**stream.extra(), "cache_bust": True, "salt": salt})
 
 
 def workload_extra(specs: Iterator[RequestSpec]) -> dict[str, Any]:
@@ -142,8 +165,6 @@ def resolve_workload_paths(workload: Mapping[str, Any], bases: Sequence[Path]) -
     """A copy of ``workload`` whose file paths are absolute (found against ``bases``, the
     working directory, then the repository root), so a run does not depend on its cwd."""
     out = dict(workload)
-    if isinstance(out.get("tokenizer"), str):
-        out["tokenizer"] = resolve_tokenizer(out["tokenizer"], bases)
     for key in _PATH_KEYS:
         if isinstance(out.get(key), str) and out[key] not in TRACES:  # a name stays a name
             out[key] = str(resolve_path(out[key], f"workload.{key}", bases))

@@ -40,7 +40,8 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for
+from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for, text_seed
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_int
 from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
@@ -97,8 +98,9 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     check_common(params, bases)
 
 
-def agent_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def agent_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     d = _dists(params, ())
     tools = tool_definitions(params.get("tools", 1))
@@ -109,9 +111,11 @@ def agent_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     counts = {"sessions": 0, "turns_planned": 0}  # a tool turn is sent only if called
 
     def specs() -> Iterator[RequestSpec]:
-        rng_turns, rng_think = rng_for(cfg.seed, "turns"), rng_for(cfg.seed, "think")
-        rng_prompt, rng_output = rng_for(cfg.seed, "prompt"), rng_for(cfg.seed, "output")
-        make = TurnMaker("agent", "a", params, cls, rng_for(cfg.seed, "text"), chars_per_token)
+        seed = cfg.request_seed
+        rng_turns, rng_think = rng_for(seed, "turns"), rng_for(seed, "think")
+        rng_prompt, rng_output = rng_for(seed, "prompt"), rng_for(seed, "output")
+        text = rng_for(text_seed(cfg), "text")
+        make = TurnMaker("agent", "a", params, cls, text, chars_per_token)
         emitted = 0
         for s, start in sessions(n_sessions, starts):
             rounds = int(d["tool_rounds"].sample_int(rng_turns, 1)[0])

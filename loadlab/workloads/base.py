@@ -8,7 +8,10 @@ lines, failed rows, thinning...), which the run command stores as
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,10 @@ __all__ = [
     "length_dists",
     "open_loop_times",
     "rng_for",
+    "run_salt",
+    "text_seed",
+    "with_reasoning_effort",
+    "with_run_salt",
 ]
 
 # keys every kind accepts
@@ -46,8 +53,9 @@ COMMON_KEYS = frozenset(
         "max_output_tokens",
         "exact_output",
         "chars_per_token",
-        "tokenizer",
         "reasoning_effort",  # passed to the API on every request (build_requests)
+        "cache_bust",  # true: every prompt salted for this run (``run_salt``): start cold
+        "salt",  # a fixed salt (two runs with one salt share their prompts)
     }
 )
 
@@ -56,15 +64,21 @@ PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
 
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7,
-            "prefix": 8, "prefix_text": 9}  # fmt: skip
+            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11, "images": 12}  # fmt: skip
 
 
 class RequestStream(Iterator[RequestSpec]):
     """An iterator of ``RequestSpec`` plus ``extra()``: what the workload did, as plain data."""
 
-    def __init__(self, specs: Iterable[RequestSpec], extra: Callable[[], dict[str, Any]]):
+    def __init__(
+        self,
+        specs: Iterable[RequestSpec],
+        extra: Callable[[], dict[str, Any]],
+        ready: Callable[[], None] | None = None,
+    ):
         self._extra = extra
         self._it: Iterator[RequestSpec] = iter(specs)
+        self._ready = ready  # called once the read-ahead is built
 
     def read_ahead(
         self, count: int = PREFETCH_SPECS, max_chars: int = PREFETCH_CHARS
@@ -75,7 +89,7 @@ class RequestStream(Iterator[RequestSpec]):
         corpus, opening a trace) and the first requests' prompt building stay off the runner's
         hot path, so they never show up as send lag, and errors in the first lines surface
         before any load. Bounded so endless streams stay cheap. A Locust user reads none
-        ahead: its stream is one of hundreds started on a live gevent loop (issue 17)."""
+        ahead: its stream is one of hundreds started on a live gevent loop."""
         ahead: list[RequestSpec] = []
         chars = 0
         while len(ahead) < count and chars < max_chars:
@@ -85,6 +99,8 @@ class RequestStream(Iterator[RequestSpec]):
             ahead.append(spec)
             chars += len(spec.prompt)
         self._it = itertools.chain(ahead, self._it)
+        if self._ready is not None:
+            self._ready()
         return self
 
     def __next__(self) -> RequestSpec:
@@ -99,12 +115,45 @@ def rng_for(seed: int, purpose: str) -> np.random.Generator:
     return np.random.default_rng([seed, PURPOSES[purpose]])
 
 
+def text_seed(cfg: RunConfig) -> int:
+    """The seed of the run's prompt text: its seed, mixed with its endpoint's name when the
+    requests are built for one (``loadlab.runner.run`` builds them per endpoint).
+
+    The endpoints of one command then send the same requests (ids, lengths, times: the other
+    purposes use the seed alone) with different text, so two that are one server never find
+    each other's prompts in its prefix cache; the same seed and endpoint repeat the text."""
+    seed = cfg.request_seed
+    if not cfg.endpoints:
+        return seed
+    key = f"{seed} {cfg.endpoints[0].name}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+def run_salt(params: Mapping[str, Any]) -> str:
+    """The workload's salt: ``salt`` when given (or drawn by ``with_run_salt``), a new one
+    with ``cache_bust`` (unique: nothing the server cached before can match it), else ""."""
+    if "salt" in params:
+        return str(params["salt"]).strip()
+    if get_bool(params, "cache_bust", False):
+        return uuid.uuid4().hex[:12]
+    return ""
+
+
+def with_run_salt(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
+    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
+    wl = cfg.workload
+    if not wl.get("cache_bust") or "salt" in wl:
+        return cfg
+    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
+
+
 def open_loop_times(cfg: RunConfig, n: int | None) -> list[float] | None:
     """Arrival offsets (s) from ``cfg.arrival`` in open loop; ``None`` in closed loop."""
     if cfg.rate_rps is None:
         return None
     return arrival_times(
-        cfg.arrival, cfg.rate_rps, n=n, duration_s=cfg.duration_s, cv=cfg.cv, seed=cfg.seed
+        cfg.arrival, cfg.rate_rps, n=n, duration_s=cfg.duration_s, cv=cfg.cv, seed=cfg.request_seed
     )
 
 
@@ -139,6 +188,15 @@ def caps(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
     return get_int(params, "max_prompt_tokens", None), get_int(params, "max_output_tokens", None)
 
 
+def with_reasoning_effort(stream: RequestStream, params: Mapping[str, Any]) -> RequestStream:
+    """``stream`` with the workload's ``reasoning_effort`` on every request (if it has one)."""
+    effort = params.get("reasoning_effort")
+    if effort is None:
+        return stream
+    specs = (dataclasses.replace(s, reasoning_effort=str(effort)) for s in stream)
+    return RequestStream(specs, stream.extra)
+
+
 def common_extra_body(params: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
     """``exact_output = true`` asks servers that support it (vLLM, SGLang) for exactly
     ``max_tokens`` tokens; the reference server ignores EOS by default and needs nothing."""
@@ -156,17 +214,14 @@ def check_common(params: Mapping[str, Any], bases: Iterable[Path] = ()) -> None:
         raise WorkloadError(
             f"workload.reasoning_effort = {effort!r}: a string such as 'low', 'medium', 'high'"
         )
+    get_bool(params, "cache_bust", False)
+    if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
+        raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
     get_float(params, "chars_per_token", None)
     if "request_class" in params and not isinstance(params["request_class"], str):
         raise WorkloadError(
             f"workload.request_class = {params['request_class']!r}: must be a string"
         )
-    if "tokenizer" in params:
-        if "chars_per_token" in params:
-            raise WorkloadError("workload: give chars_per_token or tokenizer, not both")
-        from loadlab.workloads.tokenizers import check_tokenizer
-
-        check_tokenizer(str(params["tokenizer"]), tuple(bases))
 
 
 def independent_requests(
@@ -186,7 +241,7 @@ def independent_requests(
     params = cfg.workload
     request_class = str(params.get("request_class", kind))
     max_prompt, max_output = caps(params)
-    text_rng = rng_for(cfg.seed, "text")
+    text_rng = rng_for(text_seed(cfg), "text")
     # strict=False: the length streams may be endless; counter(n) bounds the run
     for i, p_raw, out_raw in zip(counter(n), prompt_tokens, output_tokens, strict=False):
         rid = f"{prefix}-{i:06d}"

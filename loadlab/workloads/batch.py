@@ -37,6 +37,7 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import parse_dist, sample_pairs
 from loadlab.workloads.params import WorkloadError, check_keys, get_int
 
@@ -63,8 +64,9 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         )
 
 
-def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def batch_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     n = get_int(params, "documents", None) or cfg.requests or DEFAULT_DOCUMENTS
     times: list[float] | None = None
@@ -76,18 +78,19 @@ def batch_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
             times = [0.0] * n
 
     def specs() -> Iterator[RequestSpec]:
-        pairs = sample_pairs("arxiv", rng_for(cfg.seed, "pairs"), n)
+        pairs = sample_pairs("arxiv", rng_for(cfg.request_seed, "pairs"), n)
         prompts, outputs = pairs[:, 0], pairs[:, 1]
         if "prompt_tokens" in params:
             prompts = parse_dist(params["prompt_tokens"], "prompt_tokens").sample_int(
-                rng_for(cfg.seed, "prompt"), n
+                rng_for(cfg.request_seed, "prompt"), n
             )
         if "output_tokens" in params:
             outputs = parse_dist(params["output_tokens"], "output_tokens").sample_int(
-                rng_for(cfg.seed, "output"), n
+                rng_for(cfg.request_seed, "output"), n
             )
         yield from independent_requests(
             cfg, "batch", "batch", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
 
-    return RequestStream(specs(), lambda: {"kind": "batch", "documents": n})
+    cls = str(params.get("request_class", "batch"))
+    return RequestStream(specs(), lambda: {"kind": "batch", "documents": n, "request_class": cls})

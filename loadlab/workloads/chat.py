@@ -45,12 +45,13 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for
+from loadlab.workloads.base import RequestStream, caps, check_common, clamp, rng_for, text_seed
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist, sample_pairs
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_float, get_int
 from loadlab.workloads.sessions import SESSION_KEYS, TurnMaker, session_starts, sessions
 
-__all__ = ["DEFAULT_THINK", "KEYS", "chat_requests", "validate"]
+__all__ = ["DEFAULT_THINK", "KEYS", "chat_requests", "turn_context", "validate"]
 
 KEYS = SESSION_KEYS | {
     "turns",
@@ -93,8 +94,20 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         )
 
 
-def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def turn_context(history_tokens: int, turn: int, prompt_tokens: int, output_tokens: int) -> int:
+    """Tokens turn ``turn`` of a session holds: its prompt is the earlier messages and answers
+    (``history_tokens``), "\\n"-joined (one separator token between messages, as on the
+    reference server: ``2 * turn`` of them), then this message; then its answer.
+
+    >>> turn_context(0, 0, 64, 32), turn_context(96, 1, 64, 32)
+    (96, 194)
+    """
+    return history_tokens + 2 * turn + prompt_tokens + output_tokens
+
+
+def chat_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     turns_d, think_d, prompt_d, output_d = _dists(params, ())
     divide = get_bool(params, "divide_prompt_by_turns", prompt_d is None)
@@ -106,10 +119,12 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
     counts = {"sessions": 0, "turns": 0, "sessions_cut_by_context": 0}
 
     def specs() -> Iterator[RequestSpec]:
-        rng_turns, rng_think = rng_for(cfg.seed, "turns"), rng_for(cfg.seed, "think")
-        rng_prompt, rng_output = rng_for(cfg.seed, "prompt"), rng_for(cfg.seed, "output")
-        rng_pairs = rng_for(cfg.seed, "pairs")
-        make = TurnMaker("chat", "s", params, cls, rng_for(cfg.seed, "text"), chars_per_token)
+        seed = cfg.request_seed
+        rng_turns, rng_think = rng_for(seed, "turns"), rng_for(seed, "think")
+        rng_prompt, rng_output = rng_for(seed, "prompt"), rng_for(seed, "output")
+        rng_pairs = rng_for(seed, "pairs")
+        text = rng_for(text_seed(cfg), "text")
+        make = TurnMaker("chat", "s", params, cls, text, chars_per_token)
         emitted = 0
         for s, start in sessions(n_sessions, starts):
             n_turns = int(turns_d.sample_int(rng_turns, 1)[0])
@@ -127,8 +142,7 @@ def chat_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStr
                 if divide:
                     p_tok = math.ceil(p_tok / n_turns)
                 p_tok, out = clamp(p_tok, max_prompt), clamp(int(ans[k]), max_output)
-                # the sent prompt: earlier messages and answers, "\n"-joined, then this message
-                if max_context is not None and context + 2 * k + p_tok + out > max_context:
+                if max_context is not None and turn_context(context, k, p_tok, out) > max_context:
                     counts["sessions_cut_by_context"] += 1
                     break
                 context += p_tok + out

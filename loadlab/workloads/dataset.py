@@ -29,8 +29,8 @@ for its last turn. A system message is put before the next user message ("\\n" b
 Rows without usable text (no user message, content that is not a string) are skipped and
 counted.
 
-Lengths are counted with the run's tokenizer when loadlab holds it (``tokenizer`` = a folder,
-a file, ``byte``), else estimated at ``chars_per_token``. A cut prompt is given its requested
+Lengths are counted with the run's tokenizer when loadlab holds it (its sizing's, from the
+run's ``tokenizer``: a folder, a file, ``byte``), else estimated at ``chars_per_token``. A cut prompt is given its requested
 length (``prompt_tokens``), so the exact sizing (``loadlab.workloads.exact``) cuts it to exactly
 that many tokens as the server counts them; an uncut prompt is sent as it is (no requested
 length: the prompt-length match leaves it out).
@@ -67,6 +67,7 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import (
     WorkloadError,
@@ -75,7 +76,6 @@ from loadlab.workloads.params import (
     get_int,
     resolve_path,
 )
-from loadlab.workloads.tokenizers import NOT_LOCAL, load_tokenizer
 
 __all__ = ["FORMATS", "KEYS", "Turn", "conversation", "dataset_requests", "read_rows", "validate"]
 
@@ -276,21 +276,21 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     return path
 
 
-def _counter(params: Mapping[str, Any], chars_per_token: float) -> Callable[[str], int]:
+def _counter(sizing: Sizing | None, chars_per_token: float) -> Callable[[str], int]:
     """Tokens of a text: the run's tokenizer when loadlab holds it, else the estimate."""
-    spec = params.get("tokenizer")
-    if isinstance(spec, str) and spec not in NOT_LOCAL:
-        tok = load_tokenizer(spec)
+    tok = sizing.tokens if sizing is not None else None
+    if tok is not None:
         return lambda text: len(tok.encode(text))
     return lambda text: max(1, round(len(text) / chars_per_token))
 
 
-def dataset_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     path = validate(cfg, params)
     fmt = _format(path, params.get("format"))
     stats = DatasetStats(path=str(path), format=fmt)
-    count = _counter(params, chars_per_token)
+    count = _counter(sizing, chars_per_token)
     first_only = params.get("turns", "all") == "first"
     prompt_d, output_d = _dist(params, "prompt_tokens"), _dist(params, "output_tokens")
     think_d = _dist(params, "think_time_s", integer=False)
@@ -302,10 +302,10 @@ def dataset_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Request
     starts = open_loop_times(cfg, n)
     # with a tokenizer the exact sizing cuts each prompt to its requested length itself (a
     # prefix of the text, as the server counts it); without, the estimate cuts it here
-    sized = params.get("tokenizer") not in (None, "none")
+    sized = sizing is not None and sizing.fitter is not None
 
     def conversations() -> Iterator[list[Turn]]:
-        order = rng_for(cfg.seed, "pairs")
+        order = rng_for(cfg.request_seed, "pairs")
         for _ in itertools.count() if repeat else range(1):
             rows = read_rows(path, fmt)
             if shuffle:
@@ -324,9 +324,9 @@ def dataset_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> Request
                 return
 
     def specs() -> Iterator[RequestSpec]:
-        prompts = int_stream(prompt_d, rng_for(cfg.seed, "prompt")) if prompt_d else None
-        outputs = int_stream(output_d, rng_for(cfg.seed, "output")) if output_d else None
-        think_rng = rng_for(cfg.seed, "think")
+        prompts = int_stream(prompt_d, rng_for(cfg.request_seed, "prompt")) if prompt_d else None
+        outputs = int_stream(output_d, rng_for(cfg.request_seed, "output")) if output_d else None
+        think_rng = rng_for(cfg.request_seed, "think")
         start_iter = iter(starts) if starts is not None else None
         for c, turns in enumerate(conversations()):
             start = None

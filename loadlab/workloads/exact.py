@@ -4,8 +4,9 @@ A workload first writes each prompt by a characters-per-token estimate (``prompt
 module then cuts or extends it until the server's count is exactly the requested
 ``spec.prompt_tokens``. ``count`` is whatever knows that count: a local tokenizer
 (``loadlab.workloads.tokenizers``: encode + chat template, microseconds) or the server itself
-(``loadlab.clients.counting``: ``/tokenize``, ``count_tokens``, resolved before the
-requests are built by ``loadlab.runner.prompt_sizing``).
+(``loadlab.clients.counting``: ``/tokenize``, ``count_tokens``). Which of them, for which
+endpoint, is a ``Sizing``, made once per endpoint before the requests are built
+(``loadlab.runner.prompt_sizing``) and passed to ``build_requests``.
 
 The search (``fit_prompt``) is over prefixes of a source text: the workload's prompt (its
 request tag first, so prompts stay unique; Mooncake prefix blocks first, so shared prefixes
@@ -31,13 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads.base import RequestStream
 from loadlab.workloads.params import WorkloadError
@@ -46,19 +46,15 @@ from loadlab.workloads.tokenizers import SERVER_METHODS, AnyTokens, ByteTokens, 
 from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 
 __all__ = [
-    "AsksServer",
     "Fit",
     "FitTally",
     "PromptFitter",
     "Sizing",
+    "draft_chars_per_token",
     "exact_prompts",
     "fit_prompt",
-    "forget_sizing",
     "local_sizing",
-    "remember_sizing",
-    "sizing",
-    "sizing_key",
-    "without_asking",
+    "tokenizer_sizing",
 ]
 
 _ONE_MORE = (".", ",", "!", "?", ";", ":")
@@ -193,7 +189,7 @@ class PromptFitter:
     def fit(self, spec: RequestSpec) -> RequestSpec:
         n = spec.prompt_tokens
         count = self.count if spec.turn == 0 else self.count_text
-        if n is None or count is None:
+        if n is None or count is None or spec.inputs:  # embeddings / rerank: sized per input
             return spec
         if not self._asking:
             self.cut_only += 1
@@ -234,30 +230,20 @@ class PromptFitter:
         return {**self.tally.to_dict(), "cut_by_chars": self.cut_only}
 
 
-def _api(cfg: RunConfig) -> str:
-    return cfg.endpoints[0].api if cfg.endpoints else "chat"
-
-
 @dataclass(frozen=True)
 class Sizing:
     """How one endpoint's prompts are sized: the first draft's characters per token, and what
-    fits each prompt exactly after it (``fitter``; None: the draft is sent as it is)."""
+    fits each prompt exactly after it (``fitter``; None: the draft is sent as it is).
+
+    Made once per endpoint before any request is built (``loadlab.runner.prompt_sizing``)
+    and handed to ``build_requests``: the workloads hold no sizing of their own."""
 
     method: str  # for results.extra["workload"]["prompt_fit"] and messages
     chars_per_token: float
     fitter: Callable[[], PromptFitter] | None
     remote: bool = False  # the fitter asks the server: stop asking once the run starts
     warning: str | None = None  # one line ``loadlab run`` prints (auto found nothing to count)
-
-
-class AsksServer(WorkloadError):
-    """Only the endpoint can count these prompts (``server``, ``calibrate``, ``auto``, or a
-    tokenizer without a chat template on a chat API): ``loadlab.runner.prompt_sizing.prepared_sizing``
-    asks it before the requests are built."""
-
-    def __init__(self, method: str, message: str) -> None:
-        super().__init__(message)
-        self.method = method
+    tokens: AnyTokens | None = None  # the tokenizer itself, when loadlab holds it
 
 
 def local_sizing(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
@@ -271,60 +257,30 @@ def local_sizing(tok: AnyTokens, api: str, prefix: str = "tokenizer") -> Sizing:
             chars_per_token=1.0 if isinstance(tok, ByteTokens) else 4.0,
             token_ends=getattr(tok, "token_ends", None),
         ),
+        tokens=tok,
     )
 
 
-def sizing(cfg: RunConfig, spec: str) -> Sizing:
-    """The sizing for ``tokenizer = spec`` on the run's (first) endpoint (module docstring of
-    ``loadlab.workloads.tokenizers``). A method that asks the endpoint must have been resolved
-    by ``loadlab.runner.prompt_sizing.prepared_sizing`` (``AsksServer`` otherwise)."""
-    api, ep = _api(cfg), cfg.endpoints[0] if cfg.endpoints else None
-    method = spec
-    if spec not in SERVER_METHODS:
-        tok = load_tokenizer(spec)
-        if tok.count_prompt("x", api) is not None:
-            return local_sizing(tok, api)
-        if ep is None:
-            raise WorkloadError(f"tokenizer {spec!r} has no chat template; use --api completions")
-        method = "auto"  # no template: the server has to count chat prompts
-    if ep is None:
-        raise WorkloadError(f"tokenizer = {spec!r} asks the server, but there is no endpoint")
-    found = _PREPARED.get(sizing_key(spec, ep))
-    if found is None:
-        raise AsksServer(
-            method,
-            f"tokenizer = {spec!r} asks endpoint {ep.name}: resolve it before building the "
-            "requests (with loadlab.runner.prompt_sizing.prepared_sizing(cfg): ...)",
-        )
-    return found
+def tokenizer_sizing(spec: str, api: str) -> Sizing | None:
+    """The sizing by the tokenizer ``spec`` names (a folder, a file, ``byte``...) for ``api``;
+    None when only the endpoint can count (a method such as ``auto``, or a tokenizer without
+    the chat template a chat API needs)."""
+    if spec in SERVER_METHODS or spec == "none":
+        return None
+    tok = load_tokenizer(spec)
+    return local_sizing(tok, api) if tok.count_prompt("x", api) is not None else None
 
 
-def sizing_key(spec: str, ep: EndpointConfig) -> tuple[Any, ...]:
-    return (spec, ep.url, ep.api, ep.model, ep.api_key_env, tuple(sorted(ep.headers.items())))
-
-
-# sizings that asked an endpoint (``loadlab.runner.prompt_sizing.prepared_sizing`` fills it): probes and
-# calibration run once per endpoint, in the parent, and ``--workers`` children (forked) find
-# them here instead of probing again
-_PREPARED: dict[tuple[Any, ...], Sizing] = {}
-
-
-def without_asking(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with a tokenizer that would ask the endpoint replaced by ``none``: for requests
-    that no server will count (a simulation reads the requested token counts, not the text)."""
-    if cfg.workload.get("tokenizer") not in SERVER_METHODS:
-        return cfg
-    return cfg.replace(workload={**cfg.workload, "tokenizer": "none"})
-
-
-def remember_sizing(spec: str, ep: EndpointConfig, how: Sizing) -> tuple[Any, ...]:
-    key = sizing_key(spec, ep)
-    _PREPARED[key] = how
-    return key
-
-
-def forget_sizing(key: tuple[Any, ...]) -> None:
-    _PREPARED.pop(key, None)
+def draft_chars_per_token(params: Mapping[str, Any], how: Sizing | None) -> float:
+    """Characters per token of a workload's first drafts: its ``chars_per_token`` key, else
+    the sizing's, else 1.0 (the reference server's byte tokenizer)."""
+    if params.get("chars_per_token") is not None:
+        cpt = float(params["chars_per_token"])
+    else:
+        cpt = how.chars_per_token if how is not None else 1.0
+    if not cpt > 0:
+        raise WorkloadError(f"workload.chars_per_token must be > 0, got {cpt}")
+    return cpt
 
 
 def exact_prompts(stream: RequestStream, how: Sizing | None) -> RequestStream:
@@ -337,10 +293,9 @@ def exact_prompts(stream: RequestStream, how: Sizing | None) -> RequestStream:
             stream, lambda: {**stream.extra(), "prompt_fit": {"method": how.method}}
         )
     fitter = how.fitter()
-    out = RequestStream(
+    return RequestStream(
         fitter.fit_all(stream),
         lambda: {**stream.extra(), "prompt_fit": {"method": how.method, **fitter.extra()}},
+        # past the read-ahead (built before the run starts), no blocking call on the hot path
+        ready=fitter.stop_asking if how.remote else None,
     )
-    if how.remote:
-        fitter.stop_asking()  # past the read-ahead, no blocking call on the hot path
-    return out

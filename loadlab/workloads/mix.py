@@ -6,10 +6,13 @@ own request class, so one run's report and SLO verdict hold every class to its o
 
     [[workload.mix]]    one table per class: a workload of any other kind (its own keys),
                         plus ``share``, its part of the run (default: equal parts)
+    exact_output, reasoning_effort
+                        for every part that does not set its own (``--exact-output``)
 
 Each part is built as its own run with the run's settings scaled by its share: in open loop
 ``rate_rps`` x share (its sessions' or requests' arrivals), ``requests`` x share (rounded up),
-and its own seed (the run's seed and its position), then the parts are merged: in open loop
+and its own seed (the run's seed and its position; ``reasoning_effort`` and the sizing of
+prompts apply to each part as to a run of its own), then the parts are merged: in open loop
 by intended send time, in closed loop interleaved in proportion to the shares (a smooth
 weighted round robin). A chat or agent session stays whole. Request and session ids get the
 part's class as a prefix, so they stay unique. A part's ``request_class`` defaults to its
@@ -36,14 +39,17 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.base import RequestStream
-from loadlab.workloads.params import WorkloadError
+from loadlab.workloads.base import RequestStream, with_reasoning_effort
+from loadlab.workloads.exact import Sizing
+from loadlab.workloads.params import WorkloadError, check_keys
 
 __all__ = ["mix_requests", "validate"]
 
 Kinds = Mapping[str, tuple[Callable[..., Any], Callable[..., RequestStream]]]
 _DEFAULT_CLASS = {"synthetic": "synthetic", "chat": "chat", "agent": "agent", "batch": "batch",
                   "trace": "trace"}  # fmt: skip
+# keys of the mix itself that every part takes unless it sets its own
+_FOR_EVERY_PART = ("exact_output", "reasoning_effort")
 
 
 def _parts(params: Mapping[str, Any], kinds: Kinds) -> list[tuple[dict[str, Any], float]]:
@@ -51,12 +57,11 @@ def _parts(params: Mapping[str, Any], kinds: Kinds) -> list[tuple[dict[str, Any]
     parts = params.get("mix")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
         raise WorkloadError("workload.mix: a list of workload tables, e.g. [[workload.mix]]")
-    unknown = set(params) - {"kind", "mix"}
-    if unknown:
-        raise WorkloadError(f"workload (kind = 'mix'): unknown keys {sorted(unknown)}")
+    # cache_bust and salt salt the merged stream (build_requests), not each part again
+    check_keys("mix", params, {"kind", "mix", "cache_bust", "salt", *_FOR_EVERY_PART})
     out, classes = [], set()
     for i, p in enumerate(parts):
-        sub = dict(p)
+        sub = {**{k: params[k] for k in _FOR_EVERY_PART if k in params}, **p}
         kind = str(sub.get("kind", "synthetic"))
         if kind not in kinds or kind == "mix":
             raise WorkloadError(
@@ -83,7 +88,7 @@ def _part_config(cfg: RunConfig, sub: Mapping[str, Any], share: float, i: int) -
         workload=sub,
         rate_rps=cfg.rate_rps * share if cfg.rate_rps is not None else None,
         requests=math.ceil(cfg.requests * share) if cfg.requests is not None else None,
-        seed=cfg.seed * 1009 + i + 1,
+        seed=(cfg.request_seed * 1009 + i + 1) % 2**63,
     )
 
 
@@ -140,13 +145,13 @@ def _weighted(
         yield unit
 
 
-def mix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0, kinds: Kinds) -> RequestStream:
+def mix_requests(cfg: RunConfig, sizing: Sizing | None = None, *, kinds: Kinds) -> RequestStream:
     parts = _parts(cfg.workload, kinds)
     streams: list[RequestStream] = []
     for i, (sub, share) in enumerate(parts):
         part_cfg = _part_config(cfg, sub, share, i)
         kind = str(sub.get("kind", "synthetic"))
-        streams.append(kinds[kind][1](part_cfg, chars_per_token=chars_per_token))
+        streams.append(with_reasoning_effort(kinds[kind][1](part_cfg, sizing), sub))
     units = [
         _units(s, str(sub["request_class"])) for s, (sub, _) in zip(streams, parts, strict=True)
     ]

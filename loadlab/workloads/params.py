@@ -23,6 +23,7 @@ from loadlab.errors import WorkloadError
 __all__ = [
     "PACKAGE_DATA",
     "REPO_ROOT",
+    "RUN_SETTINGS",
     "TRACES",
     "WorkloadError",
     "check_keys",
@@ -43,6 +44,13 @@ TRACES = {
     "azure-2023-code": PACKAGE_DATA / "traces" / "AzureLLMInferenceTrace_code.csv",
 }
 
+# keys that belong to the run, not to a workload table: where to write them instead
+RUN_SETTINGS = {
+    "tokenizer": "the tokenizer is a setting of the run, not of its workload: write "
+    "`tokenizer = ...` at the top of the scenario file (before any [table]), give --tokenizer, "
+    "or RunConfig(tokenizer=...)",
+}
+
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The valid name nearest to a typo, or None when nothing is close."""
@@ -58,6 +66,8 @@ def check_keys(
     ``where`` is a kind name ("chat") or a phrase ("dist 'normal'")."""
     allowed = set(allowed)
     for key in params:
+        if key in RUN_SETTINGS and key not in allowed:
+            raise WorkloadError(f"{prefix}{key}: {RUN_SETTINGS[key]}")
         if key not in allowed:
             hint = closest(key, allowed)
             fix = f"did you mean {hint!r}?" if hint else f"valid keys: {', '.join(sorted(allowed))}"

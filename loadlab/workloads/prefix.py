@@ -57,7 +57,6 @@ Example::
 from __future__ import annotations
 
 import bisect
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,12 +76,15 @@ from loadlab.workloads.base import (
     int_stream,
     open_loop_times,
     rng_for,
+    run_salt,
+    text_seed,
+    with_run_salt,
 )
-from loadlab.workloads.exact import FitTally, fit_prompt
+from loadlab.workloads.exact import FitTally, Sizing, draft_chars_per_token, fit_prompt
 from loadlab.workloads.lengths import parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_bool, get_int
 from loadlab.workloads.prompts import prompt_text, text_chars
-from loadlab.workloads.tokenizers import NOT_LOCAL, AnyTokens, load_tokenizer
+from loadlab.workloads.tokenizers import AnyTokens
 from loadlab.workloads.tokenizers import chars_per_token as chars_per_token_of
 
 __all__ = [
@@ -102,8 +104,6 @@ KEYS = COMMON_KEYS | {
     "suffix_tokens",
     "output_tokens",
     "order",
-    "cache_bust",
-    "salt",
     "block_size",
 }
 ORDERS = ("random", "grouped", "round_robin")
@@ -150,32 +150,12 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
         raise WorkloadError(
             f"workload.order = {params['order']!r}: choose one of {', '.join(ORDERS)}"
         )
-    get_bool(params, "cache_bust", False)
-    if "salt" in params and not (isinstance(params["salt"], str) and params["salt"].strip()):
-        raise WorkloadError(f"workload.salt = {params['salt']!r}: must be a non-empty string")
     if "max_prompt_tokens" in params:
         raise WorkloadError(
             "workload.max_prompt_tokens: a prefix workload's prompt is prefix_tokens + "
             "suffix_tokens; bound suffix_tokens instead"
         )
     check_common(params, bases)
-
-
-def _salt(params: Mapping[str, Any]) -> str:
-    if "salt" in params:  # given, or drawn for this run by with_run_salt
-        return str(params["salt"]).strip()
-    if get_bool(params, "cache_bust", False):
-        return uuid.uuid4().hex[:12]  # unique to this run: nothing cached can match it
-    return ""
-
-
-def with_run_salt(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its cache-busting salt drawn now (``cache_bust`` and no ``salt``), so
-    every process of a ``--workers`` run, each rebuilding the stream, sends the same prompts."""
-    wl = cfg.workload
-    if wl.get("kind") != "prefix" or not wl.get("cache_bust") or "salt" in wl:
-        return cfg
-    return cfg.replace(workload={**wl, "salt": uuid.uuid4().hex[:12]})
 
 
 def _prefix_texts(n: int, tokens: int, salt: str, seed: int, cpt: float) -> list[str]:
@@ -218,21 +198,20 @@ def _common(a: Sequence[Any], b: Sequence[Any]) -> int:
     return i
 
 
-def _local_tokens(cfg: RunConfig) -> tuple[AnyTokens, str] | None:
+def _local_tokens(cfg: RunConfig, sizing: Sizing | None) -> tuple[AnyTokens, str] | None:
     """The run's tokenizer and API when loadlab holds one that gives the prompt's token ids
-    (``--tokenizer DIR``, a chat template for a chat API); None otherwise."""
-    spec = cfg.workload.get("tokenizer")
-    if spec is None or spec in NOT_LOCAL:
+    (the sizing's: ``--tokenizer DIR``, a chat template for a chat API); None otherwise."""
+    tok = sizing.tokens if sizing is not None else None
+    if tok is None:
         return None
     api = cfg.endpoints[0].api if cfg.endpoints else "chat"
-    tok = load_tokenizer(str(spec))
     return (tok, api) if tok.prompt_ids("x", api) is not None else None
 
 
-def fits_itself(cfg: RunConfig) -> bool:
+def fits_itself(cfg: RunConfig, sizing: Sizing | None) -> bool:
     """A prefix workload with a local tokenizer fits its own prompts (prefix and whole prompt
     exact in tokens); ``build_requests`` must not refit them."""
-    return cfg.workload.get("kind") == "prefix" and _local_tokens(cfg) is not None
+    return cfg.workload.get("kind") == "prefix" and _local_tokens(cfg, sizing) is not None
 
 
 class _TokenFit:
@@ -273,39 +252,40 @@ class _TokenFit:
         }
 
 
-def prefix_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def prefix_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     n_prefixes = get_int(params, "prefixes", 1)
     prefix_tokens = get_int(params, "prefix_tokens", 1024)
     per_prefix = get_int(params, "requests_per_prefix", None)
     if per_prefix is None and cfg.requests is not None:
         per_prefix = -(-cfg.requests // n_prefixes)
-    plan = PrefixPlan(n_prefixes, per_prefix, str(params.get("order", "random")), cfg.seed)
+    plan = PrefixPlan(n_prefixes, per_prefix, str(params.get("order", "random")), cfg.request_seed)
     suffix_dist = parse_dist(params.get("suffix_tokens", 64), "suffix_tokens")
     output_dist = parse_dist(params.get("output_tokens", cfg.max_tokens), "output_tokens")
     _, max_output = caps(params)
     cls = str(params.get("request_class", "prefix"))
-    salt = _salt(params)
+    salt = run_salt(params)
     times = open_loop_times(cfg, plan.total)
     n = len(times) if times is not None else plan.total
-    local = _local_tokens(cfg)
+    local = _local_tokens(cfg, sizing)
     fitter = _TokenFit(*local) if local is not None else None
     if fitter is not None:  # drafts long enough to count more than N, then cut to N
         chars_per_token = fitter.chars_per_token
         drafts = _prefix_texts(
-            n_prefixes, round(prefix_tokens * 1.5) + 64, salt, cfg.seed, chars_per_token
+            n_prefixes, round(prefix_tokens * 1.5) + 64, salt, text_seed(cfg), chars_per_token
         )
         texts = [fitter.prefix(d, prefix_tokens) for d in drafts]
     else:
-        texts = _prefix_texts(n_prefixes, prefix_tokens, salt, cfg.seed, chars_per_token)
+        texts = _prefix_texts(n_prefixes, prefix_tokens, salt, text_seed(cfg), chars_per_token)
     exact = chars_per_token == 1.0 or fitter is not None
     sent = {"requests": 0}
 
     def specs() -> Iterator[RequestSpec]:
-        suffixes = int_stream(suffix_dist, rng_for(cfg.seed, "prompt"))
-        outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
-        text_rng = rng_for(cfg.seed, "text")
+        suffixes = int_stream(suffix_dist, rng_for(cfg.request_seed, "prompt"))
+        outputs = int_stream(output_dist, rng_for(cfg.request_seed, "output"))
+        text_rng = rng_for(text_seed(cfg), "text")
         shared = _SharedPrefixes(exact, prefix_tokens)
         for i, j in zip(counter(n), plan, strict=False):
             rid = f"pfx-{i:06d}"

@@ -47,6 +47,7 @@ __all__ = [
     "corpus",
     "prefix_prompt",
     "prompt_text",
+    "salted",
     "text_chars",
 ]
 
@@ -109,6 +110,24 @@ def prompt_text(
     return _tidy_end((head + body)[:n])
 
 
+def salted(text: str, salt: str) -> str:
+    """``text`` with ``salt`` after its first word (a request's tag, a Mooncake block's id),
+    the end cut so the length stays: a prompt no earlier run sent, of the same size and shape.
+    Prompts that began alike (a shared block) still do, and the salt shares no block by
+    itself, since each prompt's own first word comes before it.
+
+    >>> salted("r1 the cat sat on the mat", "ab12")
+    'r1 ab12 the cat sat on th'
+    >>> len(salted("x" * 40, "ab12")) == 40
+    True
+    """
+    if not salt or not text:
+        return text
+    word = text.find(" ")
+    at = word + 1 if 0 <= word < 32 else 0
+    return _tidy_end((text[:at] + salt + " " + text[at:])[: len(text)])
+
+
 def _block_offset(block_id: int, seed: int) -> int:
     # splitmix64 finaliser: a well-spread, deterministic offset per (id, seed)
     z = (block_id * 0x9E3779B97F4A7C15 + seed * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
@@ -118,9 +137,12 @@ def _block_offset(block_id: int, seed: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def block_text(block_id: int, *, seed: int = 0, chars_per_token: float = 1.0) -> str:
-    """The text of one 512-token prefix block: the same for the same id (and seed)."""
-    n = text_chars(BLOCK_TOKENS, chars_per_token)
+def block_text(
+    block_id: int, *, seed: int = 0, chars_per_token: float = 1.0, block_tokens: int = BLOCK_TOKENS
+) -> str:
+    """The text of one prefix block (512 tokens, Mooncake's, unless ``block_tokens`` says
+    otherwise): the same for the same id (and seed)."""
+    n = text_chars(block_tokens, chars_per_token)
     head = f"<{block_id}> "
     return (head + _cut(_block_offset(block_id, seed), n))[:n]
 
@@ -133,6 +155,7 @@ def prefix_prompt(
     chars_per_token: float = 1.0,
     rng: np.random.Generator | None = None,
     tag: str = "",
+    block_tokens: int = BLOCK_TOKENS,
 ) -> str:
     """A Mooncake prompt: the blocks of ``hash_ids`` in order, the last one cut so the whole
     is ``text_chars(tokens)`` long. When the ids cover fewer tokens than ``tokens`` the rest
@@ -143,7 +166,11 @@ def prefix_prompt(
     for h in hash_ids:
         if have >= n:
             break
-        parts.append(block_text(int(h), seed=seed, chars_per_token=chars_per_token))
+        parts.append(
+            block_text(
+                int(h), seed=seed, chars_per_token=chars_per_token, block_tokens=block_tokens
+            )
+        )
         have += len(parts[-1])
     if have < n:
         fill = rng if rng is not None else np.random.default_rng(seed)

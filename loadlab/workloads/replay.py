@@ -25,6 +25,7 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
+from loadlab.workloads.agent import tool_definitions
 from loadlab.workloads.base import (
     COMMON_KEYS,
     RequestStream,
@@ -32,7 +33,9 @@ from loadlab.workloads.base import (
     check_common,
     common_extra_body,
     rng_for,
+    text_seed,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.params import (
     TRACES,
     WorkloadError,
@@ -44,7 +47,15 @@ from loadlab.workloads.params import (
     trace_file,
 )
 from loadlab.workloads.prompts import prefix_prompt, prompt_text
-from loadlab.workloads.trace import FORMATS, TraceError, TraceRow, TraceStats, iter_trace
+from loadlab.workloads.trace import (
+    FORMATS,
+    TraceError,
+    TraceRow,
+    TraceStats,
+    detect_format,
+    iter_trace,
+    recorded_header,
+)
 
 __all__ = ["KEYS", "trace_requests", "trace_source", "validate"]
 
@@ -145,8 +156,9 @@ def _rows(params: Mapping[str, Any], path: Path, stats: TraceStats) -> Iterator[
     )
 
 
-def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     path = validate(cfg, params, scan=False)  # build_requests' priming reads the first row
     time_scale = float(get_float(params, "time_scale", 1.0))
     rate_scale = float(get_float(params, "rate_scale", 1.0))
@@ -160,9 +172,18 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
     cls = str(params.get("request_class", "trace"))
     stats = TraceStats()
     rows = _rows(params, path, stats)
+    recorded = (params.get("format") or detect_format(path)) == "loadlab"
+    if recorded and rate_scale != 1.0:
+        raise WorkloadError(
+            "workload.rate_scale: a loadlab record trace keeps its sessions whole and cannot be "
+            "thinned or copied; use time_scale to replay it faster"
+        )
+    block_tokens = _recorded_block(path, chars_per_token) if recorded else None
+    if recorded:
+        rows = _whole_sessions(rows)
 
     def specs() -> Iterator[RequestSpec]:
-        thin_rng, text_rng = rng_for(cfg.seed, "thin"), rng_for(cfg.seed, "text")
+        thin_rng, text_rng = rng_for(cfg.request_seed, "thin"), rng_for(text_seed(cfg), "text")
         whole, frac = int(rate_scale), rate_scale - int(rate_scale)
         for row in rows:
             if max_total is not None and row.prompt_tokens + row.output_tokens > max_total:
@@ -184,13 +205,20 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
                 1, row.output_tokens if max_output is None else min(row.output_tokens, max_output)
             )
             at = (row.t_s - start_s) / time_scale if cfg.rate_rps is not None else None
+            if row.recorded is not None and block_tokens is not None:
+                stats.requests += 1
+                yield _recorded_spec(
+                    row, p_tok, out, at, time_scale, text_seed(cfg), chars_per_token, block_tokens,
+                    text_rng, cls, common_extra_body(params, out),
+                )  # fmt: skip
+                continue
             for c in range(copies):
                 rid = f"trace-{row.line}" + (f"-{c}" if c else "")
                 if prefixes and row.hash_ids:
                     text = prefix_prompt(
                         row.hash_ids,
                         p_tok,
-                        seed=cfg.seed,
+                        seed=text_seed(cfg),
                         chars_per_token=chars_per_token,
                         rng=text_rng,
                         tag=rid,
@@ -220,3 +248,84 @@ def trace_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestSt
             "trace": stats.to_dict(),
         },
     )
+
+
+def _whole_sessions(rows: Iterator[TraceRow]) -> Iterator[TraceRow]:
+    """A recording's rows with each session's turns together, sessions in the order they
+    started (the runner sends a session as one unit, each turn after the previous answer)."""
+    sessions: dict[Any, list[TraceRow]] = {}
+    for row in rows:
+        key = (row.recorded or {}).get("session", ("row", row.line))
+        sessions.setdefault(key, []).append(row)
+    for turns in sessions.values():
+        yield from turns
+
+
+def _recorded_block(path: Path, chars_per_token: float) -> int:
+    """The hash block of a ``loadlab record`` trace, in prompt tokens."""
+    header = recorded_header(path)
+    block = int(header.get("block", 16))
+    if header.get("unit") == "chars":
+        block = max(1, round(block / chars_per_token))
+    return block
+
+
+def _recorded_spec(
+    row: TraceRow,
+    prompt_tokens: int,
+    out: int,
+    at: float | None,
+    time_scale: float,
+    seed: int,
+    chars_per_token: float,
+    block_tokens: int,
+    rng: Any,
+    cls: str,
+    extra_body: dict[str, Any],
+) -> RequestSpec:
+    """One recorded request: a session's first turn at its time, built from its prefix blocks;
+    a later turn after its recorded think time, its new message at its recorded length (the
+    runner sends the session's real history before it)."""
+    rec = row.recorded or {}
+    rid = f"rec-{row.line}"
+    tools = _tools_like(int(rec.get("tools") or 0), int(rec.get("tools_length") or 0))
+    if tools:  # the recorded answer's choice, made again whatever the server would draw
+        extra_body = {
+            **extra_body,
+            "tool_choice": "required" if rec.get("answer_tool_call") else "none",
+        }
+    turn = int(rec.get("turn", 0))
+    if turn > 0:  # the runner sends the session's history before this new message
+        n = max(1, int(rec.get("new_length") or 1))
+        text = prompt_text(n, rng, tag=rid, chars_per_token=chars_per_token)
+        at, think_s = None, max(0.0, float(rec.get("think_ms") or 0.0) / 1000.0 / time_scale)
+    else:
+        n, think_s = prompt_tokens, 0.0
+        text = prefix_prompt(row.hash_ids, n, seed=seed, chars_per_token=chars_per_token,
+                             rng=rng, tag=rid, block_tokens=block_tokens)  # fmt: skip
+    return RequestSpec(
+        request_id=rid,
+        prompt=text,
+        max_tokens=out,
+        intended_at_s=at,
+        prompt_tokens=n,
+        session_id=f"rec{rec.get('session', row.line)}",
+        turn=turn,
+        think_time_s=think_s,
+        request_class=cls,
+        extra_body=extra_body,
+        tools=tools,
+        tool_turn=turn > 0 and rec.get("new_kind") == "tool",
+    )
+
+
+def _tools_like(count: int, length: int) -> tuple[dict[str, Any], ...]:
+    """``count`` tool definitions whose JSON is about ``length`` characters long (the recorded
+    tools' size; their names and descriptions were never kept)."""
+    if count <= 0:
+        return ()
+    tools = tool_definitions(count)
+    pad = max(0, (length - len(str(list(tools)))) // count)
+    for t in tools:
+        t["function"]["description"] += " " + "x" * pad if pad else ""
+    return tools

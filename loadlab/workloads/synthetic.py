@@ -8,6 +8,7 @@ process (open loop) or as fast as the concurrency allows (closed loop).
     request_class      label for per-class SLOs (default "synthetic"; e.g. "long_prompt")
     max_prompt_tokens, max_output_tokens   clamps applied to every drawn length
     exact_output       ask servers that support it for exactly max_tokens (ignore_eos)
+    images             images with each request (``loadlab.workloads.images``): a table
 
 Example::
 
@@ -17,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,31 +35,47 @@ from loadlab.workloads.base import (
     open_loop_times,
     rng_for,
 )
+from loadlab.workloads.exact import Sizing, draft_chars_per_token
+from loadlab.workloads.images import ImageMaker, check_image_apis
 from loadlab.workloads.params import check_keys
 
 __all__ = ["KEYS", "synthetic_requests", "validate"]
 
-KEYS = COMMON_KEYS | {"prompt_tokens", "output_tokens"}
+KEYS = COMMON_KEYS | {"prompt_tokens", "output_tokens", "images"}
 
 
 def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = ()) -> None:
     check_keys("synthetic", params, KEYS)
     length_dists(params, cfg.prompt_tokens, cfg.max_tokens, bases)
     check_common(params, bases)
+    if "images" in params:
+        ImageMaker.of(params["images"], cfg.request_seed, bases)
+        check_image_apis(cfg)
 
 
-def synthetic_requests(cfg: RunConfig, *, chars_per_token: float = 1.0) -> RequestStream:
+def synthetic_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
     params = cfg.workload
+    chars_per_token = draft_chars_per_token(params, sizing)
     validate(cfg, params)
     prompt_dist, output_dist = length_dists(params, cfg.prompt_tokens, cfg.max_tokens, ())
     times = open_loop_times(cfg, cfg.requests)
     n = len(times) if times is not None else cfg.requests
 
     def specs() -> Iterator[RequestSpec]:
-        prompts = int_stream(prompt_dist, rng_for(cfg.seed, "prompt"))
-        outputs = int_stream(output_dist, rng_for(cfg.seed, "output"))
-        yield from independent_requests(
+        seed = cfg.request_seed
+        prompts = int_stream(prompt_dist, rng_for(seed, "prompt"))
+        outputs = int_stream(output_dist, rng_for(seed, "output"))
+        specs = independent_requests(
             cfg, "synthetic", "syn", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
+        if "images" not in params:
+            yield from specs
+            return
+        maker, rng = ImageMaker.of(params["images"], seed), rng_for(seed, "images")
+        for spec in specs:
+            urls, sizes = maker.draw(rng)
+            yield dataclasses.replace(
+                spec, images=urls, image_sizes=sizes, image_tokens=maker.tokens(sizes)
+            )
 
     return RequestStream(specs(), lambda: {"kind": "synthetic", "requests": n})

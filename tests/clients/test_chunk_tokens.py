@@ -88,15 +88,15 @@ def test_a_tokenizer_that_disagrees_with_usage_keeps_the_usage_total() -> None:
     assert throughput([r], (0, 10)).output_tokens == 8  # the split scaled to the usage's total
 
 
-def test_make_client_gives_the_workloads_local_tokenizer(tmp_path) -> None:
+def test_the_runs_local_tokenizer_reaches_the_client() -> None:
+    from loadlab.runner.prompt_sizing import ask_endpoint, size_prompts
+    from loadlab.runner.run import Prepared
+
     ep = EndpointConfig("http://127.0.0.1:1")
-    byte = make_client(
-        ep,
-        RunConfig(concurrency=1, requests=1, workload={"kind": "synthetic", "tokenizer": "byte"}),
-    )
+    cfg = RunConfig(concurrency=1, requests=1, tokenizer="byte")
+    byte = make_client(ep, cfg, Prepared(ep, size_prompts(cfg, ep)).token_ends)
     assert byte.token_ends is not None and byte.token_ends("héllo") == [1, 2, 2, 3, 4, 5]
-    for spec in ("auto", "server", "none"):  # nothing local to count with
-        cfg = RunConfig(
-            concurrency=1, requests=1, workload={"kind": "synthetic", "tokenizer": spec}
-        )
-        assert make_client(ep, cfg).token_ends is None
+    none = size_prompts(cfg.replace(tokenizer="none"), ep)
+    estimate = ask_endpoint(ep, "auto")  # nothing listens there: an estimate, nothing local
+    for sizing in (none, estimate):
+        assert Prepared(ep, sizing).token_ends is None

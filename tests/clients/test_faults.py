@@ -156,7 +156,7 @@ def test_canary_key_never_leaks(
 def test_url_credentials_go_as_basic_auth_and_never_into_records(
     transport: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 17: the raw transport dropped URL user-info silently (aiohttp sent it); now both
+    """URL user-info is not dropped: the raw transport and aiohttp both
     send it as Basic auth, the client's URL holds none, and an echo of it is scrubbed."""
     seen: list[str | None] = []
     handle = fault_server.handle
@@ -188,7 +188,7 @@ def test_url_credentials_go_as_basic_auth_and_never_into_records(
 def test_an_endless_sse_line_is_a_protocol_error_and_closes_the_connection(
     fault_server: FaultServer, transport: str
 ) -> None:
-    """Issue 17: a server sending one endless line; the client stops at its limit (here
+    """A server sending one endless line; the client stops at its limit (here
     1 MiB, set as a run's --max-event-bytes would) and hangs up, so the server sees the close."""
     before = len(fault_server._conns)
 

@@ -58,7 +58,7 @@ def test_parsing_is_sliced_so_the_loop_polls_between_slices() -> None:
     next turn; a backlog older than the cap is parsed in one go."""
     loop = asyncio.new_event_loop()
     try:
-        deferred = _Deferred(loop, slice_ns=0, max_lag_ns=10**12)
+        deferred = _Deferred(loop, slice_ns=0, max_lag_ns=10**12, clock_every=1)
         conns = [_Conn(deferred) for _ in range(3)]
         sinks = [Sink() for _ in conns]
         for c, sk in zip(conns, sinks, strict=True):
@@ -79,9 +79,11 @@ def test_parsing_is_sliced_so_the_loop_polls_between_slices() -> None:
             [b"0", b"1", b"2"],
             [b"0x", b"1", b"2"],
         ]
-        assert not deferred.items and not deferred._scheduled
+        assert not deferred.items and not deferred.scheduled
 
-        old = _Deferred(loop, slice_ns=0, max_lag_ns=0)  # everything waiting is past the cap
+        old = _Deferred(
+            loop, slice_ns=0, max_lag_ns=0, clock_every=1
+        )  # everything waiting is past the cap
         more = [_Conn(old) for _ in range(3)]
         more_sinks = [Sink() for _ in more]
         for c, sk in zip(more, more_sinks, strict=True):

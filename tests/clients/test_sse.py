@@ -206,8 +206,8 @@ def _feed_until_refused(dec: SSEDecoder, pieces: list[bytes]) -> int:
 
 
 def test_a_line_over_the_limit_is_refused_as_soon_as_it_passes_it() -> None:
-    """Issue 17: a 100 MB line took 490 MB and 14 s (each read re-joined the whole line). Now
-    the line is refused in the read that takes it past the limit, and its bytes are let go."""
+    """A 100 MB line would take 490 MB and 14 s if each read re-joined the whole line: it is
+    refused in the read that takes it past the limit, and its bytes are let go."""
     dec = SSEDecoder(max_bytes=1 << 20)
     pieces = [b"data: "] + [b"x" * (64 << 10)] * 1600  # a 100 MB line in 64 KiB reads
     taken = _feed_until_refused(dec, pieces)

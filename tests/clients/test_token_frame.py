@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from typing import Any
 
 from hypothesis import given, settings
@@ -207,3 +208,50 @@ def test_decoder_idle() -> None:
     assert d.idle()
     d.feed(b"data: d\n\r")  # a CR whose LF may follow
     assert not d.idle()
+
+
+def test_a_stream_read_behind_learns_its_frame_from_reads_of_several_events() -> None:
+    """Read late, a stream comes a few events a read (the role chunk with the first tokens,
+    then tokens three at a time): its frame is learned from them all the same, and the later
+    reads of several token events take the fast way."""
+    events = [_chat(None)] + [_chat(f" t{i}") for i in range(30)] + [_chat(None, "stop")]
+    events.append(b"data: [DONE]\n\n")
+    reads = [b"".join(events[i : i + 3]) for i in range(0, len(events), 3)]
+    fast, _ = _feed(reads)
+    assert fast._tpl is not None
+
+
+def test_texts_with_escapes_take_the_learned_frame() -> None:
+    """A newline, a quote, a backslash or an escaped character in a token's text is unescaped
+    by the JSON parser on the fast way: the same text as the full parse, and no tries spent."""
+    texts = ["a", "b", "\n\n", 'say "hi"', "back\\slash", "tab\there", "\u00e9", "c", "\\"]
+    reads = [_chat(t) for t in texts]
+    reads.append(b'data: {"id":"cmpl-1","object":"chat.completion.chunk","model":"m",'
+                 b'"choices":[{"index":0,"delta":{"content":"\\u00e9\\ud83d\\ude00"},'
+                 b'"finish_reason":null}]}\n\n')  # fmt: skip
+    reads.append(b"data: [DONE]\n\n")
+    fast, _ = _feed(reads)
+    assert fast._tpl is not None and fast._learn == 2  # learned at the first token, no try spent
+    assert fast.text == "".join(texts) + "\u00e9\U0001f600"
+
+
+def test_a_text_whose_closing_quote_is_escaped_away_goes_the_full_way() -> None:
+    """``"a\\"`` then the frame's tail: the quote that looks like the string's end is escaped,
+    so the event is not the frame (here it is not even JSON): the full way decides."""
+    bad = (
+        _chat("a")[: -len(b'"},"finish_reason":null}]}\n\n')] + b'\\"},"finish_reason":null}]}\n\n'
+    )
+    fast, _ = _feed([_chat("x"), _chat("y"), bad, b"data: [DONE]\n\n"])
+    assert fast.record.outcome == "protocol_error"
+
+
+def test_a_long_text_that_is_not_the_frame_is_given_up_in_linear_time() -> None:
+    """100 kB of text with escapes and no closing tail: the frame's patterns give it up at
+    once (no retrying over every split of the text), and the full way reads it."""
+    body = 'ab\\"c' * 20_000  # plain bytes and escaped pairs, over and over
+    event = _chat("x")[: -len(b'"},"finish_reason":null}]}\n\n')] + body.encode()
+    event += b'"},"finish_reason":null,"more":1}]}\n\n'  # not the learned tail
+    started = time.monotonic()
+    fast, _ = _feed([_chat("x"), _chat("y"), event, b"data: [DONE]\n\n"])
+    assert time.monotonic() - started < 5.0  # linear: milliseconds; backtracking: forever
+    assert fast.text.endswith('ab"c')  # each escaped pair, unescaped

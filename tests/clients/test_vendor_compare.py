@@ -119,7 +119,7 @@ def test_reference_vs_anthropic_in_one_command(
 def test_reference_server_in_two_modes_in_one_command(
     reference_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # issue 5's end-to-end case: the same seeded requests to the reference server in two
+    # End to end: the same seeded requests to the reference server in two
     # modes (the module's continuous server and a static one), then the comparison
     static = launch.RunningServer(mode="static", preset="tiny", extra_args=["--threads", "1"])
     try:

@@ -69,7 +69,7 @@ def test_an_error_of_the_tree_raised_mid_run_is_exit_code_2(
     def calibration_fails(*_a: object, **_k: object) -> None:
         raise CalibrationError("the endpoint reported no prompt tokens; give --chars-per-token")
 
-    monkeypatch.setattr("loadlab.commands.run.run_load", calibration_fails)
+    monkeypatch.setattr("loadlab.runner.run.run_prepared", calibration_fails)
     argv = ["run", *ENDPOINT, "--requests", "1", "--out", str(tmp_path / "r.json")]
     assert cli.main(argv) == 2
     assert "loadlab run: the endpoint reported no prompt tokens" in capsys.readouterr().err
@@ -81,7 +81,7 @@ def test_a_bug_raising_value_error_mid_run_propagates(
     def bug(*_a: object, **_k: object) -> None:
         raise ValueError("a bug, not bad input")
 
-    monkeypatch.setattr("loadlab.commands.run.run_load", bug)
+    monkeypatch.setattr("loadlab.runner.run.run_prepared", bug)
     argv = ["run", *ENDPOINT, "--requests", "1", "--out", str(tmp_path / "r.json")]
     with pytest.raises(ValueError, match="a bug, not bad input"):
         cli.main(argv)
@@ -92,13 +92,13 @@ def test_a_bug_mid_run_is_a_traceback_and_exit_code_1(tmp_path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        import loadlab.commands.run as run_command
+        import loadlab.runner.run as run_path
         from loadlab.cli import main
 
         def bug(*args, **kwargs):
             raise ValueError("a bug, not bad input")
 
-        run_command.run_load = bug
+        run_path.run_prepared = bug
         sys.exit(main({["run", *ENDPOINT, "--requests", "1", "--out", str(tmp_path / "r.json")]!r}))
         """
     )
@@ -108,4 +108,4 @@ def test_a_bug_mid_run_is_a_traceback_and_exit_code_1(tmp_path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "Traceback (most recent call last)" in proc.stderr
     assert proc.stderr.rstrip().endswith("ValueError: a bug, not bad input")
-    assert "loadlab run:" not in proc.stderr
+    assert "loadlab run: a bug" not in proc.stderr  # not turned into an input error

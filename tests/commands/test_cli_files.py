@@ -1,5 +1,5 @@
 """Unreadable, mistyped or unwritable files are exit 2 with a line naming the file and the
-field, for every command that reads or writes them (issue 17, item 7): for ``loadlab slo`` an
+field, for every command that reads or writes them: for ``loadlab slo`` an
 exit 1 would read as FAIL."""
 
 from __future__ import annotations

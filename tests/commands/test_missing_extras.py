@@ -1,5 +1,5 @@
 """The harness alone (no torch, no Locust): every command that needs an extra says which one
-to install and exits 2 before it does anything (issue 17, item 12). The missing packages are
+to install and exits 2 before it does anything. The missing packages are
 hidden from a real child process by a meta-path finder, as if never installed."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Stop signals end ``loadlab run`` the same way, with real processes and real signals
-(issue 17, item 1): SIGTERM and SIGHUP like SIGINT (the file written, exit 128 + the signal),
+"""Stop signals end ``loadlab run`` the same way, with real processes and real signals:
+SIGTERM and SIGHUP like SIGINT (the file written, exit 128 + the signal),
 signals during the write do not abort it, ``--workers`` children stop with their parent."""
 
 from __future__ import annotations

@@ -66,12 +66,17 @@ def tiny_model() -> Path:
     return Path(os.environ["LOADLAB_TINY_MODEL"])
 
 
-def loadlab_run(out: Path, args: Sequence[str], timeout_s: float = 240.0) -> dict[str, Any]:
-    """``python3 -m loadlab run ARGS --out OUT`` as a user types it; the results file's JSON."""
-    env = {
+def loadlab_env() -> dict[str, str]:
+    """The environment a ``python3 -m loadlab`` subprocess imports this checkout's loadlab in."""
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
+
+
+def loadlab_run(out: Path, args: Sequence[str], timeout_s: float = 240.0) -> dict[str, Any]:
+    """``python3 -m loadlab run ARGS --out OUT`` as a user types it; the results file's JSON."""
+    env = loadlab_env()
     cmd = [sys.executable, "-m", "loadlab", "run", *args, "--out", str(out), "--no-progress"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert out.is_file(), f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -1,4 +1,4 @@
-"""The prefix workload's expected hit rate against vLLM's own prefix-cache counters (issue 18).
+"""The prefix workload's expected hit rate against vLLM's own prefix-cache counters.
 
 With the model's tokenizer every prefix is the prompt's first 256 tokens as vLLM counts them
 (chat template included) and every prompt 288, so with 16-token blocks the expected hit rate is

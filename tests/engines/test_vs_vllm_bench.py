@@ -1,5 +1,6 @@
 """loadlab beside ``vllm bench serve`` on the session's vLLM: one short round of the workload
-``benchmarks/vs_vllm_bench.py`` runs three times at 200 requests (there the 10 % verdict).
+``benchmarks/vs_vllm_bench.py`` runs at 200 requests (there each tool is judged by a packet
+capture of its own run).
 
 Here: both tools complete every request, loadlab sends exactly the per-request lengths vLLM
 counted for vllm bench, and both record the same input and output token totals from the

@@ -101,6 +101,12 @@ def _varied(i: int, rng: np.random.Generator) -> RequestRecord:
     chunk_tokens = tokens if shape == 1 else (tokens[:-1] if shape == 2 and n > 1 else [])
     usage = None if shape == 3 else sum(tokens) + int(rng.integers(-2, 3)) * (shape == 0)
     reasoning = n > 4 and rng.random() < 0.3
+    kind = rng.random()  # most streamed; some asked whole (one chunk), some embeddings
+    if kind < 0.08 and sent is not None:
+        chunks, chunk_tokens, n = ([sent + 5 * MS] if outcome == "ok" else []), [], 1
+    elif kind < 0.14 and sent is not None:
+        chunks, chunk_tokens, n = [], [], 0
+    reasoning = reasoning and kind >= 0.14
     return RequestRecord(
         request_id=f"r{i}",
         outcome=outcome,
@@ -125,6 +131,8 @@ def _varied(i: int, rng: np.random.Generator) -> RequestRecord:
         reasoning_tokens=None if not reasoning or rng.random() < 0.5 else int(rng.integers(0, 9)),
         tool_calls=int(rng.random() < 0.05),
         tool_call_chunks=int(rng.integers(0, 3)) if rng.random() < 0.1 else 0,
+        streamed=not kind < 0.14,
+        inputs=int(rng.integers(1, 9)) if 0.08 <= kind < 0.14 else None,
     )
 
 

@@ -1,5 +1,5 @@
 """loadlab beside ``vllm bench serve`` on the same vLLM and the same workload: the parts that
-``benchmarks/vs_vllm_bench.py`` (three interleaved rounds, the 10 % verdict) and the engine test
+``benchmarks/vs_vllm_bench.py`` (each tool judged by a packet capture) and the engine tests
 (one short round) share.
 
 vllm bench's random dataset is its own, and its prompts drift a token or two from the asked
@@ -11,7 +11,7 @@ totals, each counted from the server's usage as its own tool recorded it.
 The tiny model's weights are random, so most tokens it picks are single bytes of multi-byte
 UTF-8 characters, which vLLM streams as chunks with empty text until the character completes.
 vllm bench counts such a chunk as a token (in TTFT and ITL); loadlab does not (a chunk with no
-text carries no visible token, ``../shared/ARCHITECTURE.md``); a real model rarely sends one.
+text carries no visible token, ``docs/metrics.md``); a real model rarely sends one.
 So both tools send the same ``allowed_token_ids``: the tokens that decode to whole ASCII text.
 
 Usage::
@@ -21,7 +21,13 @@ Usage::
     bench_figures(bench), loadlab_figures(res)
 
 (``run_round`` is ``run_vllm_bench``, ``write_lengths_trace`` and ``run_loadlab_on_trace`` in
-turn; call them one by one to look between the steps.)
+turn; call them one by one to look between the steps.) ``run_round_on_wire`` runs the same
+round with each tool's run captured (``loadlab.wire``; root or CAP_NET_RAW) and judges each
+tool's per-request figures against the wire's: loadlab's by the ``X-Request-Id`` it sends,
+vllm bench's by the ids it sends (``--request-id-prefix``; its saved lists are in request
+order). vllm bench starts TTFT at the first chunk with ``choices``, a role-only one included,
+and counts every such chunk in ITL: it is judged against the wire read its way
+(``vllm_bench``), and against the token events loadlab counts (``vllm_bench_tokens``).
 """
 
 from __future__ import annotations
@@ -30,20 +36,28 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadlab.results import Results, read_results
+from loadlab.wire.capture import Capture
+from loadlab.wire.http import CHOICE, TOKEN, read_exchanges
+from loadlab.wire.judge import Timings, judge, record_timings, wire_timings
 from tests.helpers.vllm_server import SERVED_MODEL
 
 __all__ = [
     "METRICS",
     "BenchLoad",
+    "WireRound",
     "bench_figures",
+    "bench_timings",
     "loadlab_figures",
     "run_loadlab_on_trace",
     "run_round",
+    "run_round_on_wire",
     "run_vllm_bench",
     "text_token_ids",
     "write_lengths_trace",
@@ -52,11 +66,12 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms")  # each tool's p50 of each
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+BENCH_ID_PREFIX = "vllm-bench-"  # its request i sends X-Request-Id BENCH_ID_PREFIX + str(i)
 
 
 @dataclass(frozen=True)
 class BenchLoad:
-    """The workload of the issue: random 256 in / 64 out, concurrency 8, 200 requests."""
+    """The side-by-side's workload: random 256 in / 64 out, concurrency 8, 200 requests."""
 
     requests: int = 200
     concurrency: int = 8
@@ -100,6 +115,7 @@ def run_vllm_bench(
         "--random-output-len", str(load.output_len), "--num-prompts", str(load.requests),
         "--max-concurrency", str(load.concurrency), "--ignore-eos", "--seed", str(load.seed),
         "--extra-body", json.dumps(extra_body), "--disable-tqdm",
+        "--request-id-prefix", BENCH_ID_PREFIX,
         "--save-result", "--save-detailed", "--result-dir", str(out.parent),
         "--result-filename", out.name,
     ]  # fmt: skip
@@ -190,6 +206,18 @@ def loadlab_figures(res: Results) -> dict[str, float]:
     }
 
 
+def bench_timings(data: dict[str, Any]) -> Timings:
+    """vllm bench's per-request figures (its saved lists, in request order; seconds), in ms,
+    keyed by the ids it sent; failed requests left out."""
+    ttft, itl, e2e = {}, {}, {}
+    rows = zip(data["ttfts"], data["itls"], data["latencies"], data["errors"], strict=True)
+    for i, (first, gaps, latency, error) in enumerate(rows):
+        if not error and first:
+            rid = f"{BENCH_ID_PREFIX}{i}"
+            ttft[rid], itl[rid], e2e[rid] = first * 1e3, [g * 1e3 for g in gaps], latency * 1e3
+    return Timings(ttft, itl, e2e)
+
+
 def run_round(
     python: str | Path,
     url: str,
@@ -199,13 +227,61 @@ def run_round(
     extra_body: dict[str, Any],
     tag: str = "",
     cpus: str | None = None,
+    around: Callable[[str], AbstractContextManager[Any]] = lambda _tool: nullcontext(),
 ) -> tuple[dict[str, Any], Results]:
     """One round: ``vllm bench serve``, then ``loadlab run`` on the lengths vLLM counted for
-    it (both on ``cpus`` when given); vllm bench's saved result and loadlab's results. Files
-    go in ``work``, named with ``tag`` (one per round)."""
-    out = work / f"bench{tag}.json"
-    bench = run_vllm_bench(python, url, model_dir, load, out, extra_body, cpus=cpus)
+    it (both on ``cpus`` when given, each inside ``around("bench")``, ``around("loadlab")``);
+    vllm bench's saved result and loadlab's results. Files go in ``work``, named with ``tag``
+    (one per round)."""
+    with around("bench"):
+        bench = run_vllm_bench(
+            python, url, model_dir, load, work / f"bench{tag}.json", extra_body, cpus=cpus
+        )
     trace = work / f"lengths{tag}.csv"
     write_lengths_trace(bench, trace)
     out = work / f"loadlab{tag}.json"
-    return bench, run_loadlab_on_trace(url, model_dir, trace, load, out, extra_body, cpus=cpus)
+    with around("loadlab"):
+        res = run_loadlab_on_trace(url, model_dir, trace, load, out, extra_body, cpus=cpus)
+    return bench, res
+
+
+@dataclass
+class WireRound:
+    """One round with each tool's run captured; ``figures``: ``loadlab.wire.judge.judge``'s
+    answer per tool (``loadlab``, ``vllm_bench``, ``vllm_bench_tokens``)."""
+
+    bench: dict[str, Any]
+    results: Results
+    figures: dict[str, dict[str, Any]]
+    dropped: int  # packets the kernel dropped in either capture (0: the wire is whole)
+
+
+def run_round_on_wire(
+    python: str | Path,
+    url: str,
+    model_dir: str | Path,
+    load: BenchLoad,
+    work: Path,
+    extra_body: dict[str, Any],
+    tag: str = "",
+    cpus: str | None = None,
+) -> WireRound:
+    """``run_round`` with each tool's run captured on the loopback (pcap files kept in
+    ``work``) and judged against the wire."""
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    caps: dict[str, Capture] = {}
+
+    def capture(tool: str) -> Capture:
+        caps[tool] = Capture(port, "lo", work / f"{tool}{tag}.pcap")
+        return caps[tool]
+
+    bench, res = run_round(python, url, model_dir, load, work, extra_body, tag, cpus, capture)
+    _, on_wire = read_exchanges(caps["bench"].pcap, port)
+    _, ours = read_exchanges(caps["loadlab"].pcap, port)
+    figures = {
+        "loadlab": judge(record_timings(res.records), wire_timings(ours)),
+        "vllm_bench": judge(bench_timings(bench), wire_timings(on_wire, (TOKEN, CHOICE))),
+        "vllm_bench_tokens": judge(bench_timings(bench), wire_timings(on_wire)),
+    }
+    dropped = sum(c.result.dropped if c.result else 0 for c in caps.values())
+    return WireRound(bench, res, figures, dropped)

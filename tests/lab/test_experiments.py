@@ -8,6 +8,7 @@ import pytest
 
 from loadlab.lab import experiments, settings_for
 from loadlab.lab.batchjob import job_lengths
+from loadlab.runner.run import Prepared
 
 
 def test_unavailable_mode_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +35,7 @@ def test_rounds_rotate_and_the_batch_job_runs_in_its_modes() -> None:
 def test_batch_specs_ask_for_each_documents_own_length() -> None:
     s = settings_for("tiny")
     cfg = experiments.experiment_configs(s, "http://127.0.0.1:1", "batch")[0]
-    specs = experiments.batch_specs(cfg, job_lengths(s))
+    specs = experiments.batch_specs(cfg, job_lengths(s), Prepared(cfg.endpoints[0], None))
     assert [sp.max_tokens for sp in specs] == job_lengths(s)
     assert all(sp.extra_body["min_tokens"] == sp.max_tokens for sp in specs)
     assert all(sp.intended_at_s == 0.0 for sp in specs)  # submitted at once

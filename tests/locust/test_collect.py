@@ -82,7 +82,7 @@ def test_generator_saturated_when_any_worker_lag_p99_passes_threshold(
 
 
 def test_a_worker_that_dies_between_batches_leaves_its_started_requests_lost() -> None:
-    """Issue 17: a worker killed with kill -9 never sends its final batch; the requests it said
+    """A worker killed with kill -9 never sends its final batch; the requests it said
     it started and never reported are counted lost, as failed records, so the invariants hold."""
     dead = RecordShipper(worker=1, host="a", t0_perf_ns=0, t0_wall_ns=0)
     alive = RecordShipper(worker=2, host="a", t0_perf_ns=0, t0_wall_ns=0)

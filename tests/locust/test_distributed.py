@@ -121,7 +121,7 @@ def test_in_flight_streams_are_cancelled_not_lost(tmp_path: Path, fixed_server: 
 def test_a_worker_killed_mid_run_has_its_started_requests_counted_lost(
     tmp_path: Path, fixed_server: str, truth
 ) -> None:
-    """Issue 17: kill -9 of a worker. The master writes the file once, soon after the run
+    """kill -9 of a worker. The master writes the file once, soon after the run
     (it waited --loadlab-final-wait four times, 86 s after the kill), and the requests the
     dead worker had started but never reported are counted lost, not silently missing."""
     port = free_port()

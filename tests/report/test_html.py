@@ -200,3 +200,15 @@ def test_log_axes_label_plain_numbers() -> None:
     fig.canvas.draw()
     labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert labels and not any("$" in t or "mathdefault" in t for t in labels), labels
+
+
+def test_numbers_in_the_page_are_rounded_not_raw_floats() -> None:
+    from loadlab.report.html import render_html
+
+    res = make_results(20, seed=1)
+    res.config = {"rate_rps": 2.9413063599999996, "shares": [0.1 + 0.2, 0.7], "requests": 500}
+    res.environment = {"cpu_ghz": 3.0000000000000004}
+    page = render_html(res)
+    assert "2.9413063599999996" not in page and "0.30000000000000004" not in page
+    assert ">2.94131<" in page and ">[0.3, 0.7]<" in page and ">500<" in page
+    assert ">3.0<" in page

@@ -1,4 +1,4 @@
-"""Acceptance (issue 18): against the real reference server, the hit rate its counters
+"""Against the real reference server, the hit rate its counters
 measure equals the one the workload expects from its own prompts within 2 percentage points;
 the text, Markdown and HTML reports set them side by side with TTFT cached and uncached."""
 

@@ -1,4 +1,4 @@
-"""A dead endpoint (issue 17, item 6): connect errors back off instead of spinning, add
+"""A dead endpoint: connect errors back off instead of spinning, add
 nothing to any throughput figure, and the summary's first line says the run mostly failed to
 connect."""
 

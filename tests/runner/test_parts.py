@@ -14,13 +14,15 @@ from loadlab.analysis.generator import saturation_warning
 from loadlab.analysis.metrics import count_outcomes
 from loadlab.clients import pool
 from loadlab.commands import run as run_cmd
-from loadlab.config import EndpointConfig, RunConfig
+from loadlab.config import DEMO, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.records import RequestSpec
+from loadlab.runner.fanout import partition, run_processes, share
 from loadlab.runner.monitor import LoopMonitor
+from loadlab.runner.outputs import out_paths
 from loadlab.runner.progress import Progress, format_line
+from loadlab.runner.prompt_sizing import size_prompts
 from loadlab.runner.runner import LiveStats
-from loadlab.runner.workers import partition, run_load, share
 from loadlab.workloads import build_requests
 from tests.helpers.fakes import FakeClient
 
@@ -83,7 +85,7 @@ def _fake_factory(endpoint: EndpointConfig, cfg: RunConfig) -> FakeClient:
 
 def test_two_workers_merge_into_one_results() -> None:
     cfg = RunConfig(concurrency=4, requests=40, workers=2, progress=False, prompt_tokens=4)
-    res = run_load(
+    res = run_processes(
         cfg,
         EndpointConfig(url="http://127.0.0.1:1", name="x"),
         build_requests,
@@ -177,7 +179,7 @@ def test_named_endpoints_and_clear_errors() -> None:
         )
     )
     assert [e.name for e in cfg.endpoints] == ["a", "b"]
-    assert [p.name for p in run_cmd.out_paths(cfg.replace(out="r/x.json"), ["a", "b"])] == [
+    assert [p.name for p in out_paths(cfg.replace(out="r/x.json"), ["a", "b"])] == [
         "x-a.json",
         "x-b.json",
     ]
@@ -199,10 +201,10 @@ def test_demo_defaults_apply_only_without_endpoint() -> None:
     cfg = run_cmd.config_from_args(_args("--rate", "2", "--duration", "5"))
     assert (cfg.rate_rps, cfg.concurrency, cfg.duration_s, cfg.requests) == (2.0, None, 5.0, None)
     demo = run_cmd.config_from_args(_args())
-    assert demo.concurrency == run_cmd.DEMO_DEFAULTS["concurrency"] and demo.endpoints == ()
+    assert demo.concurrency == DEMO["concurrency"] and demo.endpoints == ()
 
 
-def test_tokenizer_and_exact_output_flags_are_workload_keys(tmp_path: Path) -> None:
+def test_tokenizer_is_a_run_setting_and_exact_output_a_workload_key(tmp_path: Path) -> None:
     cfg = run_cmd.config_from_args(
         _args(
             "--endpoint",
@@ -216,31 +218,35 @@ def test_tokenizer_and_exact_output_flags_are_workload_keys(tmp_path: Path) -> N
             "--exact-output",
         )
     )
-    assert cfg.workload == {"kind": "synthetic", "tokenizer": "server", "exact_output": True}
+    assert cfg.tokenizer == "server"
+    assert cfg.workload == {"kind": "synthetic", "exact_output": True}
     scenario = tmp_path / "s.toml"
     scenario.write_text(
         'requests = 2\nconcurrency = 1\n[workload]\nkind = "chat"\nchars_per_token = 3.0\n'
     )
     cfg = run_cmd.config_from_args(_args("--scenario", str(scenario), "--tokenizer", "byte"))
-    assert cfg.workload["kind"] == "chat" and cfg.workload["tokenizer"] == "byte"
+    assert cfg.workload["kind"] == "chat" and cfg.tokenizer == "byte"
     assert "chars_per_token" not in cfg.workload  # the flag replaces the scenario's estimate
 
 
 def test_prompts_are_sized_exactly_by_default(tmp_path: Path) -> None:
-    """auto against an endpoint, byte on the embedded reference server; a scenario's own
-    tokenizer or chars_per_token, or --tokenizer none, is left as it is."""
+    """auto, RunConfig's default, for an endpoint and the embedded reference server alike; a
+    scenario's chars_per_token, or --tokenizer none, sends estimates."""
     load = ("--concurrency", "1", "--requests", "2")
+    assert RunConfig(concurrency=1, requests=1).tokenizer == "auto"
     cfg = run_cmd.config_from_args(_args("--endpoint", "http://h:1", *load))
-    assert cfg.workload["tokenizer"] == "auto"
-    assert run_cmd.config_from_args(_args(*load)).workload["tokenizer"] == "byte"
+    assert cfg.tokenizer == "auto" and "tokenizer" not in cfg.workload
+    assert run_cmd.config_from_args(_args(*load)).tokenizer == "auto"
     none = run_cmd.config_from_args(_args("--endpoint", "http://h:1", *load, "--tokenizer", "none"))
-    assert none.workload["tokenizer"] == "none"
+    assert none.tokenizer == "none" and size_prompts(none, none.endpoints[0]) is None
     scenario = tmp_path / "s.toml"
     scenario.write_text(
         'requests = 2\nconcurrency = 1\n[workload]\nkind = "chat"\nchars_per_token = 3.0\n'
     )
     cfg = run_cmd.config_from_args(_args("--scenario", str(scenario), "--endpoint", "http://h:1"))
-    assert "tokenizer" not in cfg.workload and cfg.workload["chars_per_token"] == 3.0
+    assert cfg.workload["chars_per_token"] == 3.0 and size_prompts(cfg, cfg.endpoints[0]) is None
+    byte = size_prompts(cfg.replace(workload={"kind": "chat"}, tokenizer="byte"), cfg.endpoints[0])
+    assert byte is not None and byte.tokens is not None and byte.fitter is not None
 
 
 def test_overlapping_runs_share_the_stop_signals_and_put_back_the_old_handlers() -> None:
@@ -252,7 +258,7 @@ def test_overlapping_runs_share_the_stop_signals_and_put_back_the_old_handlers()
     import signal
 
     from loadlab.runner import signals
-    from loadlab.runner.workers import run_endpoint
+    from loadlab.runner.endpoint import run_endpoint
 
     endpoint = EndpointConfig(url="http://127.0.0.1:1", name="x")
     slow = RunConfig(concurrency=2, duration_s=30, progress=False, prompt_tokens=4)

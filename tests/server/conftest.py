@@ -27,7 +27,7 @@ MODES = ("static", "continuous", "chunked", "disaggregated")
 BASE = ServerConfig(preset="tiny", api_key_env="LOADLAB_TEST_KEY", threads=1)
 MODE_CONFIG = replace(BASE, max_num_seqs=8, max_queue=64, max_model_len=128, num_kv_blocks=40,
                       max_batched_tokens=64, chunk_size=16)  # fmt: skip
-# A reasoning model that calls a tool whenever a request offers one (issue 19's acceptance).
+# A reasoning model that calls a tool whenever a request offers one.
 REASONING_CONFIG = replace(BASE, mode="continuous", max_num_seqs=8, max_model_len=512,
                            num_kv_blocks=96, reasoning_tokens=6, tool_call_rate=1.0)  # fmt: skip
 # Capacity 2 (one running, one queued) and the full context, for overload and disconnects.

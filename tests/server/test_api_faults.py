@@ -269,8 +269,8 @@ def test_tiny_temperatures_sample_greedily_instead_of_failing(continuous_server:
 
 
 def test_degenerate_sampling_is_served_beside_normal_requests(continuous_server: Any) -> None:
-    """Issue 17: temperature 2 with top_p 1e-300 made the sampler raise (a 500), and every batch
-    holding such a request reran one request at a time. Now it samples the most likely token,
+    """Temperature 2 with top_p 1e-300 must not make the sampler raise (a 500, and every batch
+    holding such a request rerun one request at a time): it samples the most likely token,
     and the normal requests batched with it finish with no engine error."""
     url = continuous_server.url + COMPLETIONS
     odd = {"model": MODEL, "prompt": "odd", "max_tokens": 6, "temperature": 2, "top_p": 1e-300}

@@ -55,7 +55,7 @@ def test_fuzzed_requests_never_get_a_server_error(continuous_server: Any, mode: 
         assert any(status not in (400, 404) for label, status in seen if label.startswith("POST"))
 
 
-# -- issue 17: what a schema cannot say -------------------------------------------------------
+# -- what a schema cannot say -----------------------------------------------------------------
 # Unicode edge cases (lone surrogates, NUL, BOM, bidi overrides, combining marks, astral and
 # non-characters) and sampling values at and past their limits (subnormals, 1e-300, the 1e-5
 # greedy cut-off, inf and NaN, which Python's JSON writes and reads). The CI runs

@@ -1,4 +1,4 @@
-"""Issue 19's acceptance: the reference server as a reasoning model (``--reasoning-tokens 6``)
+"""The reference server as a reasoning model (``--reasoning-tokens 6``)
 and an agent (``--tool-call-rate 1``), held against its own log (``GET /v1/request_log``).
 
 For every request, through chat, Anthropic messages and the Responses API: loadlab's record

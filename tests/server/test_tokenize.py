@@ -9,8 +9,7 @@ import pytest
 from loadlab.analysis.token_checks import prompt_match
 from loadlab.clients.counting import post_json, server_counter, server_says_byte
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.workers import run_load
-from loadlab.workloads import build_requests
+from loadlab.runner.run import run
 from tests.helpers.server import AUTH
 
 
@@ -36,9 +35,10 @@ def test_run_sends_prompts_the_server_counts_as_requested(
     counter = server_counter(ep)
     assert counter is not None and counter.url.endswith("/tokenize")
     cfg = RunConfig(concurrency=4, requests=12, max_tokens=4, endpoints=(ep,), progress=False,
-                    workload={"kind": "synthetic", "tokenizer": method,
+                    tokenizer=method,
+                    workload={"kind": "synthetic",
                               "prompt_tokens": {"dist": "uniform", "low": 5, "high": 100}})  # fmt: skip
-    results = run_load(cfg, ep, build_requests, progress=False)
+    results = run(cfg, write=False).runs[0].results
     assert all(r.ok for r in results.records)
     match = prompt_match(results.records)
     assert match.compared == 12 and match.exact == 12, match
@@ -81,8 +81,8 @@ def test_dataset_prompts_cut_to_the_requested_length_as_the_server_counts(
     path = str(PACKAGE_DATA / "samples" / "sharegpt.json")
     cfg = RunConfig(concurrency=2, requests=6, max_tokens=2, endpoints=(ep,), progress=False,
                     workload={"kind": "dataset", "path": path, "turns": "first",
-                              "tokenizer": "auto", "prompt_tokens": 60, "output_tokens": 2})  # fmt: skip
-    results = run_load(cfg, ep, build_requests, progress=False)
+                              "prompt_tokens": 60, "output_tokens": 2})  # fmt: skip
+    results = run(cfg, write=False).runs[0].results  # tokenizer "auto": RunConfig's default
     assert all(r.ok for r in results.records) and len(results.records) == 6
     match = prompt_match(results.records)
     assert match.compared == 6 and match.exact == 6, match
@@ -108,3 +108,22 @@ def test_the_byte_tokenizer_as_a_hf_folder_counts_as_the_server(tmp_path: Any) -
     served = chat_prompt([ChatMessage.model_validate(m) for m in msgs])
     assert tok.render_chat(msgs) == served
     assert tok.count_prompt("héllo", "chat") == tok.count_prompt("héllo", "completions") == 6
+
+
+def test_back_to_back_runs_start_cold_unless_the_seed_repeats(continuous_server: Any) -> None:
+    """Each run draws its own seed, so a second run finds none of the first's prompts in the
+    server's prefix cache; the same seed again is served from it."""
+    ep = EndpointConfig(continuous_server.url, model="loadlab-ref", api_key_env="LOADLAB_TEST_KEY")
+    cfg = RunConfig(concurrency=2, requests=8, prompt_tokens=64, max_tokens=2, endpoints=(ep,),
+                    progress=False)  # fmt: skip
+
+    def cached_share(results: Any) -> float:
+        ok = [r for r in results.records if r.ok]
+        assert len(ok) == 8
+        return sum(r.cached_prompt_tokens or 0 for r in ok) / sum(r.prompt_tokens for r in ok)
+
+    first, second = (run(cfg, write=False).runs[0].results for _ in range(2))
+    assert first.config["seed"] != second.config["seed"]
+    assert cached_share(first) <= 0.02 and cached_share(second) <= 0.02  # both cold
+    again = run(cfg.replace(seed=second.config["seed"]), write=False).runs[0].results
+    assert cached_share(again) >= 0.5  # its 16-token blocks, all but the last, were cached

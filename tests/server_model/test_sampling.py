@@ -74,8 +74,8 @@ def test_output_ids_limit_what_can_be_drawn() -> None:
 
 
 def test_a_vanishing_top_p_keeps_the_most_likely_token() -> None:
-    """Issue 17: top_p 1e-300 rounds to 0 in fp32, so no token was kept and multinomial raised
-    (the whole batch then reran one request at a time). The nucleus always holds its first."""
+    """top_p 1e-300 rounds to 0 in fp32, which would keep no token and make multinomial raise
+    (the whole batch then rerun one request at a time). The nucleus always holds its first."""
     logits = torch.randn(2, 320, generator=torch.Generator().manual_seed(2))
     s = sampler()
     seqs = [make(temperature=2.0, top_p=1e-300, seed=1), make(temperature=2.0, top_p=1e-300)]

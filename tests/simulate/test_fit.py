@@ -207,3 +207,18 @@ def test_black_box_decode_points_leave_out_gaps_that_shared_a_step_with_a_prefil
     for p in decode:  # every point is a plain decode step of its batch, not a mixed one
         want = TRUTH.step_s(0, p.decode_tokens, p.attn_pairs, p.kv_read_tokens)
         assert p.seconds == pytest.approx(want, rel=0.15), p.label
+
+
+def test_a_poor_fit_is_said_beside_its_residuals() -> None:
+    """Steps that vary three-fold at one size (a busy machine) fit no line: the table warns
+    instead of leaving a large error to be noticed; an exact fit does not."""
+    from loadlab.simulate.fit import residual_table
+
+    log = _step_log(TRUTH)
+    for i, e in enumerate(log):  # every other shape three times slower, then three faster
+        scale = 3.0 if (i // 3) % 2 else 1 / 3
+        e["end_ns"] = e["start_ns"] + round((e["end_ns"] - e["start_ns"]) * scale)
+    poor = fit_step_log(log, "noisy")
+    assert poor.residuals["rms_error_pct"] > 25
+    assert "WARNING: a poor fit" in residual_table(poor)
+    assert "WARNING" not in residual_table(fit_step_log(_step_log(TRUTH), "exact"))

@@ -104,7 +104,7 @@ def test_factors_of_one_change_nothing_and_the_seed_decides_the_draws() -> None:
     ones = dataclasses.replace(MODEL, jitter=(1.0,) * 10)
     assert itl(cfg, server, ones) == itl(cfg, server, MODEL)
     assert itl(cfg, server, SKEWED) == itl(cfg, server, SKEWED)  # same seed, same draws
-    other = dataclasses.replace(cfg, seed=cfg.seed + 1)
+    other = dataclasses.replace(cfg, seed=cfg.request_seed + 1)
     a = Simulator(cfg, server, SKEWED).run(build_requests(cfg)).to_results()
     b = Simulator(other, server, SKEWED).run(build_requests(cfg)).to_results()
     assert [r.chunk_ns for r in a.records] != [r.chunk_ns for r in b.records]

@@ -140,3 +140,25 @@ def test_simulate_command_writes_a_predicted_file(tmp_path: Path) -> None:
     assert is_predicted(res) and len(res.records) == 20
     assert res.config["simulate"]["server"]["mode"] == "disaggregated"
     assert "predicted:" in done.stdout and "kind simulate" in done.stdout
+
+
+@pytest.mark.parametrize(("rate", "overloaded"), [(200.0, True), (2.0, False)])
+def test_simulate_says_when_the_simulated_server_cannot_keep_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: float, overloaded: bool
+) -> None:
+    """Past what the server turns over, the queue grows without bound and TTFT grows with
+    the run's length: the prediction says so instead of printing those percentiles alone."""
+    from loadlab.cli import main
+
+    model = tmp_path / "fit.json"
+    model.write_text(json.dumps(LinearStepTime(0.01, 1e-4, 1.1e-3).to_dict()))
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('arrival = "constant"\nduration_s = 10\n[workload]\nkind = "synthetic"\n'
+                        "prompt_tokens = 512\noutput_tokens = 32\n")  # fmt: skip
+    argv = ["simulate", "--scenario", str(scenario), "--rate", str(rate), "--step-model",
+            str(model), "--extrapolate", "--out", str(tmp_path / "p.json")]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("the simulated server is OVERLOADED: requests arrived at" in err) is overloaded, err
+    if overloaded:
+        assert "the queue grows without bound" in err

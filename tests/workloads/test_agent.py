@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.workers import run_load
+from loadlab.runner.run import run_specs
 from loadlab.slo import evaluate, parse_slo
 from loadlab.workloads import WorkloadError, build_requests
 from tests.helpers.server import serve_agent
@@ -85,7 +85,7 @@ def reasoning_agent_server() -> Iterator[str]:
 def test_agent_sessions_run_three_tool_rounds(reasoning_agent_server: str, api: str) -> None:
     cfg = RunConfig(concurrency=4, requests=100, seed=3, progress=False, workload=AGENT)
     endpoint = EndpointConfig(url=reasoning_agent_server, model="loadlab-ref", api=api)
-    results = run_load(cfg, endpoint, build_requests, progress=False)
+    results = run_specs(cfg, endpoint, build_requests)
     records = sorted(results.records, key=lambda r: (r.session_id or "", r.turn))
     assert len(records) == 16 and {r.outcome for r in records} == {"ok"}
     for _, group in itertools.groupby(records, key=lambda r: r.session_id):
@@ -104,7 +104,7 @@ def test_agent_sessions_run_three_tool_rounds(reasoning_agent_server: str, api: 
 def test_mixed_classes_in_one_run_with_per_class_slos(reasoning_agent_server: str) -> None:
     cfg = RunConfig(concurrency=4, requests=60, seed=5, progress=False, workload=MIX)
     endpoint = EndpointConfig(url=reasoning_agent_server, model="loadlab-ref")
-    results = run_load(cfg, endpoint, build_requests, progress=False)
+    results = run_specs(cfg, endpoint, build_requests)
     by_class = {c: [r for r in results.records if r.request_class == c] for c in
                 ("chat", "agent", "batch")}  # fmt: skip
     assert all(by_class.values()) and {r.outcome for r in results.records} == {"ok"}

@@ -7,6 +7,7 @@ import itertools
 from loadlab.config import RunConfig
 from loadlab.workloads import build_requests
 from loadlab.workloads.arrivals import arrival_times
+from loadlab.workloads.exact import Sizing
 
 
 def test_batch_open_loop_submits_the_whole_job_at_once():
@@ -64,8 +65,10 @@ def test_synthetic_class_and_distribution_and_exact_output():
 
 def test_chars_per_token_from_the_workload_wins():
     cfg = RunConfig(concurrency=1, requests=3, workload={"kind": "synthetic", "chars_per_token": 4})
-    specs = list(build_requests(cfg, chars_per_token=1.0))
-    assert {(s.prompt_tokens, len(s.prompt)) for s in specs} == {(128, 512)}
+    estimate = Sizing("estimate (2 chars/token)", 2.0, None)
+    for how in (None, estimate):  # the workload's own estimate wins over the sizing's
+        specs = list(build_requests(cfg, how))
+        assert {(s.prompt_tokens, len(s.prompt)) for s in specs} == {(128, 512)}
 
 
 def test_closed_loop_duration_synthetic_is_endless():

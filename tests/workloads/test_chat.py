@@ -113,8 +113,8 @@ def test_open_loop_without_sessions_stops_at_requests():
 
 
 def test_read_ahead_zero_builds_each_request_when_asked(monkeypatch):
-    """Issue 17: a Locust user's stream (an endless closed-loop chat) read 2,048 requests ahead
-    at start, ~80 ms on the gevent loop per user; with read_ahead=0 it builds none until
+    """A Locust user's stream (an endless closed-loop chat) reading 2,048 requests ahead at
+    start costs ~80 ms on the gevent loop per user; with read_ahead=0 it builds none until
     asked, then one per request. A run still reads ahead by default."""
     import loadlab.workloads.sessions as sessions  # chat's turns are built there
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.workers import run_load
+from loadlab.runner.run import run_specs
 from loadlab.workloads import build_requests
 
 launch = pytest.importorskip("reference_server.launch")
@@ -39,7 +39,7 @@ def test_20_sessions_of_5_turns_send_the_growing_history(fake_server):
         },
     )
     endpoint = EndpointConfig(url=fake_server, model="loadlab-ref")
-    results = run_load(cfg, endpoint, build_requests, progress=False)
+    results = run_specs(cfg, endpoint, build_requests)
     specs = {s.request_id: s for s in build_requests(cfg)}
     records = sorted(results.records, key=lambda r: (r.session_id or "", r.turn))
     assert len(records) == 100 and {r.outcome for r in records} == {"ok"}

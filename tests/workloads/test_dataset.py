@@ -11,6 +11,7 @@ import pytest
 from loadlab.config import RunConfig
 from loadlab.workloads import build_requests, validate_workload
 from loadlab.workloads.dataset import conversation
+from loadlab.workloads.exact import tokenizer_sizing
 from loadlab.workloads.params import PACKAGE_DATA, WorkloadError
 from loadlab.workloads.tokenizers import load_tokenizer
 
@@ -18,10 +19,11 @@ SAMPLES = PACKAGE_DATA / "samples"
 HF_FILES = ("hf.json", "hf.parquet", "hf.arrow")
 
 
-def specs_of(path: Path | str, requests: int = 100, **workload):
+def specs_of(path: Path | str, requests: int = 100, tokenizer: str = "none", **workload):
+    """The dataset's requests, sized as a chat endpoint counts them under ``tokenizer``."""
     cfg = RunConfig(concurrency=1, requests=requests, max_tokens=77,
                     workload={"kind": "dataset", "path": str(path), **workload})  # fmt: skip
-    stream = build_requests(cfg)
+    stream = build_requests(cfg, tokenizer_sizing(tokenizer, "chat"))
     return list(stream), stream.extra()["dataset"]  # type: ignore[attr-defined]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.workloads import build_requests
-from loadlab.workloads.exact import fit_prompt
+from loadlab.workloads.exact import fit_prompt, tokenizer_sizing
 
 
 def test_fit_finds_the_prefix_with_the_count():
@@ -41,16 +41,12 @@ def test_every_prompt_counts_exactly_as_requested(tok_dir, api, kind):
     from loadlab.workloads.tokenizers import load_tokenizer
 
     tok = load_tokenizer(str(tok_dir))
-    workload = {
-        "kind": kind,
-        "tokenizer": str(tok_dir),
-        "prompt_tokens": {"dist": "uniform", "low": 40, "high": 1900},
-    }
+    workload = {"kind": kind, "prompt_tokens": {"dist": "uniform", "low": 40, "high": 1900}}
     if kind == "chat":
         workload.update(sessions=6, turns=2, output_tokens=8)
     cfg = RunConfig(concurrency=2, requests=40, max_tokens=8, workload=workload,
                     endpoints=(EndpointConfig("http://127.0.0.1:1", api=api),))  # fmt: skip
-    stream = build_requests(cfg)
+    stream = build_requests(cfg, tokenizer_sizing(str(tok_dir), api))
     specs = list(stream)
     first = [s for s in specs if s.turn == 0]
     assert first and all(tok.count_prompt(s.prompt, api) == s.prompt_tokens for s in first)
@@ -62,21 +58,20 @@ def test_every_prompt_counts_exactly_as_requested(tok_dir, api, kind):
 
 
 def test_same_seed_same_prompts(tok_dir):
-    cfg = RunConfig(concurrency=1, requests=5, prompt_tokens=300, max_tokens=4,
-                    workload={"kind": "synthetic", "tokenizer": str(tok_dir)})  # fmt: skip
-    assert [s.prompt for s in build_requests(cfg)] == [s.prompt for s in build_requests(cfg)]
+    cfg = RunConfig(concurrency=1, requests=5, prompt_tokens=300, max_tokens=4, seed=7)
+    how = tokenizer_sizing(str(tok_dir), "chat")
+    assert [s.prompt for s in build_requests(cfg, how)] == [
+        s.prompt for s in build_requests(cfg, how)
+    ]
 
 
 def test_auto_never_stops_a_run_and_says_so_once() -> None:
-    from loadlab.runner.prompt_sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, prepared_sizing
-    from loadlab.workloads.exact import AsksServer
+    from loadlab.runner.prompt_sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, size_prompts
     from tests.conftest import free_port
 
     dead = EndpointConfig(f"http://127.0.0.1:{free_port()}", name="gone")
     cfg = RunConfig(concurrency=1, requests=3, prompt_tokens=100, max_tokens=4, endpoints=(dead,),
-                    workload={"kind": "synthetic", "tokenizer": "auto"})  # fmt: skip
-    with pytest.raises(AsksServer, match="prepared_sizing"):
-        build_requests(cfg)  # only the endpoint can count: it is asked before, not here
+                    tokenizer="auto")  # fmt: skip
     how = ask_endpoint(dead, "auto")
     assert how.fitter is None and how.chars_per_token == FALLBACK_CHARS_PER_TOKEN
     assert how.warning is not None and "endpoint gone" in how.warning
@@ -84,10 +79,10 @@ def test_auto_never_stops_a_run_and_says_so_once() -> None:
         ask_endpoint(
             dead, "calibrate"
         )  # asked for by name, a method that cannot work stops the run
-    with prepared_sizing(cfg) as notes:
-        assert notes == [how.warning]
-        stream = build_requests(cfg)
-        specs = list(stream)
+    sized = size_prompts(cfg, dead)
+    assert sized is not None and sized.warning == how.warning
+    stream = build_requests(cfg, sized)
+    specs = list(stream)
     # cut by the estimate: 100 tokens at 4 characters each
     assert [len(s.prompt) for s in specs] == [400] * 3
     assert stream.extra()["prompt_fit"] == {"method": "estimate (4 chars/token)"}  # type: ignore[attr-defined]

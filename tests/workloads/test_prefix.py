@@ -105,16 +105,17 @@ def test_with_a_tokenizer_prefixes_and_prompts_are_exact_in_its_tokens(
     blocks the expected hit rate is exactly the repeated prefixes' share."""
     pytest.importorskip("tokenizers")
     from loadlab.analysis.prefix_cache import expected_cached_tokens
+    from loadlab.workloads.exact import local_sizing
     from loadlab.workloads.tokenizers import load_tokenizer
     from tests.helpers.bpe import make_tokenizer_dir
 
     tok_dir = str(make_tokenizer_dir(tmp_path / "tiny"))
     tok = load_tokenizer(tok_dir)
-    wl = {"kind": "prefix", "tokenizer": tok_dir, "prefixes": 3, "requests_per_prefix": 4,
+    wl = {"kind": "prefix", "prefixes": 3, "requests_per_prefix": 4,
           "prefix_tokens": 256, "suffix_tokens": 32, "cache_bust": True, "block_size": 16}  # fmt: skip
     cfg = RunConfig(concurrency=1, requests=12, max_tokens=4, workload=wl,
                     endpoints=(EndpointConfig("http://127.0.0.1:1", api=api),))  # fmt: skip
-    stream = build_requests(cfg)
+    stream = build_requests(cfg, local_sizing(tok, api))
     got = list(stream)
     ids = [tok.prompt_ids(s.prompt, api) or [] for s in got]
     assert [len(i) for i in ids] == [288] * 12

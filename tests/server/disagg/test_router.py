@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import aiohttp
+import pytest
 
 from loadlab.clients.openai import OpenAIClient
 from loadlab.config import EndpointConfig
@@ -185,3 +186,50 @@ def test_watchdog_sees_a_dead_api_process_even_before_it_is_reaped() -> None:
     finally:
         proc.wait(10)
     assert _gone(proc.pid)
+
+
+@pytest.mark.slow  # a server of its own, started and stopped
+def test_sigterm_stops_the_server_and_frees_every_semaphore(tmp_path: Any) -> None:
+    """SIGTERM (what ``launch`` sends) shuts the server down, stops its workers, exits 143 and
+    leaves nothing for multiprocessing's resource tracker to clean up: before, uvicorn raised
+    the signal again after its shutdown, the process died before atexit, and the tracker
+    reported the queues' semaphores as leaked."""
+    import signal
+    import sys
+
+    from reference_server.launch import free_port
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    argv = [sys.executable, "-m", "reference_server.cli", "--mode", "disaggregated",
+            "--preset", "tiny", "--threads", "1", "--port", str(port)]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while "ready" not in log.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    text = log.read_text()
+    assert code == 128 + signal.SIGTERM, text
+    assert "leaked" not in text, text
+
+
+def test_the_help_says_what_the_ready_line_says_about_prefix_caching(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Disaggregated mode caches prefixes on its prefill workers (its ready line says
+    ``prefix_caching=on``); the help said it did not."""
+    from reference_server.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "not yet in disaggregated mode" not in text
+    assert "in disaggregated mode the prefill workers cache them" in text
