@@ -61,7 +61,7 @@ PERCENTILES = (50.0, 99.0)
 _MAX_CELLS = 4_000_000  # bootstrap work matrix size per chunk (memory bound)
 # Up to this many (replicates x requests) a weight is drawn for every request of every
 # replicate; beyond it, the Poisson bootstrap over a window (``_poisson_quantile``).
-EXACT_CELLS = 50_000_000
+EXACT_CELLS = 10_000_000
 # The bootstrap of an extreme quantile is unreliable when few samples lie beyond it (for the
 # maximum it is inconsistent: Bickel & Freedman, Ann. Statist. 9(6), 1981). Below this many
 # samples on either side of the quantile a row is shown but not tested.
