@@ -77,6 +77,7 @@ def _file_with(tmp_path: Path, change: dict[str, object], name: str = "r.json") 
         ({"end_ns": 1}, "is before sent_ns"),
         ({"chunk_ns": [9 * 10**9, 8 * 10**9, 10**10, 10**10]}, "chunk_ns goes back in time"),
         ({"sent_ns": 10**30}, "sent_ns holds 1e+30, past any time or count"),
+        ({"chunk_ns": [10**19, 10**19 + 1, 10**19 + 2, 10**19 + 3]}, "chunk_ns holds 1e+19"),
         ({"turn": True}, "field 'turn' must be int"),
     ],
 )

@@ -423,10 +423,10 @@ class Unparsed(Exception):
 
 
 # Written by ``to_dict``: the two chunk lists side by side, of plain digits. ``_parse`` cuts
-# them out and reads them with numpy (where no number has 19 digits: past int64's range);
-# JSON parses the rest.
+# them out and reads them with numpy (which stops a number past int64 at its largest: such a
+# window goes the way of JSON, which names it); JSON parses the rest.
 _LIST_PAIR = re.compile(rb'"chunk_ns":\[([0-9,]*)\],"chunk_tokens":\[([0-9,]*)\]')
-_TOO_LONG = re.compile(rb"[0-9]{19}")
+_INT64_MAX = np.iinfo(np.int64).max
 _PLACEHOLDER = b'"chunk_ns":0,"chunk_tokens":0'  # 0: a cached int, no list made per record
 _RECORD_START = b'{"request_id":'
 _WRITTEN = tuple(f for f in _FIELDS if f not in LEFT_OUT_AT_DEFAULT)  # fields always written
@@ -441,7 +441,7 @@ def _parse(
     parts = _LIST_PAIR.split(raw)
     pairs = (len(parts) - 1) // 3
     lists = None
-    if pairs and pairs == raw.count(_RECORD_START) and not _TOO_LONG.search(raw):
+    if pairs and pairs == raw.count(_RECORD_START):
         raw = _PLACEHOLDER.join(parts[0::3])
         lists = {f: _numbers(parts[1 + k :: 3]) for k, f in enumerate(_LISTS)}
     try:
@@ -483,7 +483,7 @@ def _numbers(groups: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         values = np.fromstring(joined, dtype=np.int64, sep=",") if joined else np.zeros(0, np.int64)
     except ValueError:  # ",," or a list that starts with a comma: not JSON's
         raise Unparsed from None
-    if values.size != lens.sum():
+    if values.size != lens.sum() or (values.size and values.max() == _INT64_MAX):
         raise Unparsed
     return lens, values
 
