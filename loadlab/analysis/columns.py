@@ -117,6 +117,12 @@ class RecordColumns:
         self.lists = dict(lists)  # name -> (start offsets int64 [n + 1], values int64)
         self.n = len(self.text["request_id"])
 
+    def kept(self, name: str, make: Callable[[], Any]) -> Any:
+        """A derived column made once (``make()``), kept until ``forget(name)``."""
+        if name not in self.__dict__:
+            self.__dict__[name] = make()
+        return self.__dict__[name]
+
     def forget(self, *names: str) -> None:
         """Drop derived columns kept since first asked for (``gaps`` holds 180 MB for a
         million streams); they are made again when asked for."""

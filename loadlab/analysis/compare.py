@@ -194,6 +194,7 @@ class _Resampler:
         self.chunk = max(1, _MAX_CELLS // max(self.k, 1))
         self._cache: dict[int, np.ndarray] = {}
         self._cacheable = n_boot * self.k <= 5 * _MAX_CELLS
+        self._sizes: tuple[np.ndarray, np.ndarray] | None = None  # (clusters, values of each)
 
     def weights(self, start: int) -> np.ndarray:
         if start in self._cache:
@@ -214,7 +215,10 @@ class _Resampler:
             return _boot_quantile(values, cluster, q, self)
         run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
         rng_seed = [*self.seed, *key.encode()]
-        return _poisson_quantile(values, cluster, q, run_of, self.n_boot, rng_seed)
+        if self._sizes is None or self._sizes[0] is not cluster:  # one metric's two rows: once
+            self._sizes = (cluster, _tally(cluster, None, self.k))
+        sizes = self._sizes[1]
+        return _poisson_quantile(values, cluster, q, run_of, self.n_boot, rng_seed, sizes)
 
     def _two_level(self, m: int, rng: np.random.Generator) -> np.ndarray:
         runs = _boot_weights(len(self.sizes), m, rng)  # [m, runs]: how often each run is drawn
@@ -271,6 +275,7 @@ def _poisson_quantile(
     run_of: np.ndarray,
     n_boot: int,
     seed: Sequence[int],
+    sizes: np.ndarray | None = None,
 ) -> np.ndarray:
     """``n_boot`` replicates of the q-quantile by the Poisson bootstrap, for setups too large
     to draw a weight for every request of every replicate (a million requests x 2,000).
@@ -283,9 +288,10 @@ def _poisson_quantile(
     requests with a value there get their own weights; every other request only adds its
     values below the window and its size, so the requests alike in (run, values below, size)
     are drawn together, as the sum of their Poisson weights, itself Poisson. Exact for the
-    Poisson bootstrap; a replicate that falls outside the window makes the window wider."""
+    Poisson bootstrap; a replicate that falls outside the window makes the window wider.
+    ``sizes``: each cluster's values, when known (the rows of one metric share them)."""
     n, k = values.size, int(run_of.size)
-    sizes = _tally(cluster, None, k)
+    sizes = _tally(cluster, None, k) if sizes is None else sizes
     r0 = min(int(q * n), n - 1)
     at_r0 = np.partition(values, r0)[r0]  # no sort of them all: ranks from value thresholds
     sd = float(np.sqrt(np.sum((_tally(cluster, values < at_r0, k) - q * sizes) ** 2)))
@@ -321,7 +327,7 @@ def _poisson_quantile(
         for s0 in range(0, n_boot, step):
             r = drawn[s0 : s0 + step]
             grouped = rng.poisson(r[:, kinds[0]] * count)  # [m, G]
-            own = _poisson_weights(rng, r[:, run_of[near]])  # [m, near]
+            own = _poisson_weights(rng, r[:, run_of[near]], np.unique(r))  # [m, near]
             under = grouped @ kinds[1] + own @ below[near]
             target = q * (grouped @ kinds[2] + own @ sizes[near])
             idx = _crossing(own[:, at], under, target)  # ranks from lo, -1: not in the window
@@ -367,12 +373,15 @@ def _window(
 _BLOCK = 256  # window values summed a block at a time (``_crossing``)
 
 
-def _poisson_weights(rng: np.random.Generator, lam: np.ndarray) -> np.ndarray:
+def _poisson_weights(
+    rng: np.random.Generator, lam: np.ndarray, means: np.ndarray | None = None
+) -> np.ndarray:
     """Poisson(``lam``) draws (int8, the shape of ``lam``, whose values are whole: how often
     a replicate drew a run), by inverse transform over 32-bit uniforms: a draw is how many of
     ``_poisson_table``'s thresholds its uniform reaches. Each value's probability is within
-    2**-32 of the Poisson's, at a third of ``rng.poisson``'s cost."""
-    means = np.unique(lam)
+    2**-32 of the Poisson's, at a third of ``rng.poisson``'s cost. ``means``: the values
+    ``lam`` holds, when known (no sort of all of it to find them)."""
+    means = np.unique(lam) if means is None else means
     if means.size == 1:  # one run: every weight Poisson(1)
         return _poisson_draws(rng, int(means[0]), lam.shape)
     out = np.zeros(lam.shape, dtype=np.int8)

@@ -267,7 +267,7 @@ def throughput(
     span_s = max((hi - lo) / NS_PER_S, 1e-9)
     mine = np.ones(cols.n, dtype=bool) if mask is None else mask
     ns = cols.lists["chunk_ns"][1]
-    w = _chunk_weights(cols)
+    w = cols.kept("chunk_weights", lambda: _chunk_weights(cols))
     if mask is not None:
         ns = ns[mine[cols.chunk_owner]]
         w = None if w is None else w[mine[cols.chunk_owner]]
