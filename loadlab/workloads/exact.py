@@ -58,6 +58,18 @@ __all__ = [
 ]
 
 _ONE_MORE = (".", ",", "!", "?", ";", ":")
+# What a prefix that counts a few short of N is tried with: punctuation a token each in most
+# vocabularies, one to three marks (a cut "an.  could" jumps from N-2 to N+1)
+_TAILS = (
+    _ONE_MORE
+    + tuple(a + b for a in _ONE_MORE for b in _ONE_MORE if a != b)
+    + tuple(
+        a + b + c
+        for a, b, c in zip(
+            _ONE_MORE, _ONE_MORE[1:] + _ONE_MORE[:1], _ONE_MORE[2:] + _ONE_MORE[:2], strict=True
+        )
+    )
+)
 MAX_COUNTS = 48  # per prompt: a bracketing search over a few thousand characters needs ~12
 
 
@@ -141,11 +153,13 @@ def fit_prompt(
     below = [k for k, c in seen.items() if c < tokens]
     if below:
         k = max(below, key=lambda k: (seen[k], -k))
-        if seen[k] == tokens - 1:  # a merge jumped over N: one more character usually counts 1
-            for tail in _ONE_MORE:
+        if tokens - seen[k] <= 3:  # a merge jumped over N: punctuation counts a token or so
+            tried = 0
+            for tail in _TAILS:
                 text = _prefix(source, k) + tail
+                tried += 1
                 if count(text) == tokens:
-                    return Fit(text, tokens, len(seen) + _ONE_MORE.index(tail) + 1)
+                    return Fit(text, tokens, len(seen) + tried)
         return Fit(_prefix(source, k), seen[k], len(seen))
     k = min(seen, key=lambda k: (seen[k], k))
     return Fit(_prefix(source, k), seen[k], len(seen))

@@ -39,30 +39,28 @@ def test_prompt_lengths_are_exact_with_the_models_tokenizer(
         assert [(r.prompt_tokens_requested, r.prompt_tokens) for r in recs] == [(n, n)] * 8
 
 
-def test_context_overflow_is_http_400_when_the_prompt_leaves_no_room(
+def test_context_overflow_is_refused_before_the_run(
     vllm: Engine, tiny_model: Path, tmp_path: Path
 ) -> None:
-    """vLLM 0.32 shortens max_tokens to the context left (2,041 + 8 asked: 7 generated) and
-    answers 400 only when the prompt leaves no room for one output token; loadlab records the
-    400 as ``http_400`` and exits 3 when no request succeeded."""
-    seen = {}
+    """vLLM 0.32 would shorten max_tokens to the context left (2,041 + 8 asked: 7 generated), a
+    figure that misleads, and answer 400 only when the prompt leaves no room at all. loadlab
+    reads max_model_len from /v1/models and refuses, before sending anything, every run whose
+    prompt + max_tokens exceed it: exit 2, no results file, a message that says the fix."""
     for prompt in (2040, 2041, 2048, 2100):  # max_model_len 2,048, max_tokens 8
         out = tmp_path / f"overflow-{prompt}.json"
         run = loadlab_run(out, _args(vllm, "--concurrency", "1", "--requests", "1",
                                      "--prompt-tokens", str(prompt), "--max-tokens", "8",
-                                     "--tokenizer", str(tiny_model)))  # fmt: skip
-        (r,) = read_results(out).records
-        seen[prompt] = (run["_rc"], r.outcome, r.output_tokens)
-        assert r.prompt_tokens in (prompt, None), r  # sized exactly (None: refused, no usage)
-        if r.outcome == "http_400":
-            assert r.http_status == 400 and r.error
-    assert seen == {
-        2040: (0, "ok", 8),
-        2041: (0, "ok", 7),
-        2048: (3, "http_400", None),
-        2100: (3, "http_400", None),
-    }
-    assert "maximum context length is 2048" in (r.error or "")
+                                     "--tokenizer", str(tiny_model)), expect_file=False)  # fmt: skip
+        if prompt == 2040:  # 2,040 + 8 = 2,048 fits exactly
+            assert run["_rc"] == 0, run["_stderr"][-2000:]
+            (r,) = read_results(out).records
+            assert (r.outcome, r.prompt_tokens, r.output_tokens) == ("ok", 2040, 8)
+            continue
+        assert run["_rc"] == 2 and not out.exists(), run
+        err = run["_stderr"]
+        assert "cannot fit the server's context of 2,048 tokens (max_model_len" in err, err
+        assert f"prompt {prompt:,} tokens + max_tokens 8 = {prompt + 8:,}" in err, err
+        assert "Fix: lower --prompt-tokens / --max-tokens" in err, err
 
 
 def test_exact_output_lengths(vllm: Engine, tmp_path: Path) -> None:

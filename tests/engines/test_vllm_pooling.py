@@ -31,6 +31,7 @@ import pytest
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.results import read_results
+from loadlab.runner.prompt_sizing import size_prompts
 from loadlab.workloads import build_requests
 from tests.engines.conftest import ROOT, START_TIMEOUT_S, Engine, loadlab_env, loadlab_run
 from tests.helpers.vllm_server import ENV_PYTHON, SERVED_MODEL, VllmServer
@@ -87,14 +88,15 @@ def _run(engine: Engine, tmp: Path, api: str, workload: str, name: str) -> tuple
     return out, run
 
 
-def _sent(out: Path, api: str) -> dict[str, RequestSpec]:
-    """The requests the run sent, built again from its own workload and seed (the results file
-    keeps no texts)."""
+def _sent(out: Path, api: str, tokenizer: str) -> dict[str, RequestSpec]:
+    """The requests the run sent, built again from its own workload, seed and tokenizer (the
+    results file keeps no texts; the tokenizer's characters per token draft the inputs)."""
     config = read_results(out).config
     cfg = RunConfig(endpoints=(EndpointConfig("http://127.0.0.1:9", api=api),),
                     concurrency=4, requests=REQUESTS, seed=config["seed"],
-                    workload=config["workload"])  # fmt: skip
-    return {s.request_id: s for s in build_requests(cfg, read_ahead=0)}
+                    workload=config["workload"], tokenizer=tokenizer)  # fmt: skip
+    sizing = size_prompts(cfg, cfg.endpoints[0])
+    return {s.request_id: s for s in build_requests(cfg, sizing, read_ahead=0)}
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def test_embeddings_input_counts_are_the_servers_and_the_tokenizers(
                   '{kind = "embeddings", batch_size = 4, input_tokens = 40}', "a")  # fmt: skip
     recs = read_results(out).records
     assert len(recs) == REQUESTS and all(r.ok for r in recs), [r.error for r in recs]
-    tok, sent = _tokenizer(ENV_EMBEDDER), _sent(out, "embeddings")
+    tok, sent = _tokenizer(ENV_EMBEDDER), _sent(out, "embeddings", _DIRS[ENV_EMBEDDER])
     for r in recs:
         texts = list(sent[r.request_id].inputs)
         assert r.inputs == len(texts) == 4
@@ -152,7 +154,7 @@ def test_rerank_pair_counts_are_the_servers_and_the_tokenizers(
     out, _ = _run(engine, tmp_path, api, wl, api)
     recs = read_results(out).records
     assert len(recs) == REQUESTS and all(r.ok for r in recs), [r.error for r in recs]
-    tok, sent = _tokenizer(ENV_RERANKER), _sent(out, api)
+    tok, sent = _tokenizer(ENV_RERANKER), _sent(out, api, _DIRS[ENV_RERANKER])
     for r in recs:
         spec = sent[r.request_id]
         assert r.inputs == len(spec.inputs) == 4 and r.prompt_tokens_requested is None

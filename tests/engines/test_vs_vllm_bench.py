@@ -31,7 +31,9 @@ def test_same_workload_same_token_totals(vllm: Engine, tiny_model: Path, tmp_pat
     # loadlab sent exactly the lengths vLLM counted for vllm bench, request by request
     recs = sorted(res.records, key=lambda r: int(r.request_id.rsplit("-", 1)[1]))  # trace-<line>
     assert [r.prompt_tokens_requested for r in recs] == bench["input_lens"]
-    assert [r.prompt_tokens for r in recs] == bench["input_lens"]
+    assert [r.prompt_tokens for r in recs] == bench["input_lens"], [
+        (r.request_id, r.prompt_tokens_requested, r.prompt_tokens) for r in recs
+    ]
     b, ll = vllm_bench.bench_figures(bench), vllm_bench.loadlab_figures(res)
     assert (ll["input_tokens"], ll["output_tokens"]) == (b["input_tokens"], b["output_tokens"])
     assert set(vllm_bench.METRICS) <= set(b) and set(vllm_bench.METRICS) <= set(ll)

@@ -22,6 +22,17 @@ def test_fit_when_a_merge_jumps_over_n_adds_one_character():
     assert fit.counted == 9 and fit.text.endswith(".")
 
 
+def test_fit_when_a_cut_jumps_from_n_minus_2_to_n_plus_1_adds_punctuation():
+    # every 5 characters count 3 tokens (a word and two spaces, as "an.  could" did with a real
+    # vocabulary): 2 short of an odd multiple, one more character 1 over; marks count 1 each
+    def count(t: str) -> int:
+        bare = t.rstrip(".,!?;:")
+        return 3 * (len(bare) // 5) + len(t) - len(bare)
+
+    fit = fit_prompt("abcde" * 40, 11, count)
+    assert fit.counted == 11 and fit.text.endswith(("..", ".,", ",.", ".!", ".?", ".;", ".:"))
+
+
 def test_fit_below_the_template_overhead_gives_the_shortest():
     fit = fit_prompt("abcdef", 3, lambda t: len(t) + 10)
     assert fit.text == "a" and fit.counted == 11
