@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from loadlab.errors import ConfigError, require
+from loadlab.records import pick
 from loadlab.report.output import check_folder
 
 __all__ = ["add_arguments", "run"]
@@ -62,16 +63,12 @@ def run(args: argparse.Namespace) -> int:
     s = settings_for(
         args.preset,
         args.quick,
-        rounds=args.rounds,
         duration_s=args.duration,
         baseline_s=args.baseline,
         long_every_s=args.long_every,
-        long_prompt_tokens=args.long_prompt_tokens,
-        streams=args.streams,
-        chunk_size=args.chunk_size,
-        max_batched_tokens=args.max_batched_tokens,
-        threads=args.threads,
-        seed=args.seed,
+        **pick(
+            args, "rounds long_prompt_tokens streams chunk_size max_batched_tokens threads seed"
+        ),
     )
     out = check_folder(args.out, "--out")  # before the minutes of running, not after
     outcome = run_lab(s, modes, out, overlap_batching=args.quick)
