@@ -471,10 +471,18 @@ def _is(value: Any, kind: str) -> bool:
 
 
 def pick(obj: object, names: str) -> dict[str, Any]:
-    """``{name: obj.name}`` for each space-separated name, in the order given.
+    """``{name: obj.name}`` for each space-separated name, in the order given; a value with a
+    ``to_dict`` of its own (a nested summary) is given as that dict.
 
     >>> from types import SimpleNamespace
     >>> pick(SimpleNamespace(a=1, b="x", c=None), "b a")
     {'b': 'x', 'a': 1}
+    >>> pick(SimpleNamespace(n=2, inner=SimpleNamespace(to_dict=lambda: {"p50": 1.5})), "n inner")
+    {'n': 2, 'inner': {'p50': 1.5}}
     """
-    return {name: getattr(obj, name) for name in names.split()}
+    return {name: _plain(getattr(obj, name)) for name in names.split()}
+
+
+def _plain(value: Any) -> Any:
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else value

@@ -49,7 +49,7 @@ from loadlab.analysis import metrics
 from loadlab.analysis.columns import RecordColumns, RecordView, Unparsed, columns_of
 from loadlab.analysis.generator import merge_parts
 from loadlab.analysis.summary import has_reasoning_or_tools, summarize
-from loadlab.errors import TOO_DEEP, ResultsError
+from loadlab.errors import ResultsError, parse_json
 from loadlab.headers import REDACTED, public_url, redact_headers
 from loadlab.records import RequestRecord
 
@@ -492,13 +492,7 @@ def _read_whole(p: Path) -> Results:
         raise ResultsError(
             f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); is it a results file?"
         ) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno})") from exc
-    except RecursionError:
-        raise ResultsError(f"{p}: {TOO_DEEP}") from None
-    return Results.from_dict(data, source=str(p))
+    return Results.from_dict(parse_json(text, ResultsError, str(p)), source=str(p))
 
 
 def merge_results(parts: Iterable[Results]) -> Results:

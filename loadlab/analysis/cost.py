@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -43,7 +42,7 @@ import numpy as np
 
 from loadlab.analysis import metrics
 from loadlab.analysis.columns import columns_of
-from loadlab.errors import ConfigError
+from loadlab.errors import ConfigError, read_toml
 from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -220,12 +219,7 @@ def _table(raw: Any, where: str) -> dict[str, Any]:
 def load_pricing(path: str | Path) -> dict[str, dict[str, Any]]:
     """A pricing file read and checked: ``{"*": top-level table, NAME: [endpoints.NAME]}``."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--pricing {p}: cannot read it: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--pricing {p}: not valid TOML: {exc}") from None
+    data = read_toml(p, ConfigError, "it", where=f"--pricing {p}")
     endpoints = _table(data.pop("endpoints", {}), f"--pricing {p}: [endpoints]")
     tables = {ALL_ENDPOINTS: data} if data else {}
     for name, raw in endpoints.items():

@@ -261,17 +261,12 @@ class PrefixCacheSummary:
         return (measured - self.expected_hit_rate) * 100
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **pick(
-                self,
-                "expected_hit_rate block_size basis cache_bust usage_hit_rate "
-                "server_hit_rate server_queries server_source difference_pp",
-            ),
-            "ttft_cached_ms": self.ttft_cached_ms.to_dict(),
-            "ttft_uncached_ms": self.ttft_uncached_ms.to_dict(),
-            "ttft": self.ttft.to_dict(),
-            "block_size_source": self.block_size_source,
-        }
+        return pick(
+            self,
+            "expected_hit_rate block_size basis cache_bust usage_hit_rate server_hit_rate "
+            "server_queries server_source difference_pp ttft_cached_ms ttft_uncached_ms ttft "
+            "block_size_source",
+        )
 
 
 def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
