@@ -153,12 +153,13 @@ def assemble(
     for s in sorted(shards, key=lambda s: s.index):
         why = s.error or f"worker {s.index} ({s.host or s.node}) stopped before its shard ended"
         part = s.results(count, schedule, why)
-        part.records = s.records + part.records
+        part.records = [*s.records, *part.records]
         parts.append(part)
         lost = sum(1 for r in part.records if (r.error or "").startswith("lost: "))
         shard_info = (s.result or {}).get("extra", {}).get("shard", {})
         workers[str(s.index)] = {
-            "node": s.node, "host": s.host, "address": s.address, "finished": s.result is not None, "error": s.error,
+            "node": s.node, "host": s.host, "address": s.address,
+            "finished": s.result is not None, "error": s.error,
             "records": len(s.records), "lost": lost, "saturated": part.saturated,
             "clock_start": s.clock_start, "clock_end": s.clock_end,
             "clock_warning": clock_verdict(s.clock_start, s.clock_end, clock_bound_ms)
@@ -168,7 +169,9 @@ def assemble(
     merged = merge_results(parts)
     merged.config = dict(config)
     merged.kind = "run"
-    merged.records.sort(key=lambda r: (r.intended_ns is None, r.intended_ns or 0, r.request_id))
+    merged.records = sorted(
+        merged.records, key=lambda r: (r.intended_ns is None, r.intended_ns or 0, r.request_id)
+    )
     first = next((p.extra for p in parts if p.extra), {})
     merged.extra = {k: v for k, v in first.items() if k != "shard"}
     merged.extra["distributed"] = {
