@@ -17,8 +17,8 @@ test starts, the master:
    in that worker's clock; the worker runs ``loadlab run ARGS --shard K/N --start-at T`` in a
    child process: the asyncio runner sends, not a greenlet per user (the users Locust spawns
    only idle);
-3. takes the records the workers stream as they finish (every ``STREAM_INTERVAL_S``) into
-   one journal, each record with its ``worker`` and ``host``;
+3. takes the records the workers stream as they finish (each worker reads its shard's journal
+   every ``STREAM_INTERVAL_S``) into one journal, each record with its ``worker`` and ``host``;
 4. once every shard ended or its worker vanished (Locust marks a worker missing after three
    seconds without a heartbeat), measures the offsets again and writes one results file:
    a vanished worker's unreported requests counted lost, the run saturated if any shard was,
