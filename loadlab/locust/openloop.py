@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import logging
+import math
 import shlex
 import shutil
 import signal
@@ -138,6 +139,10 @@ def _check_run(opts: Any) -> None:
     from loadlab.runner.run import check
 
     try:
+        for flag, value, most in (("--loadlab-lead", opts.loadlab_lead, 3600.0),
+                                  ("--loadlab-clock-ms", opts.loadlab_clock_ms, 60_000.0)):  # fmt: skip
+            if not (math.isfinite(value) and 0 < value <= most):
+                raise UsageError(f"{flag} must be > 0 and <= {most:g}, got {value}")
         args = shlex.split(opts.loadlab_run or "")
         if not args:
             raise UsageError('give the run: --loadlab-run "--endpoint URL --rate R --requests N"')

@@ -1,4 +1,6 @@
-"""docs/distributed.md's Kubernetes example for Locust's master and workers uses real flags."""
+"""Locust's master and workers with loadlab's runner: bad options stop the master before any
+worker is asked anything (exit 2, the flag named), and the Kubernetes example in
+docs/distributed.md uses real flags."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from loadlab.commands.flags import add_run_arguments, config_from_args
-from tests.helpers.loopback import ROOT
+from tests.helpers.loopback import ROOT, free_port
 
 pytestmark = pytest.mark.locust
 
@@ -45,3 +48,24 @@ def test_the_kubernetes_example_uses_real_flags() -> None:
     unknown = {f for f in flags if f not in ours and f not in help_text}
     assert {"--loadlab-run", "--loadlab-out"} <= flags and not unknown, unknown
     assert worker[worker.index("--master-host") + 1] == "loadlab-master"
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ([], "give the run: --loadlab-run"),
+        (["--loadlab-run", "--endpoint http://127.0.0.1:9 --rate 1 --requests 1 --out x.json"],
+         "leave out --out; the master sets it per worker"),
+        (["--loadlab-run", "--rate 1 --requests 1"], "give one --endpoint URL"),
+        (["--loadlab-run", "--endpoint http://127.0.0.1:9 --rate 1", "--loadlab-lead", "-1"],
+         "--loadlab-lead must be > 0"),
+        (["--loadlab-run", "--endpoint http://127.0.0.1:9 --rate x"], "--rate: invalid"),
+    ],
+)  # fmt: skip
+def test_bad_options_stop_the_master(options: list[str], said: str, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "locust", "-f", "examples/locust_openloop.py", "--master",
+           "--headless", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(free_port()),
+           "--loadlab-out", str(tmp_path / "run.json"), *options]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "run.json").exists()
