@@ -37,7 +37,7 @@ from typing import Any
 from loadlab.records import OUTCOME_INCOMPLETE, RequestRecord
 from loadlab.results import Results, merge_results
 
-__all__ = ["JournalTail", "ShardRun", "assemble", "clock_offset", "clock_verdict"]
+__all__ = ["JournalTail", "ShardRun", "assemble", "clock_offset", "clock_verdict", "worker_start"]
 
 Ping = tuple[int, int, int]  # (t_send, t_worker, t_recv): wall-clock ns, master / worker / master
 Schedule = Callable[[int, int], Iterable[tuple[str, float | None]]]  # (k, n) -> (id, intended s)
@@ -55,6 +55,16 @@ def clock_offset(pings: Sequence[Ping]) -> dict[str, Any]:
         "rtt_ms": round((t_recv - t_send) / 1e6, 4),
         "pings": len(pings),
     }
+
+
+def worker_start(start_at: float, clock: dict[str, Any] | None) -> float:
+    """The common start ``start_at`` (Unix s on the master's clock) on a worker's clock, whose
+    offset ``clock`` measured (none measured: the clocks taken as agreeing).
+
+    >>> worker_start(100.0, {"offset_ms": 2.0, "rtt_ms": 0.2})  # the worker's clock is ahead
+    100.002
+    """
+    return start_at + (clock or {}).get("offset_ms", 0.0) / 1e3
 
 
 def clock_verdict(start: dict[str, Any], end: dict[str, Any] | None, bound_ms: float) -> str | None:

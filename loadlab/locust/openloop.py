@@ -54,7 +54,7 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from loadlab.errors import UsageError
 from loadlab.journal import JournalWriter, default_out_path, journal_path, prepare_output
-from loadlab.locust.fleet import JournalTail, ShardRun, assemble, clock_offset
+from loadlab.locust.fleet import JournalTail, ShardRun, assemble, clock_offset, worker_start
 from loadlab.locust.hooks import JournalFeed
 
 __all__ = ["OpenLoopUser"]
@@ -194,12 +194,11 @@ def _coordinate(environment: Any) -> None:
         s.clock_start = _measure(runner, s)
     start_at = time.time() + float(opts.loadlab_lead)
     for node, s in _M.shards.items():
-        offset_s = (s.clock_start or {}).get("offset_ms", 0.0) / 1e3
         job = {
             "index": s.index,
             "count": len(nodes),
             "args": _M.args,
-            "start_at": start_at + offset_s,
+            "start_at": worker_start(start_at, s.clock_start),
         }
         runner.send_message(SHARD, job, client_id=node)
     log.info("loadlab: %d shards start at %.3f (Unix s)", len(nodes), start_at)
