@@ -59,9 +59,11 @@ def _spawn(cmd: list[str], log: Path, tmp: Path) -> subprocess.Popen[bytes]:
 
 
 def _run(
-    f: Fleet, tmp: Path, run_args: str, kill_after_s: float | None = None
+    f: Fleet, server: str, tmp: Path, run_args: str, kill_after_s: float | None = None
 ) -> tuple[int, Results, str]:
-    """Master on the bridge, a worker in each namespace; returns (exit code, file, master log)."""
+    """Master on the bridge, a worker in each namespace; returns (exit code, file, master log).
+    The server's arrival log starts empty."""
+    post(server + "/truth/reset")
     port, out = free_port(), tmp / "run.json"
     locust = [sys.executable, "-m", "locust", "-f", LOCUSTFILE]
     master_log = tmp / "master.log"
@@ -143,10 +145,9 @@ def _check_whole_run(res: Results, run_args: str, server: str) -> None:
 def test_a_poisson_schedule_spread_over_three_machines(
     machines: Fleet, server: str, tmp_path: Path
 ) -> None:
-    post(server + "/truth/reset")
     run_args = (f"--endpoint {server} --rate 30 --requests 90 --seed 11 --tokenizer none "
                 "--max-tokens 8")  # fmt: skip
-    code, res, log = _run(machines, tmp_path, run_args)
+    code, res, log = _run(machines, server, tmp_path, run_args)
     assert code == 0, log[-3000:]
     _check_whole_run(res, run_args, server)
     report = subprocess.run([sys.executable, "-m", "loadlab", "report", str(tmp_path / "run.json")],
@@ -155,14 +156,13 @@ def test_a_poisson_schedule_spread_over_three_machines(
 
 
 def test_a_trace_replayed_over_three_machines(machines: Fleet, server: str, tmp_path: Path) -> None:
-    post(server + "/truth/reset")
     scenario = tmp_path / "trace.toml"
     scenario.write_text(
         'rate_rps = 1.0\nrequests = 80\nstream = true\n\n[workload]\nkind = "trace"\n'
         'trace = "azure-2023-conv"\ntime_scale = 10.0\nduration_s = 60.0\n'
     )
     run_args = f"--scenario {scenario} --endpoint {server} --seed 5 --tokenizer none"
-    code, res, log = _run(machines, tmp_path, run_args)
+    code, res, log = _run(machines, server, tmp_path, run_args)
     assert code == 0, log[-3000:]
     _check_whole_run(res, run_args, server)
 
@@ -170,10 +170,9 @@ def test_a_trace_replayed_over_three_machines(machines: Fleet, server: str, tmp_
 def test_a_worker_killed_mid_run_is_counted_lost(
     machines: Fleet, server: str, tmp_path: Path
 ) -> None:
-    post(server + "/truth/reset")
     run_args = (f"--endpoint {server} --rate 20 --requests 200 --seed 3 --tokenizer none "
                 "--max-tokens 8")  # fmt: skip
-    code, res, log = _run(machines, tmp_path, run_args, kill_after_s=3.0)
+    code, res, log = _run(machines, server, tmp_path, run_args, kill_after_s=3.0)
     assert code == 3, log[-3000:]
     got = sorted(r.request_id for r in res.records)
     assert got == sorted(rid for rid, _ in _one_machine_schedule(run_args))  # one record each
