@@ -29,6 +29,7 @@ _IMPORTS_GEVENT = {
     "loadlab/locust/hooks.py",
     "loadlab/locust/stream.py",
     "loadlab/locust/openloop.py",
+    "loadlab/locust/sender.py",
 }
 
 

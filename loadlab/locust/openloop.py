@@ -18,7 +18,7 @@ test starts, the master:
    child process: the asyncio runner sends, not a greenlet per user (the users Locust spawns
    only idle);
 3. takes the records the workers stream as they finish (each worker reads its shard's journal
-   every ``STREAM_INTERVAL_S``) into one journal, each record with its ``worker`` and ``host``;
+   every half second: ``loadlab.locust.sender``) into one journal, each record with its ``worker`` and ``host``;
 4. once every shard ended or its worker vanished (Locust marks a worker missing after three
    seconds without a heartbeat), measures the offsets again and writes one results file:
    a vanished worker's unreported requests counted lost, the run saturated if any shard was,
@@ -35,35 +35,29 @@ import itertools
 import logging
 import math
 import shlex
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gevent
-import orjson
 from gevent.event import AsyncResult
 from locust import User, constant, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from loadlab.errors import UsageError
-from loadlab.journal import JournalWriter, default_out_path, journal_path, prepare_output
-from loadlab.locust.fleet import JournalTail, ShardRun, assemble, clock_offset, worker_start
+from loadlab.journal import JournalWriter, default_out_path, prepare_output
+from loadlab.locust import sender
+from loadlab.locust.fleet import ShardRun, assemble, clock_offset, worker_start
 from loadlab.locust.hooks import JournalFeed
+from loadlab.locust.sender import DONE, PING, PONG, RECORDS, SHARD
 
 __all__ = ["OpenLoopUser"]
 
 log = logging.getLogger("loadlab.locust.openloop")
 
-PING, PONG = "loadlab_ping", "loadlab_pong"
-SHARD, RECORDS, DONE = "loadlab_shard", "loadlab_shard_records", "loadlab_shard_done"
-STREAM_INTERVAL_S = 0.5
 PINGS = 8
 PING_TIMEOUT_S = 2.0
 _OWN_FLAGS = ("--shard", "--start-at", "--out", "--workers", "--no-progress")
@@ -115,11 +109,16 @@ def _on_init(environment: Any, **_: Any) -> None:
             runner.register_message(name, handler)
         _wrap_quit(runner)
     elif isinstance(runner, WorkerRunner):
-        runner.register_message(PING, _on_ping)
-        runner.register_message(SHARD, _on_shard)
+        sender.register(runner)
     else:
         print("loadlab open loop: run Locust as --master with --worker processes", file=sys.stderr)
         raise SystemExit(2)
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Any, **_: Any) -> None:
+    if isinstance(environment.runner, WorkerRunner):
+        sender.stop_shards()
 
 
 @events.test_start.add_listener
@@ -330,82 +329,3 @@ def _crashed(environment: Any) -> Any:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-# ------------------------------------------------------------------ worker
-
-
-def _on_ping(environment: Any, msg: Any, **_: Any) -> None:
-    reply = {"seq": msg.data["seq"], "wall_ns": time.time_ns(), "host": socket.gethostname(),
-             "address": _address(environment.parsed_options)}  # fmt: skip
-    environment.runner.send_message(PONG, reply)
-
-
-def _address(opts: Any) -> str:
-    """This worker's address toward the master (the source address a packet would have)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((opts.master_host, int(opts.master_port)))
-            return str(s.getsockname()[0])
-    except OSError:
-        return ""
-
-
-_CHILDREN: list[subprocess.Popen[bytes]] = []
-
-
-def _on_shard(environment: Any, msg: Any, **_: Any) -> None:
-    gevent.spawn(_run_shard, environment, msg.data)
-
-
-@events.test_stop.add_listener
-def _on_test_stop(environment: Any, **_: Any) -> None:
-    """Stop pressed in the web UI (or the master quitting): a running shard stops as on
-    Ctrl-C, its results so far written and shipped."""
-    for proc in _CHILDREN:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-
-
-def _run_shard(environment: Any, job: dict[str, Any]) -> None:
-    """``loadlab run`` on this worker's shard in a child process; its records shipped as its
-    journal gains them, then what they were not, with the shard's results file."""
-    from loadlab.runner.signals import stop_parent_death
-
-    k, folder = int(job["index"]), Path(tempfile.mkdtemp(prefix="loadlab-shard-"))
-    out = folder / f"shard-{k}.json"
-    cmd = [sys.executable, "-m", "loadlab", "run", *job["args"], "--no-progress",
-           "--shard", f"{k}/{job['count']}", "--start-at", repr(job["start_at"]), "--out", str(out)]  # fmt: skip
-    with (folder / "stderr.txt").open("wb") as err:
-        # stop_parent_death: the shard stops with this worker, whatever kills it
-        proc = subprocess.Popen(  # noqa: S603 (this interpreter, loadlab's own flags)
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            preexec_fn=stop_parent_death,
-        )
-    _CHILDREN.append(proc)  # a stop interrupts it (_on_test_stop)
-    tail, shipped = JournalTail(journal_path(out)), set[str]()
-    while proc.poll() is None:
-        gevent.sleep(STREAM_INTERVAL_S)
-        _ship(environment, RECORDS, {"records": tail.read()}, shipped)
-    done: dict[str, Any] = {"records": tail.read(), "rc": proc.returncode}
-    try:
-        result = orjson.loads(out.read_bytes())
-        done["records"] += result.pop("records")
-        done["result"] = result
-    except (OSError, ValueError):
-        why = (folder / "stderr.txt").read_text(errors="replace").strip().splitlines()
-        done["error"] = f"loadlab run exited {proc.returncode}: {' / '.join(why[-3:])}"
-    _ship(environment, DONE, done, shipped)
-    _CHILDREN.remove(proc)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _ship(environment: Any, kind: str, body: dict[str, Any], shipped: set[str]) -> None:
-    """Send ``body`` with the records not sent before (a record reaches the master once)."""
-    body["records"] = [r for r in body["records"] if r["request_id"] not in shipped]
-    shipped.update(r["request_id"] for r in body["records"])
-    if body["records"] or kind == DONE:
-        environment.runner.send_message(kind, body)
