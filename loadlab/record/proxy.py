@@ -6,7 +6,8 @@ the proxy reads its copy; nothing is buffered but a partial SSE event when the p
 usage itself and must take that one event out. Per traced request (OpenAI chat, completions,
 Responses and Anthropic messages; other paths pass through untraced) one trace line goes to a
 bounded queue that a writer task empties: a write that fails is counted and said once, and the
-traffic goes on.
+traffic goes on. The request's shape (``RequestShape``: block hashes, the tokenizer's counts) is
+read when its answer has ended, never on its way upstream.
 
 The proxy answers 502 only when the upstream could not be reached at all; an upstream answer,
 error statuses included, is passed on as it came.
