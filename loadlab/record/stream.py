@@ -13,8 +13,8 @@ proxy has already forwarded the chunk as it came.
 A stream's token events differ only in their text (the same id, model and nulls around it), so
 the watch learns that frame from the first token events it reads in full (``_learn_frame``),
 checks it with a probe on a scratch watch, and from then on takes an event that is the frame
-around a JSON string body with two byte comparisons and one regex match instead of the SSE cut
-and the JSON parse (``_frame_tokens``). Anything else (the first events, usage, finish, tool
+around a JSON string body with a prefix comparison and one regex match instead of the SSE cut
+and the JSON parse (the top of ``feed``'s loop). Anything else (the first events, usage, finish, tool
 calls, errors, an event split across chunks, a frame whose bytes change per event) goes the full
 way; either way the figures are the same (the tests compare both on every split of generated
 streams).
@@ -284,9 +284,9 @@ def _learn_frame(api: str, raw: bytes, text: str) -> _Frame | None:
 
 
 def _text_size(raw: bytes) -> int:
-    """A JSON string body's length in characters (one with escapes or past ASCII; a plain
-    ASCII one is its length in bytes); -1 when it is not valid (not UTF-8, a bad escape), so
-    that its event goes the full way and gets the parser's verdict."""
+    """A JSON string body's length in characters, as the JSON parser decodes it (for a body
+    with escapes or past ASCII); -1 when it is not valid (not UTF-8, a bad escape), so that its
+    event goes the full way and gets the parser's verdict."""
     try:
         return len(orjson.loads(b'"' + raw + b'"'))
     except orjson.JSONDecodeError:
