@@ -33,7 +33,7 @@ import orjson
 __all__ = ["MAX_BODY", "StreamWatch", "Usage"]
 
 MAX_BODY = 8 << 20  # a non-streamed answer's JSON kept for its usage; past this, no usage
-_LEARN_TRIES = 3  # token events per stream tried as a frame (see StreamWatch._learn_frame)
+_LEARN_TRIES = 3  # frames learned per stream that were never used (StreamWatch._full_event)
 _PROBE = "loadlab~probe"
 _BACKSLASH = ord("\\")  # an int: ``b"\\" in raw`` would first fail as one (a TypeError)
 # a JSON string's body that needs no escaping: no quote, backslash or control character
@@ -133,6 +133,7 @@ class StreamWatch:
         head, lh, match, chars = self._frame or _NO_FRAME
         out: bytearray | None = None  # what to forward, once an event was taken out
         sent = 0  # data[:sent] is in ``out``
+        used = False  # the frame read an event: it earned its try back
         while pos < n:
             if data.startswith(head, pos) and (m := match(data, pos + lh)) is not None:
                 raw = m[1]
@@ -141,6 +142,7 @@ class StreamWatch:
                     self.token_times_ns.append(t_ns)
                     self.reply_chars += size if chars else 0
                     pos = m.end()
+                    used = True
                     continue
             end, sep = _event_end(data, pos)
             if end < 0:
@@ -153,6 +155,8 @@ class StreamWatch:
                 sent = end + sep
             pos = end + sep
         self._pending = data[pos:]
+        if used:
+            self._learn = _LEARN_TRIES
         if not self.drop_usage_event:
             return None
         return data[:pos] if out is None else bytes(out + data[sent:pos])
@@ -178,13 +182,17 @@ class StreamWatch:
 
     def _full_event(self, raw: bytes, size: int, t_ns: int) -> bool:
         """The full way for one event (``raw``: its bytes and separator; ``size``: its length
-        without the separator); the stream's first token events are tried as its frame."""
-        learn = self._frame is None and self._learn > 0
+        without the separator). A token event here is tried as the stream's frame: the first
+        one, and one after the frame changed (a server that stamps each chunk's second); a
+        stream whose frames never repeat stops trying after a few."""
+        learn = self._learn > 0
         count = len(self.token_times_ns)
         keep = self._event(raw[:size], t_ns)
         if learn and len(self.token_times_ns) == count + 1 and self._text:
-            self._learn -= 1
-            self._frame = _learn_frame(self.api, raw, self._text)
+            frame = self._frame
+            if frame is None or not (raw.startswith(frame[0]) and frame[2](raw, frame[1])):
+                self._learn -= 1  # (an event that fits the frame came split across reads)
+                self._frame = _learn_frame(self.api, raw, self._text) or frame
         return keep
 
     def _event(self, event: bytes, t_ns: int) -> bool:

@@ -175,25 +175,47 @@ def test_any_cut_of_a_stream_into_chunks_matches_the_full_way(cuts: list[int]) -
     _both("chat", chunks, drop=True)
 
 
-def test_a_chat_stream_learns_its_frame_and_reads_tokens_without_parsing() -> None:
+class Counting(StreamWatch):
+    """A watch that counts the events it parsed (the full way)."""
+
     parsed = 0
 
-    class Counting(StreamWatch):
-        def _event(self, event: bytes, t_ns: int) -> bool:
-            nonlocal parsed
-            parsed += 1
-            return super()._event(event, t_ns)
+    def _event(self, event: bytes, t_ns: int) -> bool:
+        self.parsed += 1
+        return super()._event(event, t_ns)
 
-    w = Counting("chat", True)
-    events = _per_event(_stream("chat", "compact", b"\n\n"))
+
+def _counted(api: str, events: list[bytes]) -> Counting:
+    w = Counting(api, True)
     for i, e in enumerate(events):
         w.feed(e, 1000 + i)
     w.finish()
+    return w
+
+
+def test_a_chat_stream_learns_its_frame_and_reads_tokens_without_parsing() -> None:
+    w = _counted("chat", _per_event(_stream("chat", "compact", b"\n\n")))
     assert w._frame is not None
     # hand-counted: 9 non-empty texts are tokens; their characters: 4+3+5+1+4+2+4+1+5
     assert len(w.token_times_ns) == 9 and w.reply_chars == 29
     assert (w.usage.prompt_tokens, w.usage.output_tokens) == (7, 9)
-    assert parsed <= 6  # role, the first token, the empty text, finish, usage, [DONE]
+    assert w.parsed <= 6  # role, the first token, the empty text, finish, usage, [DONE]
+
+
+def test_a_frame_that_changes_is_learned_again_and_one_that_never_repeats_is_given_up() -> None:
+    def chunk(second: int, text: str) -> bytes:
+        obj = {"id": "c", "created": second, "choices": [{"index": 0, "delta": {"content": text}}]}
+        return _sse(_data(obj, "compact"))
+
+    # a server that stamps each chunk with its second: 3 frames, each learned once
+    stamped = [chunk(100 + i // 20, f" t{i}") for i in range(60)]
+    w = _counted("chat", stamped)
+    assert len(w.token_times_ns) == 60 and w.parsed == 3
+    _both("chat", stamped)
+    _both("chat", [b"".join(stamped)])
+    # a new frame per event: a few tries, then every event is parsed and nothing is lost
+    w = _counted("chat", [chunk(i, f" t{i}") for i in range(60)])
+    assert len(w.token_times_ns) == 60 and w.parsed == 60 and w._learn == 0
 
 
 def test_the_usage_event_the_client_did_not_ask_for_is_taken_out_and_nothing_else() -> None:
