@@ -27,8 +27,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -81,9 +80,11 @@ _HOP = frozenset(
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 
 
-@dataclass
-class _Turn:
-    index: int
+class _Turn(NamedTuple):
+    """A conversation's last request, remembered to find its next turn. A tuple of ints: the
+    collector stops tracking it, so a full collection never walks the remembered turns."""
+
+    line_id: int  # its trace line's ``id``
     session: int
     turn: int
     end_ns: int
@@ -275,7 +276,7 @@ class RecordingProxy:
             timestamp=round((arrival_ns - self._t0_ns) / 1e6, 3),
             session=session,
             turn=turn,
-            continues=None if prev is None else prev[1].index,
+            continues=None if prev is None else prev[1].line_id,
             think_ms=None if prev is None else round((arrival_ns - prev[1].end_ns) / 1e6, 3),
             new_length=_new_length(shape, new_from),
             new_kind=_new_kind(shape, new_from),
