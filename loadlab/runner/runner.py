@@ -44,13 +44,15 @@ import gc
 import itertools
 import os
 import time
+from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from loadlab.analysis.metrics import percentile
-from loadlab.clients.base import Client, Completion, Message
+from loadlab.clients.base import Client, Completion, Message, SendOptions
+from loadlab.clients.gate import SendGate
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import RunConfig
 from loadlab.errors import at_least
@@ -64,6 +66,7 @@ from loadlab.records import (
     RequestSpec,
 )
 from loadlab.results import Results, environment_info
+from loadlab.runner.ahead import Lookahead
 from loadlab.runner.monitor import LoopMonitor
 
 __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
@@ -71,12 +74,25 @@ __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
+# open loop: a request is started (record, framing, connection) this long before it is due
+SEND_LEAD_NS = 50_000_000
 # Closed loop against an endpoint that refuses connections: after k connect errors in a row
 # (run-wide; any answered request resets it) each worker waits min(MAX, BASE * 2**(k-1))
 # before its next request, instead of making ~10,000 failed records a second.
 CONNECT_BACKOFF_BASE_S = 0.01
 CONNECT_BACKOFF_MAX_S = 1.0
 T = TypeVar("T")
+
+
+class _Due:
+    """An open-loop unit with its due time (perf_counter_ns), its first request's encoded
+    body, and the gate that writes it once started ahead."""
+
+    __slots__ = ("body", "due_ns", "gate", "unit")
+
+    def __init__(self, unit: list[RequestSpec], body: bytes | None, due_ns: int) -> None:
+        self.unit, self.body, self.due_ns = unit, body, due_ns
+        self.gate: SendGate | None = None
 
 
 @dataclass
@@ -165,6 +181,7 @@ class Runner:
         self.stats = LiveStats()
         self.records: list[RequestRecord] = []
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
+        self.built_late = 0  # open loop: units whose building ended after their due time
         self.interrupted = False
         self.connect_errors_in_a_row = 0
         self.backoff_s = 0.0  # time the closed-loop workers spent backing off, summed
@@ -175,6 +192,7 @@ class Runner:
         self._unit_tasks: set[asyncio.Task[None]] = set()
         self._unit_errors: list[BaseException] = []
         self._stop_sending: asyncio.Future[None] | None = None
+        self._ready: deque[_Due] = deque()  # open loop: started ahead, waiting to be due
 
     # ------------------------------------------------------------------ control
 
@@ -182,6 +200,9 @@ class Runner:
         """Stop sending now and cancel the requests in flight (they are recorded). Idempotent."""
         self.interrupted = True
         self._end_sending()
+        for item in self._ready:  # started ahead, not yet due: never sent
+            if item.gate is not None:
+                item.gate.withdraw()
         for task in list(self._send_tasks):
             task.cancel()
 
@@ -197,11 +218,12 @@ class Runner:
         if seconds > 0 and self._stop_sending is not None:
             await asyncio.wait([self._stop_sending], timeout=seconds)
 
-    async def _sleep_until(self, due_ns: int) -> None:
+    async def _sleep_until(self, due_ns: int, precise: bool = True) -> None:
+        """Until ``due_ns`` (or sending ends); ``precise``: the last ``SPIN_NS`` by yielding."""
         remaining = due_ns - time.perf_counter_ns()
-        if remaining > SPIN_NS:
-            await self._wait_or_stop((remaining - SPIN_NS) / NS_PER_S)
-        while time.perf_counter_ns() < due_ns and not self._sending_over():
+        if remaining > SPIN_NS or (not precise and remaining > 0):
+            await self._wait_or_stop((remaining - (SPIN_NS if precise else 0)) / NS_PER_S)
+        while precise and time.perf_counter_ns() < due_ns and not self._sending_over():
             await asyncio.sleep(0)  # yield: chunk readers keep running while we wait
 
     # ------------------------------------------------------------------ run
@@ -237,10 +259,10 @@ class Runner:
             due_s = (self.t0_ns - time.perf_counter_ns()) / NS_PER_S + self.cfg.duration_s
             deadline = loop.call_later(max(due_s, 0.0), self._end_sending)
         try:
-            await self._sleep_until(self.t0_ns)  # worker processes share a t0 in the future
             if self.cfg.rate_rps is not None:
-                await self._open_loop()
+                await self._open_loop()  # (it builds ahead while it waits for t0 too)
             else:
+                await self._sleep_until(self.t0_ns)  # worker processes share a t0 ahead
                 self._closed_loop()
             await self._drain()
         finally:
@@ -256,6 +278,8 @@ class Runner:
         end_ns = time.perf_counter_ns() - self.t0_ns
         lag_p99_ns = percentile(self.dispatch_lag_ns, 99)
         generator["dispatch_lag_ms_p99"] = None if lag_p99_ns is None else lag_p99_ns / 1e6
+        if self.cfg.rate_rps is not None:
+            generator["built_late"] = self.built_late
         return Results(
             records=self.records,
             config=self.cfg.to_dict(),
@@ -305,28 +329,83 @@ class Runner:
             self._unit_errors.append(task.exception())  # type: ignore[arg-type]
 
     async def _open_loop(self) -> None:
+        """Every unit sent at its due time. The coming units are built while the scheduler
+        waits (``Lookahead``). With a client that takes a gate and no in-flight cap, each
+        request is started ``SEND_LEAD_NS`` before it is due (record, framing, connection)
+        and the scheduler fires its gate when due: the write runs inside that call. With a
+        cap, whether a request goes is decided when it is due, so it starts then."""
+        encode = getattr(self.client, "encode_body", None)  # a client that can, ahead of time
+        ahead = Lookahead(self._units, (lambda unit: encode(unit[0])) if encode else None)
+        ahead.build_one()  # the first unit (prepare() built it before t0)
+        gated = getattr(self.client, "SENDS_AT_GATE", False) and self.max_in_flight is None
+        lead_ns = SEND_LEAD_NS if gated else 0
+        ready = self._ready  # started, waiting for their gates, in schedule order
+        nxt = self._next_due(ahead)
+        try:
+            while nxt is not None or ready:
+                clock = time.perf_counter_ns()
+                while gated and nxt is not None and nxt.due_ns - lead_ns <= clock:
+                    ready.append(self._start_gated(nxt))
+                    nxt = self._next_due(ahead)
+                due = ready[0].due_ns if ready else None
+                start = nxt.due_ns - lead_ns if nxt is not None else None
+                wake = min(t for t in (due, start) if t is not None)
+                # the next units are built while this one waits, when the wait leaves room
+                await ahead.build_while(wake - SPIN_NS, self._sending_over)
+                await self._sleep_until(wake, precise=wake == due or not gated)
+                if self._sending_over():
+                    break
+                while ready and ready[0].due_ns <= time.perf_counter_ns():
+                    item = ready.popleft()
+                    self.dispatch_lag_ns.append(time.perf_counter_ns() - item.due_ns)
+                    item.gate.fire()  # type: ignore[union-attr]  # (set by _start_gated)
+                if not gated and nxt is not None and nxt.due_ns <= time.perf_counter_ns():
+                    self._dispatch(nxt)
+                    nxt = self._next_due(ahead)
+        finally:
+            while ready:  # the run stopped first: never sent, never recorded
+                ready.popleft().gate.withdraw()  # type: ignore[union-attr]
+
+    def _next_due(self, ahead: Lookahead) -> _Due | None:
+        """The next unit of the schedule with its due time; None past the end or the duration."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
+        was_built = len(ahead) > 0
+        built = ahead.pop()
+        if built is None:
+            return None
+        unit, body = built
+        first = unit[0]
+        if first.intended_at_s is None:
+            raise ValueError(
+                f"open loop needs intended_at_s on request {first.request_id!r} "
+                "(or on turn 0 of its session); for closed loop use --concurrency"
+            )
+        if self.cfg.duration_s is not None and first.intended_at_s >= self.cfg.duration_s:
+            return None
+        due_ns = self.t0_ns + int(first.intended_at_s * NS_PER_S)
+        if not was_built and time.perf_counter_ns() > due_ns:
+            self.built_late += 1
+        return _Due(unit, body, due_ns)
+
+    def _start_gated(self, item: _Due) -> _Due:
+        """Start ``item``'s unit now; its first request is written when ``item.gate`` fires."""
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        item.gate = SendGate()
+        self.stats.in_flight += 1
+        self._spawn(self._run_unit(item.unit, item.due_ns - self.t0_ns, item.body, item.gate))
+        return item
+
+    def _dispatch(self, item: _Due) -> None:
+        """Start ``item``'s unit at its due time (or drop it: the in-flight cap is full)."""
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        self.dispatch_lag_ns.append(time.perf_counter_ns() - item.due_ns)
+        intended_rel = item.due_ns - self.t0_ns
         cap = self.max_in_flight
-        for unit in self._units:
-            first = unit[0]
-            if first.intended_at_s is None:
-                raise ValueError(
-                    f"open loop needs intended_at_s on request {first.request_id!r} "
-                    "(or on turn 0 of its session); for closed loop use --concurrency"
-                )
-            if self.cfg.duration_s is not None and first.intended_at_s >= self.cfg.duration_s:
-                break
-            due_ns = self.t0_ns + int(first.intended_at_s * NS_PER_S)
-            await self._sleep_until(due_ns)
-            if self._sending_over():
-                break
-            self.dispatch_lag_ns.append(time.perf_counter_ns() - due_ns)
-            intended_rel = due_ns - self.t0_ns
-            if cap is not None and self.stats.in_flight >= cap:
-                self._record_dropped(first, intended_rel, f"in-flight cap {cap} reached")
-                continue
-            self.stats.in_flight += 1  # reserve the slot now: the task starts next iteration
-            self._spawn(self._run_unit(unit, intended_rel))
+        if cap is not None and self.stats.in_flight >= cap:
+            self._record_dropped(item.unit[0], intended_rel, f"in-flight cap {cap} reached")
+            return
+        self.stats.in_flight += 1  # reserve the slot now: the task starts next iteration
+        self._spawn(self._run_unit(item.unit, intended_rel, item.body))
 
     def _closed_loop(self) -> None:
         for _ in range(self.concurrency or 1):
@@ -349,8 +428,15 @@ class Runner:
             self.stats.in_flight += 1
             await self._run_unit(unit, None)
 
-    async def _run_unit(self, unit: Sequence[RequestSpec], intended_ns: int | None) -> None:
-        """Send one request or a whole session. The caller reserved one in-flight slot."""
+    async def _run_unit(
+        self,
+        unit: Sequence[RequestSpec],
+        intended_ns: int | None,
+        body: bytes | None = None,
+        gate: SendGate | None = None,
+    ) -> None:
+        """Send one request or a whole session (``body``: its first request's, encoded ahead;
+        ``gate``: what writes it). The caller reserved one in-flight slot."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         history: list[Message] = []
         calls: Sequence[Mapping[str, str]] = ()  # the last answer's tool calls
@@ -372,23 +458,35 @@ class Runner:
             if spec.tool_turn:  # answers the last turn's tool calls (checked above)
                 results = tuple(tool_result(c["id"], spec.prompt) for c in calls)
                 spec = dataclasses.replace(spec, tool_results=results)
-            done = await self._send(spec, history, intended_ns)
-            if not done.record.ok or k + 1 == len(unit):
+            if k > 0:
+                body, gate = None, None
+            done = await self._send(spec, history, intended_ns, body, gate)
+            if done is None or not done.record.ok or k + 1 == len(unit):
                 return  # (a lone request, most of a run's, builds no history)
             calls = done.tool_calls
             history.extend(spec.new_messages())
             history.append(assistant_turn(done.text, calls))
 
     async def _send(
-        self, spec: RequestSpec, history: Sequence[Message], intended_ns: int | None
-    ) -> Completion:
-        """One request; the in-flight slot was taken by the caller and is released here."""
+        self,
+        spec: RequestSpec,
+        history: Sequence[Message],
+        intended_ns: int | None,
+        body: bytes | None = None,
+        gate: SendGate | None = None,
+    ) -> Completion | None:
+        """One request; the in-flight slot was taken by the caller and is released here.
+        None: its gate was withdrawn before it fired (never sent, not recorded)."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         self.stats.scheduled += 1
         dispatch_ns = time.perf_counter_ns() - self.t0_ns
-        coro = self.client.send(
-            spec, t0_ns=self.t0_ns, history=list(history), intended_ns=intended_ns
-        )
+        options: SendOptions = {"t0_ns": self.t0_ns, "history": list(history)}
+        options["intended_ns"] = intended_ns
+        if body is not None:
+            options["body"] = body
+        if gate is not None:
+            options["gate"] = gate
+        coro = self.client.send(spec, **options)
         task = asyncio.ensure_future(coro)
         self._send_tasks.add(task)
         try:
@@ -405,8 +503,12 @@ class Runner:
         finally:
             self._send_tasks.discard(task)
             self.stats.in_flight -= 1
-            done = self._completion(task, spec, dispatch_ns)
-            self._record(done.record, spec, intended_ns)
+            if gate is not None and not gate.fired:
+                self.stats.scheduled -= 1
+                done = None
+            else:
+                done = self._completion(task, spec, dispatch_ns)
+                self._record(done.record, spec, intended_ns)
         return done
 
     def _completion(
