@@ -247,13 +247,16 @@ class RawPool:
                     min(conn.last_ns + read_ns, deadline_ns) / 1e9 - now / 1e9, watchdog
                 )
 
+        budget_ns = deadline_ns - clock()  # the whole-request timeout runs from the write
+
         def write() -> None:  # the send itself: at once, or when the gate fires
-            nonlocal result
+            nonlocal result, deadline_ns
             if conn.lost:  # closed while it waited for the gate: the caller takes a fresh one
                 return
             assert conn.transport is not None  # noqa: S101 (set by connection_made)
             result = conn.start(sink, done)
             sent = conn.last_ns = result.sent_ns = clock()
+            deadline_ns = max(deadline_ns, sent + budget_ns)
             conn.transport.write(request)
             timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
 

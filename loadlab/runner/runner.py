@@ -4,8 +4,12 @@ a ``Results``.
 Open loop (``cfg.rate_rps``): every request (or the first turn of a chat session) is sent at
 ``t0 + spec.intended_at_s``. The scheduler sleeps until about 1 ms before the due time, then
 yields to the event loop until the time has come (sub-millisecond precision without blocking
-the chunk readers). With ``cfg.max_in_flight`` a request due while the cap is full is recorded
-``dropped`` at once: it is never silently delayed. A request sent more than
+the chunk readers). Nothing heavy waits for the due time: the coming units are built (prompts
+fitted, first bodies encoded) while the scheduler waits (``loadlab.runner.ahead``), and with a
+client that takes a gate (``loadlab.clients.gate``) each request is started ``SEND_LEAD_NS``
+ahead and written from the scheduler's own wake-up when due. With ``cfg.max_in_flight`` a
+request due while the cap is full is recorded ``dropped`` at once: it is never silently
+delayed (such a run starts each request when due). A request sent more than
 ``late_tolerance_ms`` after its intended time is marked ``late``.
 
 Closed loop (``cfg.concurrency``): that many workers, each sending the next request (a whole

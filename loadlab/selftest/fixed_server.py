@@ -155,7 +155,7 @@ class FixedScheduleServer:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
 
     def _connection(self) -> HTTPConnection:
-        conn = HTTPConnection(self)
+        conn = HTTPConnection(self, defer=True)  # arrivals stamped before any handling
         self._conns.add(conn)
         return conn
 

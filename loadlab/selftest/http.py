@@ -57,7 +57,9 @@ class Request:
     path: str
     headers: dict[str, str]  # lower-case names
     body: bytes
-    recv_ns: int  # perf_counter_ns when the whole request had arrived
+    # perf_counter_ns when the read that completed the request returned, taken before any
+    # parsing (of this request or, with ``defer``, of the others read in the same turn)
+    recv_ns: int
 
     @property
     def keep_alive(self) -> bool:
@@ -94,12 +96,19 @@ def parse_json_body(req: Request) -> dict[str, Any] | None:
 
 class HTTPConnection(asyncio.Protocol):
     """One client connection. The app answers with ``respond`` (a whole response) or
-    ``start_stream`` + ``write`` + ``end_stream`` (chunked), then the next request is read."""
+    ``start_stream`` + ``write`` + ``end_stream`` (chunked), then the next request is read.
 
-    def __init__(self, app: App) -> None:
+    ``defer``: a request is handed to the app in a callback after the event loop's turn of
+    reads, not inside the read that completed it, so every connection read in that turn is
+    stamped before any request is handled (a burst of big requests arriving together would
+    otherwise be stamped after the handling of each one before it)."""
+
+    def __init__(self, app: App, defer: bool = False) -> None:
         self.app = app
+        self.defer = defer
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self._read_ns = 0  # when the last read returned
         self._buf = b""
         self._busy = False  # a response is in progress; later bytes wait in _buf
         self._keep_alive = True
@@ -111,6 +120,7 @@ class HTTPConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        self._read_ns = time.perf_counter_ns()  # first: when these bytes arrived
         self._buf += data
         if not self._busy:
             self._next_request()
@@ -206,10 +216,13 @@ class HTTPConnection(asyncio.Protocol):
             return  # wait for the rest of the body
         body = self._buf[start : start + length]
         self._buf = self._buf[start + length :]
-        req = Request(method, target.split("?", 1)[0], headers, body, time.perf_counter_ns())
+        req = Request(method, target.split("?", 1)[0], headers, body, self._read_ns)
         self._busy = True
         self._keep_alive = req.keep_alive
-        self.app.handle(self, req)
+        if self.defer:
+            asyncio.get_running_loop().call_soon(self.app.handle, self, req)
+        else:
+            self.app.handle(self, req)
 
     def _fail(self, status: int, message: str) -> None:
         self._busy = True
