@@ -102,6 +102,8 @@ def main() -> int:
     p.add_argument("--extra", action="append", default=[], metavar="ARG",
                    help="another loadlab run argument (repeatable), e.g. --extra=--workers=2")  # fmt: skip
     p.add_argument("--out", help="keep the results file here (default: a temporary file)")
+    p.add_argument("--loadlab-root", default=str(ROOT),
+                   help="run loadlab run from this checkout (compare versions on one server)")  # fmt: skip
     args = p.parse_args()
 
     burner = None
@@ -123,7 +125,10 @@ def main() -> int:
             print(f"load average before: {before}{'  (burning one core)' if burner else ''}")
             print("running:", " ".join(cmd[2:]), flush=True)
             wall = time.perf_counter()
-            done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
+            env = {**os.environ, "PYTHONPATH": args.loadlab_root}
+            done = subprocess.run(
+                cmd, cwd=args.loadlab_root, env=env, check=False, capture_output=True, text=True
+            )
             wall = time.perf_counter() - wall
             after = loadavg()
             if done.returncode not in (0, 1):  # 1: prompt lengths off (this server counts words)
