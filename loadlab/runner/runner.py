@@ -47,6 +47,7 @@ import dataclasses
 import gc
 import itertools
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
@@ -76,6 +77,7 @@ from loadlab.runner.monitor import LoopMonitor
 __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
+SWITCH_INTERVAL_S = 0.0002  # the GIL switch interval while a run lasts (_SwitchInterval)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
 # open loop: a request is started (record, framing, connection) this long before it is due
@@ -254,6 +256,7 @@ class Runner:
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         freezer = loop.create_task(_freeze_every(_FREEZE_EVERY_S))
+        _SWITCH.hold()
         journaling = loop.create_task(self.journal.run()) if self.journal is not None else None
         if self.t0_ns is None:
             self.t0_ns = time.perf_counter_ns()
@@ -275,6 +278,7 @@ class Runner:
             self._end_sending()
             freezer.cancel()
             gc.unfreeze()
+            _SWITCH.release()
             generator = await monitor.stop()
             if journaling is not None and self.journal is not None:
                 journaling.cancel()
@@ -578,6 +582,33 @@ class Runner:
             await asyncio.wait(pending)
         if self._unit_errors:
             raise self._unit_errors[0]
+
+
+class _SwitchInterval:
+    """The run's thread switch interval: ``SWITCH_INTERVAL_S`` while any run of the process
+    lasts, Python's own (5 ms) again after the last.
+
+    Other threads of a run hold the GIL now and then (the journal encoding a second's records,
+    images being drawn); when the event loop wakes for a due request while one does, it waits
+    for the GIL until the holder blocks or the interval forces a switch: up to 5 ms late."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.saved = 0.0
+
+    def hold(self) -> None:
+        if self.runs == 0:
+            self.saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(self.saved, SWITCH_INTERVAL_S))
+        self.runs += 1
+
+    def release(self) -> None:
+        self.runs -= 1
+        if self.runs == 0:
+            sys.setswitchinterval(self.saved)
+
+
+_SWITCH = _SwitchInterval()
 
 
 async def _freeze_every(period_s: float) -> None:

@@ -6,6 +6,7 @@ a duration that a loaded machine could miss."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Iterator
 
@@ -195,3 +196,18 @@ def test_a_gate_writes_once_when_fired_and_never_when_withdrawn() -> None:
         assert await waiting is False and writes == ["w", "late"] and not dropped.fired
 
     asyncio.run(go())
+
+
+def test_a_run_shortens_the_thread_switch_interval_and_hands_it_back() -> None:
+    seen: list[float] = []
+
+    class Probe(FakeClient):
+        async def send(self, spec, **options):  # type: ignore[no-untyped-def]
+            seen.append(sys.getswitchinterval())
+            return await super().send(spec, **options)
+
+    before = sys.getswitchinterval()
+    specs = [RequestSpec(f"p{i}", "x", 1, intended_at_s=0.001 * i) for i in range(3)]
+    _run(RunConfig(rate_rps=10, requests=3), iter(specs), Probe())
+    assert seen and max(seen) <= runner_mod.SWITCH_INTERVAL_S
+    assert sys.getswitchinterval() == before
