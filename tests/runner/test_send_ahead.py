@@ -118,6 +118,25 @@ def test_a_gated_request_is_written_inside_the_call_that_fires_its_gate(
         assert server.truth[r.request_id]["recv_ns"] >= sent
 
 
+def test_the_aiohttp_transport_sends_when_its_gate_fires(server: FixedScheduleServer) -> None:
+    times = [0.02 * i for i in range(10)] + [0.3] * 5
+
+    async def go() -> Results:
+        ep = EndpointConfig(url=server.url, model="m")
+        async with OpenAIClient(ep, transport="aiohttp") as client:
+            return await Runner(
+                RunConfig(rate_rps=10, requests=15), _specs("a", times), client
+            ).run()
+
+    res = asyncio.run(go())
+    assert len(res.records) == 15 and all(r.ok for r in res.records)
+    assert all(r.sent_ns >= r.intended_ns for r in res.records)  # type: ignore[operator]
+
+
+def _specs(prefix: str, times: list[float]) -> Iterator[RequestSpec]:
+    return iter([RequestSpec(f"{prefix}{i}", BIG, 2, intended_at_s=t) for i, t in enumerate(times)])
+
+
 def test_stopping_withdraws_requests_started_ahead_unsent(
     server: FixedScheduleServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
