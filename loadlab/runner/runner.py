@@ -7,9 +7,12 @@ yields to the event loop until the time has come (sub-millisecond precision with
 the chunk readers). Nothing heavy waits for the due time: the coming units are built (prompts
 fitted, first bodies encoded) while the scheduler waits (``loadlab.runner.ahead``), and with a
 client that takes a gate (``loadlab.clients.gate``) each request is started ``SEND_LEAD_NS``
-ahead and written from the scheduler's own wake-up when due. With ``cfg.max_in_flight`` a
-request due while the cap is full is recorded ``dropped`` at once: it is never silently
-delayed (such a run starts each request when due). A request sent more than
+ahead (its connection taken or opened then) and written from the scheduler's own wake-up when
+due. A client without gates is asked for a spare connection (``preconnect``, where it has one)
+``PRECONNECT_AHEAD_NS`` before each due request; every client that has one, once before t0.
+With ``cfg.max_in_flight`` a request due while the cap is full is recorded ``dropped`` at
+once: it is never silently delayed (such a run starts each request when due). A request sent
+more than
 ``late_tolerance_ms`` after its intended time is marked ``late``.
 
 Closed loop (``cfg.concurrency``): that many workers, each sending the next request (a whole
@@ -50,7 +53,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -82,6 +85,9 @@ NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
 # open loop: a request is started (record, framing, connection) this long before it is due
 SEND_LEAD_NS = 50_000_000
+# a spare connection is started this long before a due request (Client.preconnect), so that
+# the request is sent at its time instead of after a connect (a session's first turn, a rise)
+PRECONNECT_AHEAD_NS = 50_000_000
 # Closed loop against an endpoint that refuses connections: after k connect errors in a row
 # (run-wide; any answered request resets it) each worker waits min(MAX, BASE * 2**(k-1))
 # before its next request, instead of making ~10,000 failed records a second.
@@ -232,6 +238,14 @@ class Runner:
         while precise and time.perf_counter_ns() < due_ns and not self._sending_over():
             await asyncio.sleep(0)  # yield: chunk readers keep running while we wait
 
+    async def _first_connection(self) -> None:
+        """Open loop: the first request's connection, made before t0 (its connect would make
+        the run's first request late, and every gap after it measured from a late start)."""
+        preconnect = getattr(self.client, "preconnect", None)
+        spare = preconnect() if preconnect is not None and self.cfg.rate_rps is not None else None
+        if spare is not None:
+            await asyncio.wait([spare])  # bounded by the transport's preconnect time limit
+
     # ------------------------------------------------------------------ run
 
     def prepare(self) -> None:
@@ -259,6 +273,7 @@ class Runner:
         _SWITCH.hold()
         journaling = loop.create_task(self.journal.run()) if self.journal is not None else None
         if self.t0_ns is None:
+            await self._first_connection()
             self.t0_ns = time.perf_counter_ns()
         monitor.start(self.t0_ns)
         deadline = None
@@ -341,38 +356,40 @@ class Runner:
         waits (``Lookahead``). With a client that takes a gate and no in-flight cap, each
         request is started ``SEND_LEAD_NS`` before it is due (record, framing, connection)
         and the scheduler fires its gate when due: the write runs inside that call. With a
-        cap, whether a request goes is decided when it is due, so it starts then."""
+        cap, whether a request goes is decided when it is due, so it starts then; a client
+        without gates is asked for a spare connection ``PRECONNECT_AHEAD_NS`` ahead instead."""
         encode = getattr(self.client, "encode_body", None)  # a client that can, ahead of time
         ahead = Lookahead(self._units, (lambda unit: encode(unit[0])) if encode else None)
         ahead.build_one()  # the first unit (prepare() built it before t0)
         gated = getattr(self.client, "SENDS_AT_GATE", False) and self.max_in_flight is None
-        lead_ns = SEND_LEAD_NS if gated else 0
-        ready = self._ready  # started, waiting for their gates, in schedule order
+        preconnect = None if gated else getattr(self.client, "preconnect", None)
+        lead_ns = SEND_LEAD_NS if gated else PRECONNECT_AHEAD_NS if preconnect else 0
+        ready = self._ready  # started (or their connection asked for) ahead, in schedule order
         nxt = self._next_due(ahead)
         try:
             while nxt is not None or ready:
                 clock = time.perf_counter_ns()
-                while gated and nxt is not None and nxt.due_ns - lead_ns <= clock:
-                    ready.append(self._start_gated(nxt))
+                while lead_ns and nxt is not None and nxt.due_ns - lead_ns <= clock:
+                    ready.append(self._start_ahead(nxt, preconnect))
                     nxt = self._next_due(ahead)
                 due = ready[0].due_ns if ready else None
                 start = nxt.due_ns - lead_ns if nxt is not None else None
                 wake = min(t for t in (due, start) if t is not None)
                 # the next units are built while this one waits, when the wait leaves room
                 await ahead.build_while(wake - SPIN_NS, self._sending_over)
-                await self._sleep_until(wake, precise=wake == due or not gated)
+                await self._sleep_until(wake, precise=wake == due or not lead_ns)
                 if self._sending_over():
                     break
                 while ready and ready[0].due_ns <= time.perf_counter_ns():
-                    item = ready.popleft()
-                    self.dispatch_lag_ns.append(time.perf_counter_ns() - item.due_ns)
-                    item.gate.fire()  # type: ignore[union-attr]  # (set by _start_gated)
-                if not gated and nxt is not None and nxt.due_ns <= time.perf_counter_ns():
-                    self._dispatch(nxt)
+                    self._send_due(ready.popleft())
+                if not lead_ns and nxt is not None and nxt.due_ns <= time.perf_counter_ns():
+                    self._send_due(nxt)
                     nxt = self._next_due(ahead)
         finally:
             while ready:  # the run stopped first: never sent, never recorded
-                ready.popleft().gate.withdraw()  # type: ignore[union-attr]
+                item = ready.popleft()
+                if item.gate is not None:
+                    item.gate.withdraw()
 
     def _next_due(self, ahead: Lookahead) -> _Due | None:
         """The next unit of the schedule with its due time; None past the end or the duration."""
@@ -395,13 +412,25 @@ class Runner:
             self.built_late += 1
         return _Due(unit, body, due_ns)
 
-    def _start_gated(self, item: _Due) -> _Due:
-        """Start ``item``'s unit now; its first request is written when ``item.gate`` fires."""
+    def _start_ahead(self, item: _Due, preconnect: Callable[[], object] | None) -> _Due:
+        """Ahead of ``item``'s due time: ask for a spare connection (a client without gates),
+        or start its unit now, its first request written when ``item.gate`` fires."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
+        if preconnect is not None:
+            preconnect()
+            return item
         item.gate = SendGate()
         self.stats.in_flight += 1
         self._spawn(self._run_unit(item.unit, item.due_ns - self.t0_ns, item.body, item.gate))
         return item
+
+    def _send_due(self, item: _Due) -> None:
+        """``item`` is due: fire its gate, or start it now (``_dispatch``)."""
+        if item.gate is None:
+            self._dispatch(item)
+            return
+        self.dispatch_lag_ns.append(time.perf_counter_ns() - item.due_ns)
+        item.gate.fire()
 
     def _dispatch(self, item: _Due) -> None:
         """Start ``item``'s unit at its due time (or drop it: the in-flight cap is full)."""
