@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, Protocol, TypedDict, Unpack
 
+from loadlab.clients.gate import SendGate
 from loadlab.records import RequestRecord, RequestSpec
 
 __all__ = ["Client", "Completion", "Message", "SendOptions"]
@@ -45,6 +46,12 @@ class SendOptions(TypedDict):
     t0_ns: int  # the run's start, perf_counter_ns: the record's stamps are relative to it
     history: NotRequired[Sequence[Message]]  # the chat session so far (chat API only); ()
     intended_ns: NotRequired[int | None]  # when the schedule meant it to go; None: closed loop
+    # the request body, encoded ahead of the send time by the client's own ``encode_body``
+    # (an open-loop run does it while it waits); absent: the client encodes it when sending
+    body: NotRequired[bytes]
+    # the request is made ready now and written when the gate fires (``loadlab.clients.gate``;
+    # a client that takes it says so with ``SENDS_AT_GATE = True``)
+    gate: NotRequired[SendGate]
 
 
 class Client(Protocol):

@@ -25,6 +25,7 @@ import ssl
 import time
 import weakref
 
+from loadlab.clients.gate import SendGate
 from loadlab.clients.http1 import Failure, RawResult, ResponseReader, Sink, Target
 
 __all__ = ["PARSE_CLOCK_EVERY", "PARSE_MAX_LAG_NS", "PARSE_SLICE_NS", "RawPool", "parse_backlog_ms"]
@@ -180,18 +181,22 @@ class RawPool:
         *,
         timeout_s: float,
         read_timeout_s: float,
+        gate: SendGate | None = None,
     ) -> RawResult:
         """Send ``request`` (``frame_request``) and feed the response to ``sink``. Never raises
-        for a network failure (``result.error``)."""
+        for a network failure (``result.error``). With ``gate``, the connection is taken now
+        and the request written when the gate fires (``loadlab.clients.gate``); a withdrawn
+        gate returns a result with no ``sent_ns``."""
         deadline_ns = time.perf_counter_ns() + int(timeout_s * 1e9)
         if self._sem is not None:
             await self._sem.acquire()
         try:
-            result = await self._exchange(target, request, sink, deadline_ns, read_timeout_s)
+            result = await self._exchange(target, request, sink, deadline_ns, read_timeout_s, gate)
             if result.stale:
-                # the server closed an idle kept-alive connection as we reused it: once more
+                # the server closed an idle kept-alive connection as we reused it (or while
+                # it waited for its gate): once more
                 result = await self._exchange(
-                    target, request, sink, deadline_ns, read_timeout_s, fresh=True
+                    target, request, sink, deadline_ns, read_timeout_s, gate, fresh=True
                 )
             return result
         finally:
@@ -227,6 +232,7 @@ class RawPool:
         sink: Sink,
         deadline_ns: int,
         read_timeout_s: float,
+        gate: SendGate | None,
         fresh: bool = False,
     ) -> RawResult:
         idle = self._idle.setdefault(target, [])
@@ -239,12 +245,14 @@ class RawPool:
         reused = conn is not None
         if conn is None:
             made = await self._connect(target, deadline_ns)
-            if isinstance(made, RawResult):
+            if isinstance(made, RawResult):  # failed when due, not before
+                if gate is not None and not await gate.wait():
+                    return RawResult()
                 return made
             conn = made
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        result = conn.start(sink, done)
+        result = RawResult()
         read_ns = int(read_timeout_s * 1e9)
         clock = time.perf_counter_ns
 
@@ -261,10 +269,33 @@ class RawPool:
                     min(conn.last_ns + read_ns, deadline_ns) / 1e9 - now / 1e9, watchdog
                 )
 
+        budget_ns = deadline_ns - clock()  # the whole-request timeout runs from the write
+
+        def write() -> None:  # the send itself: at once, or when the gate fires
+            nonlocal result, deadline_ns
+            if conn.lost:  # closed while it waited for the gate: the caller takes a fresh one
+                return
+            assert conn.transport is not None  # noqa: S101 (set by connection_made)
+            result = conn.start(sink, done)
+            sent = conn.last_ns = result.sent_ns = clock()
+            deadline_ns = max(deadline_ns, sent + budget_ns)
+            conn.transport.write(request)
+            timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
+
+        if gate is None:
+            write()
+        else:
+            try:
+                held = await gate.hold(write)
+            except asyncio.CancelledError:
+                self._release(idle, conn)
+                raise
+            if not held:  # withdrawn: never written
+                self._release(idle, conn)
+                return result
+            if result.sent_ns is None:  # the connection closed while it waited
+                return RawResult(error=Failure.CONNECT, message="connection closed", stale=True)
         assert conn.transport is not None  # noqa: S101 (set by connection_made)
-        sent = conn.last_ns = result.sent_ns = clock()
-        conn.transport.write(request)
-        timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
         try:
             await done
         except asyncio.CancelledError:
@@ -280,6 +311,15 @@ class RawPool:
         else:
             conn.transport.abort()
         return result
+
+    @staticmethod
+    def _release(idle: list[_Conn], conn: _Conn) -> None:
+        """A connection taken for a request that was never written goes back to the pool."""
+        if conn.lost:
+            if conn.transport is not None:
+                conn.transport.abort()
+        else:
+            idle.append(conn)
 
     def close(self) -> None:
         for task in self._opening.values():

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Self
 from loadlab._version import __version__
 from loadlab.clients.base import Completion, Message
 from loadlab.clients.bodies import build_body
+from loadlab.clients.gate import SendGate
 from loadlab.clients.sse import MAX_EVENT_BYTES
 from loadlab.clients.state import StreamState, dumps
 from loadlab.clients.transports import TRANSPORTS, Transport, TransportSettings, make_transport
@@ -103,6 +104,7 @@ class StreamingClient:
 
     APIS: tuple[str, ...] = ()
     STATE: ClassVar[type[StreamState]]
+    SENDS_AT_GATE = True  # send() takes a gate: ready now, written when it fires
 
     def __init__(
         self,
@@ -194,6 +196,11 @@ class StreamingClient:
             await self._transport.close()
             self._transport = None
 
+    def encode_body(self, spec: RequestSpec) -> bytes:
+        """The body of ``spec`` as the first request of its session, encoded: what ``send``
+        takes as ``body`` (a run encodes big prompts ahead of their send time)."""
+        return dumps(self._body(spec, ()))
+
     def preconnect(self) -> asyncio.Task[None] | None:
         """Start opening a spare connection for a request due soon (the open loop calls it
         ahead of each one), where the transport keeps its own connections (``raw``): the task
@@ -208,6 +215,8 @@ class StreamingClient:
         t0_ns: int,
         history: Sequence[Message] = (),
         intended_ns: int | None = None,
+        body: bytes | None = None,
+        gate: SendGate | None = None,
     ) -> Completion:
         if self._transport is None:
             name = type(self).__name__
@@ -217,18 +226,24 @@ class StreamingClient:
         )
         state = self._state(rec, t0_ns)
         state.token_ends = self.token_ends
-        body = self._body(spec, history)
+        if body is None or history:
+            body = dumps(self._body(spec, history))
         attempt_ns = time.perf_counter_ns()
         try:
-            await self._transport.exchange(dumps(body), spec.request_id, state)
+            if gate is None:
+                await self._transport.exchange(body, spec.request_id, state)
+            else:
+                await self._transport.exchange(body, spec.request_id, state, gate)
         except asyncio.CancelledError:
             msg = "the run stopped while the request was in flight"
             state.fail(OUTCOME_CANCELLED, msg, time.perf_counter_ns())
-            self.cancelled_records.append(rec)
+            if gate is None or gate.fired:  # (one whose gate never fired was never sent)
+                self.cancelled_records.append(rec)
             raise
         finally:
-            if rec.sent_ns is None:  # never written (no connection): the attempt counts as sent
-                state.on_sent(attempt_ns)
+            if rec.sent_ns is None and (gate is None or gate.fired):
+                # never written (no connection): the attempt counts as sent
+                state.on_sent(gate.fired_ns if gate is not None else attempt_ns)
         return Completion(rec, state.text, state.tool_calls)
 
 

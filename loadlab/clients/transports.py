@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 from aiohttp.payload import BytesPayload
 
+from loadlab.clients.gate import SendGate
 from loadlab.clients.http1 import Failure, RawResult, Target, frame_request, header_value
 from loadlab.clients.pool import RawPool
 from loadlab.errors import ConfigError
@@ -82,7 +83,9 @@ def settle(state: StreamState, result: RawResult) -> None:
 
 
 class Transport(Protocol):
-    async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None: ...
+    async def exchange(
+        self, body: bytes, request_id: str, state: StreamState, gate: SendGate | None = None
+    ) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -106,14 +109,19 @@ class RawTransport:
         self._pool = RawPool(settings.max_connections)
         self.timeout_s, self.read_timeout_s = settings.timeout_s, settings.read_timeout_s
 
-    async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
+    async def exchange(
+        self, body: bytes, request_id: str, state: StreamState, gate: SendGate | None = None
+    ) -> None:
         res = await self._pool.request(
             self.target,
             frame_request(self._head, request_id, body),
             state,
             timeout_s=self.timeout_s,
             read_timeout_s=self.read_timeout_s,
+            gate=gate,
         )
+        if gate is not None and gate.withdrawn:
+            return  # never written: nothing to record
         if res.sent_ns is not None:
             state.on_sent(res.sent_ns)
         settle(state, res)
@@ -156,7 +164,12 @@ class AiohttpTransport:
             connector=connector, timeout=self.timeout, trust_env=True
         )
 
-    async def exchange(self, body: bytes, request_id: str, state: StreamState) -> None:
+    async def exchange(
+        self, body: bytes, request_id: str, state: StreamState, gate: SendGate | None = None
+    ) -> None:
+        """With ``gate``: sent when it fires (aiohttp takes its connection as it sends)."""
+        if gate is not None and not await gate.wait():
+            return  # withdrawn: never sent
         payload = _StampedBody(body, content_type="application/json")
         headers = {**self._headers, "X-Request-Id": header_value(request_id)}
         clock = time.perf_counter_ns

@@ -4,10 +4,15 @@ a ``Results``.
 Open loop (``cfg.rate_rps``): every request (or the first turn of a chat session) is sent at
 ``t0 + spec.intended_at_s``. The scheduler sleeps until about 1 ms before the due time, then
 yields to the event loop until the time has come (sub-millisecond precision without blocking
-the chunk readers). ``PRECONNECT_AHEAD_NS`` before it (and once before t0) it asks the client
-for a spare connection (``preconnect``, where the client has one), so that a request needing
-a new connection is not late by a connect. With ``cfg.max_in_flight`` a request due while the cap is full is recorded
-``dropped`` at once: it is never silently delayed. A request sent more than
+the chunk readers). Nothing heavy waits for the due time: the coming units are built (prompts
+fitted, first bodies encoded) while the scheduler waits (``loadlab.runner.ahead``), and with a
+client that takes a gate (``loadlab.clients.gate``) each request is started ``SEND_LEAD_NS``
+ahead (its connection taken or opened then) and written from the scheduler's own wake-up when
+due. A client without gates is asked for a spare connection (``preconnect``, where it has one)
+``PRECONNECT_AHEAD_NS`` before each due request; every client that has one, once before t0.
+With ``cfg.max_in_flight`` a request due while the cap is full is recorded ``dropped`` at
+once: it is never silently delayed (such a run starts each request when due). A request sent
+more than
 ``late_tolerance_ms`` after its intended time is marked ``late``.
 
 Closed loop (``cfg.concurrency``): that many workers, each sending the next request (a whole
@@ -45,14 +50,17 @@ import dataclasses
 import gc
 import itertools
 import os
+import sys
 import time
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from loadlab.analysis.metrics import percentile
-from loadlab.clients.base import Client, Completion, Message
+from loadlab.clients.base import Client, Completion, Message, SendOptions
+from loadlab.clients.gate import SendGate
 from loadlab.clients.tools import assistant_turn, tool_result
 from loadlab.config import RunConfig
 from loadlab.errors import at_least
@@ -66,13 +74,17 @@ from loadlab.records import (
     RequestSpec,
 )
 from loadlab.results import Results, environment_info
+from loadlab.runner.ahead import Lookahead
 from loadlab.runner.monitor import LoopMonitor
 
 __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
+SWITCH_INTERVAL_S = 0.0002  # the GIL switch interval while a run lasts (_SwitchInterval)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
+# open loop: a request is started (record, framing, connection) this long before it is due
+SEND_LEAD_NS = 50_000_000
 # a spare connection is started this long before a due request (Client.preconnect), so that
 # the request is sent at its time instead of after a connect (a session's first turn, a rise)
 PRECONNECT_AHEAD_NS = 50_000_000
@@ -82,6 +94,17 @@ PRECONNECT_AHEAD_NS = 50_000_000
 CONNECT_BACKOFF_BASE_S = 0.01
 CONNECT_BACKOFF_MAX_S = 1.0
 T = TypeVar("T")
+
+
+class _Due:
+    """An open-loop unit with its due time (perf_counter_ns), its first request's encoded
+    body, and the gate that writes it once started ahead."""
+
+    __slots__ = ("body", "due_ns", "gate", "unit")
+
+    def __init__(self, unit: list[RequestSpec], body: bytes | None, due_ns: int) -> None:
+        self.unit, self.body, self.due_ns = unit, body, due_ns
+        self.gate: SendGate | None = None
 
 
 @dataclass
@@ -170,6 +193,7 @@ class Runner:
         self.stats = LiveStats()
         self.records: list[RequestRecord] = []
         self.dispatch_lag_ns: list[int] = []  # open loop: when the scheduler got to each request
+        self.built_late = 0  # open loop: units whose building ended after their due time
         self.interrupted = False
         self.connect_errors_in_a_row = 0
         self.backoff_s = 0.0  # time the closed-loop workers spent backing off, summed
@@ -180,6 +204,7 @@ class Runner:
         self._unit_tasks: set[asyncio.Task[None]] = set()
         self._unit_errors: list[BaseException] = []
         self._stop_sending: asyncio.Future[None] | None = None
+        self._ready: deque[_Due] = deque()  # open loop: started ahead, waiting to be due
 
     # ------------------------------------------------------------------ control
 
@@ -187,6 +212,9 @@ class Runner:
         """Stop sending now and cancel the requests in flight (they are recorded). Idempotent."""
         self.interrupted = True
         self._end_sending()
+        for item in self._ready:  # started ahead, not yet due: never sent
+            if item.gate is not None:
+                item.gate.withdraw()
         for task in list(self._send_tasks):
             task.cancel()
 
@@ -202,11 +230,12 @@ class Runner:
         if seconds > 0 and self._stop_sending is not None:
             await asyncio.wait([self._stop_sending], timeout=seconds)
 
-    async def _sleep_until(self, due_ns: int) -> None:
+    async def _sleep_until(self, due_ns: int, precise: bool = True) -> None:
+        """Until ``due_ns`` (or sending ends); ``precise``: the last ``SPIN_NS`` by yielding."""
         remaining = due_ns - time.perf_counter_ns()
-        if remaining > SPIN_NS:
-            await self._wait_or_stop((remaining - SPIN_NS) / NS_PER_S)
-        while time.perf_counter_ns() < due_ns and not self._sending_over():
+        if remaining > SPIN_NS or (not precise and remaining > 0):
+            await self._wait_or_stop((remaining - (SPIN_NS if precise else 0)) / NS_PER_S)
+        while precise and time.perf_counter_ns() < due_ns and not self._sending_over():
             await asyncio.sleep(0)  # yield: chunk readers keep running while we wait
 
     async def _first_connection(self) -> None:
@@ -241,6 +270,7 @@ class Runner:
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         monitor = LoopMonitor(threshold_ms=self.cfg.saturation_lag_ms)
         freezer = loop.create_task(_freeze_every(_FREEZE_EVERY_S))
+        _SWITCH.hold()
         journaling = loop.create_task(self.journal.run()) if self.journal is not None else None
         if self.t0_ns is None:
             await self._first_connection()
@@ -251,10 +281,10 @@ class Runner:
             due_s = (self.t0_ns - time.perf_counter_ns()) / NS_PER_S + self.cfg.duration_s
             deadline = loop.call_later(max(due_s, 0.0), self._end_sending)
         try:
-            await self._sleep_until(self.t0_ns)  # worker processes share a t0 in the future
             if self.cfg.rate_rps is not None:
-                await self._open_loop()
+                await self._open_loop()  # (it builds ahead while it waits for t0 too)
             else:
+                await self._sleep_until(self.t0_ns)  # worker processes share a t0 ahead
                 self._closed_loop()
             await self._drain()
         finally:
@@ -263,6 +293,7 @@ class Runner:
             self._end_sending()
             freezer.cancel()
             gc.unfreeze()
+            _SWITCH.release()
             generator = await monitor.stop()
             if journaling is not None and self.journal is not None:
                 journaling.cancel()
@@ -270,6 +301,8 @@ class Runner:
         end_ns = time.perf_counter_ns() - self.t0_ns
         lag_p99_ns = percentile(self.dispatch_lag_ns, 99)
         generator["dispatch_lag_ms_p99"] = None if lag_p99_ns is None else lag_p99_ns / 1e6
+        if self.cfg.rate_rps is not None:
+            generator["built_late"] = self.built_late
         return Results(
             records=self.records,
             config=self.cfg.to_dict(),
@@ -319,34 +352,97 @@ class Runner:
             self._unit_errors.append(task.exception())  # type: ignore[arg-type]
 
     async def _open_loop(self) -> None:
+        """Every unit sent at its due time. The coming units are built while the scheduler
+        waits (``Lookahead``). With a client that takes a gate and no in-flight cap, each
+        request is started ``SEND_LEAD_NS`` before it is due (record, framing, connection)
+        and the scheduler fires its gate when due: the write runs inside that call. With a
+        cap, whether a request goes is decided when it is due, so it starts then; a client
+        without gates is asked for a spare connection ``PRECONNECT_AHEAD_NS`` ahead instead."""
+        encode = getattr(self.client, "encode_body", None)  # a client that can, ahead of time
+        ahead = Lookahead(self._units, (lambda unit: encode(unit[0])) if encode else None)
+        ahead.build_one()  # the first unit (prepare() built it before t0)
+        gated = getattr(self.client, "SENDS_AT_GATE", False) and self.max_in_flight is None
+        preconnect = None if gated else getattr(self.client, "preconnect", None)
+        lead_ns = SEND_LEAD_NS if gated else PRECONNECT_AHEAD_NS if preconnect else 0
+        ready = self._ready  # started (or their connection asked for) ahead, in schedule order
+        nxt = self._next_due(ahead)
+        try:
+            while nxt is not None or ready:
+                clock = time.perf_counter_ns()
+                while lead_ns and nxt is not None and nxt.due_ns - lead_ns <= clock:
+                    ready.append(self._start_ahead(nxt, preconnect))
+                    nxt = self._next_due(ahead)
+                due = ready[0].due_ns if ready else None
+                start = nxt.due_ns - lead_ns if nxt is not None else None
+                wake = min(t for t in (due, start) if t is not None)
+                # the next units are built while this one waits, when the wait leaves room
+                await ahead.build_while(wake - SPIN_NS, self._sending_over)
+                await self._sleep_until(wake, precise=wake == due or not lead_ns)
+                if self._sending_over():
+                    break
+                while ready and ready[0].due_ns <= time.perf_counter_ns():
+                    self._send_due(ready.popleft())
+                if not lead_ns and nxt is not None and nxt.due_ns <= time.perf_counter_ns():
+                    self._send_due(nxt)
+                    nxt = self._next_due(ahead)
+        finally:
+            while ready:  # the run stopped first: never sent, never recorded
+                item = ready.popleft()
+                if item.gate is not None:
+                    item.gate.withdraw()
+
+    def _next_due(self, ahead: Lookahead) -> _Due | None:
+        """The next unit of the schedule with its due time; None past the end or the duration."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
+        was_built = len(ahead) > 0
+        built = ahead.pop()
+        if built is None:
+            return None
+        unit, body = built
+        first = unit[0]
+        if first.intended_at_s is None:
+            raise ValueError(
+                f"open loop needs intended_at_s on request {first.request_id!r} "
+                "(or on turn 0 of its session); for closed loop use --concurrency"
+            )
+        if self.cfg.duration_s is not None and first.intended_at_s >= self.cfg.duration_s:
+            return None
+        due_ns = self.t0_ns + int(first.intended_at_s * NS_PER_S)
+        if not was_built and time.perf_counter_ns() > due_ns:
+            self.built_late += 1
+        return _Due(unit, body, due_ns)
+
+    def _start_ahead(self, item: _Due, preconnect: Callable[[], object] | None) -> _Due:
+        """Ahead of ``item``'s due time: ask for a spare connection (a client without gates),
+        or start its unit now, its first request written when ``item.gate`` fires."""
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        if preconnect is not None:
+            preconnect()
+            return item
+        item.gate = SendGate()
+        self.stats.in_flight += 1
+        self._spawn(self._run_unit(item.unit, item.due_ns - self.t0_ns, item.body, item.gate))
+        return item
+
+    def _send_due(self, item: _Due) -> None:
+        """``item`` is due: fire its gate, or start it now (``_dispatch``)."""
+        if item.gate is None:
+            self._dispatch(item)
+            return
+        self.dispatch_lag_ns.append(time.perf_counter_ns() - item.due_ns)
+        item.gate.fire()
+
+    def _dispatch(self, item: _Due) -> None:
+        """Start ``item``'s unit at its due time (or drop it: the in-flight cap is full)."""
+        assert self.t0_ns is not None  # noqa: S101 - set by run()
+        self.dispatch_lag_ns.append(time.perf_counter_ns() - item.due_ns)
+        intended_rel = item.due_ns - self.t0_ns
         cap = self.max_in_flight
-        preconnect = getattr(self.client, "preconnect", None)
-        for unit in self._units:
-            first = unit[0]
-            if first.intended_at_s is None:
-                raise ValueError(
-                    f"open loop needs intended_at_s on request {first.request_id!r} "
-                    "(or on turn 0 of its session); for closed loop use --concurrency"
-                )
-            if self.cfg.duration_s is not None and first.intended_at_s >= self.cfg.duration_s:
-                break
-            due_ns = self.t0_ns + int(first.intended_at_s * NS_PER_S)
-            if preconnect is not None:
-                ahead_ns = due_ns - PRECONNECT_AHEAD_NS - time.perf_counter_ns()
-                await self._wait_or_stop(ahead_ns / NS_PER_S)
-                if not self._sending_over():
-                    preconnect()
-            await self._sleep_until(due_ns)
-            if self._sending_over():
-                break
-            self.dispatch_lag_ns.append(time.perf_counter_ns() - due_ns)
-            intended_rel = due_ns - self.t0_ns
-            if cap is not None and self.stats.in_flight >= cap:
-                self._record_dropped(first, intended_rel, f"in-flight cap {cap} reached")
-                continue
-            self.stats.in_flight += 1  # reserve the slot now: the task starts next iteration
-            self._spawn(self._run_unit(unit, intended_rel))
+        if cap is not None and self.stats.in_flight >= cap:
+            self._record_dropped(item.unit[0], intended_rel, f"in-flight cap {cap} reached")
+            return
+        self.stats.in_flight += 1  # reserve the slot now: the task starts next iteration
+        self._spawn(self._run_unit(item.unit, intended_rel, item.body))
 
     def _closed_loop(self) -> None:
         for _ in range(self.concurrency or 1):
@@ -369,8 +465,15 @@ class Runner:
             self.stats.in_flight += 1
             await self._run_unit(unit, None)
 
-    async def _run_unit(self, unit: Sequence[RequestSpec], intended_ns: int | None) -> None:
-        """Send one request or a whole session. The caller reserved one in-flight slot."""
+    async def _run_unit(
+        self,
+        unit: Sequence[RequestSpec],
+        intended_ns: int | None,
+        body: bytes | None = None,
+        gate: SendGate | None = None,
+    ) -> None:
+        """Send one request or a whole session (``body``: its first request's, encoded ahead;
+        ``gate``: what writes it). The caller reserved one in-flight slot."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         history: list[Message] = []
         calls: Sequence[Mapping[str, str]] = ()  # the last answer's tool calls
@@ -392,23 +495,35 @@ class Runner:
             if spec.tool_turn:  # answers the last turn's tool calls (checked above)
                 results = tuple(tool_result(c["id"], spec.prompt) for c in calls)
                 spec = dataclasses.replace(spec, tool_results=results)
-            done = await self._send(spec, history, intended_ns)
-            if not done.record.ok or k + 1 == len(unit):
+            if k > 0:
+                body, gate = None, None
+            done = await self._send(spec, history, intended_ns, body, gate)
+            if done is None or not done.record.ok or k + 1 == len(unit):
                 return  # (a lone request, most of a run's, builds no history)
             calls = done.tool_calls
             history.extend(spec.new_messages())
             history.append(assistant_turn(done.text, calls))
 
     async def _send(
-        self, spec: RequestSpec, history: Sequence[Message], intended_ns: int | None
-    ) -> Completion:
-        """One request; the in-flight slot was taken by the caller and is released here."""
+        self,
+        spec: RequestSpec,
+        history: Sequence[Message],
+        intended_ns: int | None,
+        body: bytes | None = None,
+        gate: SendGate | None = None,
+    ) -> Completion | None:
+        """One request; the in-flight slot was taken by the caller and is released here.
+        None: its gate was withdrawn before it fired (never sent, not recorded)."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         self.stats.scheduled += 1
         dispatch_ns = time.perf_counter_ns() - self.t0_ns
-        coro = self.client.send(
-            spec, t0_ns=self.t0_ns, history=list(history), intended_ns=intended_ns
-        )
+        options: SendOptions = {"t0_ns": self.t0_ns, "history": list(history)}
+        options["intended_ns"] = intended_ns
+        if body is not None:
+            options["body"] = body
+        if gate is not None:
+            options["gate"] = gate
+        coro = self.client.send(spec, **options)
         task = asyncio.ensure_future(coro)
         self._send_tasks.add(task)
         try:
@@ -425,8 +540,12 @@ class Runner:
         finally:
             self._send_tasks.discard(task)
             self.stats.in_flight -= 1
-            done = self._completion(task, spec, dispatch_ns)
-            self._record(done.record, spec, intended_ns)
+            if gate is not None and not gate.fired:
+                self.stats.scheduled -= 1
+                done = None
+            else:
+                done = self._completion(task, spec, dispatch_ns)
+                self._record(done.record, spec, intended_ns)
         return done
 
     def _completion(
@@ -492,6 +611,33 @@ class Runner:
             await asyncio.wait(pending)
         if self._unit_errors:
             raise self._unit_errors[0]
+
+
+class _SwitchInterval:
+    """The run's thread switch interval: ``SWITCH_INTERVAL_S`` while any run of the process
+    lasts, Python's own (5 ms) again after the last.
+
+    Other threads of a run hold the GIL now and then (the journal encoding a second's records,
+    images being drawn); when the event loop wakes for a due request while one does, it waits
+    for the GIL until the holder blocks or the interval forces a switch: up to 5 ms late."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.saved = 0.0
+
+    def hold(self) -> None:
+        if self.runs == 0:
+            self.saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(self.saved, SWITCH_INTERVAL_S))
+        self.runs += 1
+
+    def release(self) -> None:
+        self.runs -= 1
+        if self.runs == 0:
+            sys.setswitchinterval(self.saved)
+
+
+_SWITCH = _SwitchInterval()
 
 
 async def _freeze_every(period_s: float) -> None:

@@ -25,6 +25,10 @@ before the first token, one ``content_block_delta`` (``text_delta`` ``" tok"``) 
 then ``content_block_stop``, ``message_delta`` (``stop_reason``, ``usage.output_tokens``) and
 ``message_stop``; or one Message JSON when not streaming.
 
+A request's ``recv_ns`` is taken first thing in the read that completed it, and requests are
+handled a slice at a time after the loop's reads (``loadlab.selftest.http.Handoff``), so a burst
+of big requests is not stamped behind the handling of the ones before it.
+
 Truth, keyed by the request's ``X-Request-Id`` header (else ``r<n>`` from a counter)::
 
     GET  /truth        {"<request_id>": {"recv_ns": int, "chunk_ns": [int, ...]}, ...}
@@ -56,7 +60,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.selftest.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
+from loadlab.selftest.http import (
+    Handoff,
+    HTTPConnection,
+    Request,
+    chunk_frame,
+    json_bytes,
+    parse_json_body,
+)
 
 __all__ = ["FixedScheduleServer", "FixedServerProcess", "main"]
 
@@ -117,6 +128,7 @@ class FixedScheduleServer:
         self._timer_due = 0
         self._server: asyncio.Server | None = None
         self._conns: set[HTTPConnection] = set()
+        self._handoff = Handoff()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
 
@@ -157,7 +169,7 @@ class FixedScheduleServer:
             conn.respond(404, json_bytes({"error": {"message": f"no route {req.path}"}}))
 
     def _connection(self) -> HTTPConnection:
-        conn = HTTPConnection(self)
+        conn = HTTPConnection(self, self._handoff)  # arrivals stamped before any handling
         self._conns.add(conn)
         return conn
 

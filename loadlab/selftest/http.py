@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ from loadlab.clients.state import dumps, loads
 __all__ = [
     "App",
     "HTTPConnection",
+    "Handoff",
     "Request",
     "chunk_frame",
     "json_bytes",
@@ -57,7 +59,9 @@ class Request:
     path: str
     headers: dict[str, str]  # lower-case names
     body: bytes
-    recv_ns: int  # perf_counter_ns when the whole request had arrived
+    # perf_counter_ns when the read that completed the request returned, taken before any
+    # parsing (of this request or, with a ``Handoff``, of others)
+    recv_ns: int
 
     @property
     def keep_alive(self) -> bool:
@@ -92,14 +96,53 @@ def parse_json_body(req: Request) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
+class Handoff:
+    """Requests stamped as they arrive, handed to the app after the event loop's turn of reads,
+    ``slice_ns`` of handling per turn: the loop reads its sockets between slices.
+
+    Handled inside the read that completed it, a request delays the reads (and so the arrival
+    stamps) of every connection behind it; a burst of big requests (a JSON body of tens of
+    kilobytes, its words counted) would be stamped later and later. Here a request's stamp
+    waits for at most one slice of other requests' handling."""
+
+    def __init__(self, slice_ns: int = 200_000) -> None:
+        self.slice_ns = slice_ns
+        self.items: deque[tuple[HTTPConnection, Request]] = deque()
+        self.scheduled = False
+
+    def add(self, conn: HTTPConnection, req: Request) -> None:
+        self.items.append((conn, req))
+        if not self.scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self.scheduled = True
+        asyncio.get_running_loop().call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self.scheduled = False
+        until = time.perf_counter_ns() + self.slice_ns
+        while self.items:
+            conn, req = self.items.popleft()
+            conn.app.handle(conn, req)
+            if self.items and time.perf_counter_ns() >= until:
+                self._schedule()  # the rest after the loop has read its sockets again
+                return
+
+
 class HTTPConnection(asyncio.Protocol):
     """One client connection. The app answers with ``respond`` (a whole response) or
-    ``start_stream`` + ``write`` + ``end_stream`` (chunked), then the next request is read."""
+    ``start_stream`` + ``write`` + ``end_stream`` (chunked), then the next request is read.
 
-    def __init__(self, app: App) -> None:
+    ``handoff``: requests go to the app through it (``Handoff``), not from inside the read
+    that completed them."""
+
+    def __init__(self, app: App, handoff: Handoff | None = None) -> None:
         self.app = app
+        self.handoff = handoff
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self._read_ns = 0  # when the last read returned
         self._buf = b""
         self._busy = False  # a response is in progress; later bytes wait in _buf
         self._keep_alive = True
@@ -111,6 +154,7 @@ class HTTPConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        self._read_ns = time.perf_counter_ns()  # first: when these bytes arrived
         self._buf += data
         if not self._busy:
             self._next_request()
@@ -206,10 +250,13 @@ class HTTPConnection(asyncio.Protocol):
             return  # wait for the rest of the body
         body = self._buf[start : start + length]
         self._buf = self._buf[start + length :]
-        req = Request(method, target.split("?", 1)[0], headers, body, time.perf_counter_ns())
+        req = Request(method, target.split("?", 1)[0], headers, body, self._read_ns)
         self._busy = True
         self._keep_alive = req.keep_alive
-        self.app.handle(self, req)
+        if self.handoff is not None:
+            self.handoff.add(self, req)
+        else:
+            self.app.handle(self, req)
 
     def _fail(self, status: int, message: str) -> None:
         self._busy = True

@@ -8,6 +8,7 @@ import gc
 import time
 
 from loadlab.clients import pool
+from loadlab.clients.gate import SendGate
 from loadlab.clients.http1 import Failure, Target, frame_request
 from loadlab.clients.pool import _Conn, _Deferred
 from tests.helpers.clients import Sink
@@ -181,6 +182,45 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once_on_a_fresh_on
     errors, stale = asyncio.run(main())
     assert errors == [None, None] and stale == [False, False]
     assert seen == [1, 1, 2]  # the second request went out twice: on the stale and a fresh one
+
+
+def test_a_connection_closed_while_its_request_waited_for_the_gate_is_replaced() -> None:
+    """A request takes a connection ahead of its send time; the server closes that one before
+    the gate fires (an idle timeout): the request goes out on a fresh connection, once, when
+    the gate fires, and never before."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    connections: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections) + 1)
+        if len(connections) > 1:  # the first is closed at once, unread
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            writer.write(ok)
+            await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[Failure | None, int, int]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target("127.0.0.1", port, False, "/")
+        request = frame_request(target.request_head({}), "r", b"{}")
+        raw, sink, gate = pool.RawPool(), Sink(), SendGate()
+        task = asyncio.ensure_future(
+            raw.request(target, request, sink, timeout_s=5.0, read_timeout_s=5.0, gate=gate)
+        )
+        await asyncio.sleep(0.3)  # the server has closed the connection the request holds
+        fired = time.perf_counter_ns()
+        gate.fire()
+        result = await task
+        raw.close()
+        server.close()
+        await server.wait_closed()
+        assert sink.body == b"ok"
+        return result.error, (result.sent_ns or 0) - fired, len(connections)
+
+    error, sent_after_fire, count = asyncio.run(main())
+    assert error is None and sent_after_fire >= 0 and count == 2
 
 
 def test_a_spare_connection_is_opened_ahead_and_the_next_request_goes_out_on_it() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
 
 from loadlab.selftest.fixed_server import FixedScheduleServer, FixedServerProcess
+from loadlab.selftest.http import Handoff, HTTPConnection, Request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 4}
 
@@ -117,3 +119,28 @@ def test_runs_as_its_own_process() -> None:
     with FixedServerProcess(ttft_ms=1, itl_ms=1) as url:
         assert url.startswith("http://127.0.0.1:")
         asyncio.run(main(url))
+
+
+def test_requests_are_handled_a_slice_per_loop_turn_after_the_reads() -> None:
+    # Three requests read in one turn: none is handled inside the read, and a handler slower
+    # than the slice leaves the rest to later turns (the loop reads its sockets in between)
+    handled: list[str] = []
+
+    class SlowApp:
+        def handle(self, conn: HTTPConnection, req: Request) -> None:
+            handled.append(req.path)
+            time.sleep(0.002)  # past the 0.2 ms slice
+
+    async def go() -> None:
+        handoff = Handoff(slice_ns=200_000)
+        conn = HTTPConnection(SlowApp(), handoff)  # type: ignore[arg-type]
+        for path in ("/a", "/b", "/c"):
+            handoff.add(conn, Request("POST", path, {}, b"", time.perf_counter_ns()))
+        assert handled == []
+        await asyncio.sleep(0)
+        assert handled == ["/a"]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert handled == ["/a", "/b", "/c"] and not handoff.items
+
+    asyncio.run(go())
