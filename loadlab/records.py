@@ -144,6 +144,11 @@ class RequestSpec:
     image_tokens: int = (
         0  # what the images add to ``prompt_tokens`` (the text's) as the target counts
     )
+    # Audio clips sent with it as (format, base64 data), each one's length in seconds and
+    # their tokens as the target counts them (``loadlab.workloads.audio``)
+    audio: tuple[tuple[str, str], ...] = ()
+    audio_s: tuple[float, ...] = ()
+    audio_tokens: int = 0
 
     def new_messages(self) -> list[Mapping[str, Any]]:
         """What this request adds to its session: the tool results, else the user message.
@@ -153,10 +158,15 @@ class RequestSpec:
         """
         if self.tool_results:
             return list(self.tool_results)
-        if self.images:  # OpenAI chat's content parts (the other dialects convert them); the
-            # images first, as most VLM prompts have them, so a repeated one is a shared prefix
+        if self.images or self.audio:  # OpenAI chat's content parts (the other dialects convert
+            # images); media first, as most multimodal prompts have them, so a repeated one is a
+            # shared prefix
             parts: list[dict[str, Any]] = [
                 {"type": "image_url", "image_url": {"url": u}} for u in self.images
+            ]
+            parts += [
+                {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
+                for fmt, data in self.audio
             ]
             return [{"role": "user", "content": [*parts, {"type": "text", "text": self.prompt}]}]
         return [{"role": "user", "content": self.prompt}]
@@ -233,6 +243,8 @@ class RequestRecord:
     inputs: int | None = None  # embeddings / rerank: the texts sent (no chunks, no TTFT)
     images: int | None = None  # images sent with the request, and their pixels in all
     image_pixels: int | None = None
+    audio_clips: int | None = None  # audio clips sent with the request, and their seconds
+    audio_s: float | None = None
     # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
     # latency but no TTFT, ITL or TPOT (those are absent, never zero)
     streamed: bool = True
@@ -250,13 +262,17 @@ class RequestRecord:
             turn=spec.turn,
             request_class=spec.request_class,
             prompt_tokens_requested=(
-                spec.prompt_tokens + spec.image_tokens if spec.prompt_tokens is not None else None
+                spec.prompt_tokens + spec.image_tokens + spec.audio_tokens
+                if spec.prompt_tokens is not None
+                else None
             ),
             max_tokens=spec.max_tokens,
             shared_prefix_tokens=spec.shared_prefix_tokens,
             inputs=len(spec.inputs) if spec.inputs else None,
             images=len(spec.images) if spec.images else None,
             image_pixels=sum(w * h for w, h in spec.image_sizes) if spec.image_sizes else None,
+            audio_clips=len(spec.audio) if spec.audio else None,
+            audio_s=round(sum(spec.audio_s), 6) if spec.audio_s else None,
             **fields,
         )
 
@@ -327,6 +343,8 @@ _LEFT_OUT_AT_DEFAULT = (
     "inputs",
     "images",
     "image_pixels",
+    "audio_clips",
+    "audio_s",
     "streamed",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
@@ -374,6 +392,8 @@ _FIELD_TYPES = {
     "inputs": "int?",
     "images": "int?",
     "image_pixels": "int?",
+    "audio_clips": "int?",
+    "audio_s": "number?",
     "streamed": "bool",
 }
 
@@ -387,6 +407,8 @@ def _is(value: Any, kind: str) -> bool:
         return type(value) is str
     if kind == "bool":
         return type(value) is bool
+    if kind == "number":
+        return type(value) is int or type(value) is float
     if kind == "object":
         return isinstance(value, dict)
     # list[int]: every element an int (timestamps and token counts)

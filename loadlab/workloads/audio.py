@@ -1,0 +1,170 @@
+"""Audio in prompts: synthetic clips made here (WAV), their lengths drawn from distributions.
+
+``[workload.audio]`` (kind = "synthetic")::
+
+    count        clips per request: a number or a distribution (default 1)
+    seconds      each clip's length: a number or a distribution (default 5)
+    sample_rate  Hz, mono 16-bit PCM (default 16000)
+    repeat       share of clips drawn from a pool of ``pool`` clips (a server's cache may hit
+                 them); the rest are new every time (default 0)
+    pool         distinct clips in that pool (default 4)
+    tokens_per_s how the target counts a clip's tokens (``audio_tokens``): the reference
+                 server's 25 per second by default (a Whisper-style encoder's 50 frames per
+                 second pooled by two); set it to your model's
+
+Clips travel as OpenAI chat ``input_audio`` parts (``{"data": base64, "format": "wav"}``), the
+only dialect that carries audio; an endpoint of another API is refused before the run. Each
+clip is a seeded tone with a vibrato and noise (so it compresses like a sound, not like
+silence). A request's ``prompt_tokens`` counts its text and its clips' tokens; records keep
+``audio_clips`` and ``audio_s``.
+
+Example::
+
+    maker = AudioMaker.of({"count": 2, "seconds": {"dist": "uniform", "low": 1, "high": 30}})
+    clips, seconds = maker.draw(rng)
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import wave
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadlab.workloads.lengths import Dist, parse_dist
+from loadlab.workloads.params import WorkloadError, check_keys, get_float, get_int
+
+__all__ = [
+    "AUDIO_KEYS",
+    "AudioMaker",
+    "audio_tokens",
+    "check_audio_apis",
+    "wav_bytes",
+    "wav_frames",
+]
+
+AUDIO_KEYS = {"count", "seconds", "sample_rate", "repeat", "pool", "tokens_per_s"}
+TOKENS_PER_S = 25  # the reference server's rate
+MAX_SECONDS = 600.0
+Clip = tuple[str, str]  # (format, base64 data): an ``input_audio`` part's two fields
+
+
+def check_audio_apis(cfg: Any, key: str = "workload.audio") -> None:
+    """Audio travels in OpenAI chat messages only (``input_audio``): Anthropic's Messages,
+    Responses and completions have no audio input."""
+    wrong = [f"{ep.name} ({ep.api})" for ep in cfg.endpoints if ep.api != "chat"]
+    if wrong:
+        raise WorkloadError(
+            f"{key} needs api = 'chat' on every endpoint (audio goes as OpenAI chat input_audio "
+            f"parts); {', '.join(wrong)} cannot carry audio: use --api chat, or remove {key}"
+        )
+
+
+def audio_tokens(frames: int, sample_rate: int, tokens_per_s: int = TOKENS_PER_S) -> int:
+    """Tokens of one clip: ``ceil(seconds x tokens_per_s)``, computed on whole frames so the
+    client and the server agree exactly.
+
+    >>> audio_tokens(16000, 16000), audio_tokens(16001, 16000), audio_tokens(8000, 16000, 3)
+    (25, 26, 2)
+    """
+    return -(-frames * tokens_per_s // sample_rate)
+
+
+def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
+    """A mono 16-bit PCM WAV file of ``samples`` (floats in [-1, 1])."""
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
+def wav_frames(raw: bytes) -> tuple[int, int]:
+    """A WAV file's (frames, sample rate); ``ValueError`` when it is not one."""
+    try:
+        with wave.open(io.BytesIO(raw)) as w:
+            return w.getnframes(), w.getframerate()
+    except (wave.Error, EOFError) as exc:
+        raise ValueError(f"not a PCM WAV file ({exc})") from None
+
+
+@dataclass
+class AudioMaker:
+    count: Dist
+    seconds: Dist
+    sample_rate: int = 16000
+    repeat: float = 0.0
+    pool_size: int = 4
+    tokens_per_s: int = TOKENS_PER_S
+    seed: int = 0
+    _pool: list[tuple[Clip, int]] = field(default_factory=list)
+    _made: int = 0
+
+    @classmethod
+    def of(cls, params: Any, seed: int = 0, bases: Sequence[Path] = ()) -> AudioMaker:
+        if not isinstance(params, Mapping):
+            raise WorkloadError(
+                "workload.audio: give a table, e.g. audio = {count = 1, seconds = 5}"
+            )
+        check_keys("audio", params, AUDIO_KEYS, "workload.audio.")
+        b, prefix = tuple(bases), "workload.audio."
+        repeat = get_float(params, "repeat", 0.0, positive=False, prefix=prefix)
+        if repeat > 1:
+            raise WorkloadError(f"workload.audio.repeat = {repeat:g}: a share from 0 to 1")
+        return cls(
+            count=parse_dist(params.get("count", 1), "audio.count", bases=b),
+            seconds=parse_dist(params.get("seconds", 5), "audio.seconds", integer=False, bases=b),
+            sample_rate=get_int(params, "sample_rate", 16000, minimum=1000, prefix=prefix),
+            repeat=repeat,
+            pool_size=get_int(params, "pool", 4, prefix=prefix),
+            tokens_per_s=get_int(params, "tokens_per_s", TOKENS_PER_S, prefix=prefix),
+            seed=seed,
+        )
+
+    def draw(self, rng: np.random.Generator) -> tuple[tuple[Clip, ...], tuple[float, ...], int]:
+        """One request's clips, each one's length in seconds, and their tokens in all. A clip
+        of 30 s is made and encoded in a few milliseconds, so it is made here, in order."""
+        n = max(0, int(self.count.sample_int(rng, 1)[0]))
+        clips, seconds, tokens = [], [], 0
+        for _ in range(n):
+            if self.repeat and rng.random() < self.repeat:
+                clip, frames = self._pooled(int(rng.integers(self.pool_size)))
+            else:
+                self._made += 1
+                clip, frames = self._new(rng, self._made)
+            clips.append(clip)
+            seconds.append(frames / self.sample_rate)
+            tokens += audio_tokens(frames, self.sample_rate, self.tokens_per_s)
+        return tuple(clips), tuple(seconds), tokens
+
+    def _pooled(self, i: int) -> tuple[Clip, int]:
+        while len(self._pool) <= i:
+            k = len(self._pool)
+            self._pool.append(self._new(np.random.default_rng([self.seed, 79, k]), -1 - k))
+        return self._pool[i]
+
+    def _new(self, rng: np.random.Generator, tag: int) -> tuple[Clip, int]:
+        s = min(MAX_SECONDS, float(self.seconds.sample(rng, 1)[0]))
+        frames = max(1, round(s * self.sample_rate))
+        raw = wav_bytes(_sound(frames, self.sample_rate, rng, tag), self.sample_rate)
+        return ("wav", base64.b64encode(raw).decode()), frames
+
+
+def _sound(frames: int, rate: int, rng: np.random.Generator, tag: int) -> np.ndarray:
+    """A seeded tone (80 to 800 Hz) with a slow vibrato and noise; ``tag`` in the first
+    samples makes every clip unique."""
+    t = np.arange(frames, dtype=np.float32) / rate
+    f0, wobble = rng.uniform(80, 800), rng.uniform(0.5, 6)
+    phase = 2 * math.pi * f0 * t + 3 * np.sin(2 * math.pi * wobble * t)
+    out = 0.5 * np.sin(phase) + rng.normal(0, 0.05, frames).astype(np.float32)
+    out[: min(3, frames)] = [((tag >> (8 * i)) & 255) / 256 for i in range(min(3, frames))]
+    return out
