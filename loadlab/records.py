@@ -17,6 +17,8 @@ Outcome classes (the ``OUTCOME_*`` constants; ``http_outcome`` names the HTTP on
     incomplete          the stream ended (EOF, reset) before completion
     cancelled           the run stopped while the request was in flight
     dropped             never sent (in-flight cap reached, or too late for its schedule)
+    bad_input           never sent: the workload could not build it (a dataset row whose
+                        image or audio cannot be read); a failure, and the run goes on
 
 Invariants: scheduled = sent + dropped; sent = ok + failed (every non-ok, non-dropped).
 """
@@ -34,6 +36,7 @@ from loadlab.errors import at_least
 
 __all__ = [
     "FAILED_OUTCOMES",
+    "OUTCOME_BAD_INPUT",
     "OUTCOME_CANCELLED",
     "OUTCOME_CONNECT_ERROR",
     "OUTCOME_DROPPED",
@@ -59,6 +62,7 @@ OUTCOME_STREAM_ERROR = "stream_error"
 OUTCOME_INCOMPLETE = "incomplete"
 OUTCOME_CANCELLED = "cancelled"
 OUTCOME_DROPPED = "dropped"
+OUTCOME_BAD_INPUT = "bad_input"
 FAILED_OUTCOMES = frozenset(
     {
         OUTCOME_CONNECT_ERROR,
@@ -67,6 +71,7 @@ FAILED_OUTCOMES = frozenset(
         OUTCOME_STREAM_ERROR,
         OUTCOME_INCOMPLETE,
         OUTCOME_CANCELLED,
+        OUTCOME_BAD_INPUT,
     }
 )
 
@@ -149,6 +154,9 @@ class RequestSpec:
     audio: tuple[tuple[str, str], ...] = ()
     audio_s: tuple[float, ...] = ()
     audio_tokens: int = 0
+    # Why the workload could not build this request (a dataset row's unreadable image): the
+    # runner records it as ``bad_input`` without sending it
+    error: str | None = None
 
     def new_messages(self) -> list[Mapping[str, Any]]:
         """What this request adds to its session: the tool results, else the user message.

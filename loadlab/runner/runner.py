@@ -56,6 +56,7 @@ from loadlab.config import RunConfig
 from loadlab.errors import at_least
 from loadlab.journal import JournalWriter
 from loadlab.records import (
+    OUTCOME_BAD_INPUT,
     OUTCOME_CANCELLED,
     OUTCOME_CONNECT_ERROR,
     OUTCOME_DROPPED,
@@ -386,8 +387,10 @@ class Runner:
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         self.stats.scheduled += 1
         dispatch_ns = time.perf_counter_ns() - self.t0_ns
-        coro = self.client.send(
-            spec, t0_ns=self.t0_ns, history=list(history), intended_ns=intended_ns
+        coro = (
+            self.client.send(spec, t0_ns=self.t0_ns, history=list(history), intended_ns=intended_ns)
+            if spec.error is None
+            else _unsendable(spec)
         )
         task = asyncio.ensure_future(coro)
         self._send_tasks.add(task)
@@ -488,6 +491,11 @@ async def _freeze_every(period_s: float) -> None:
     while True:
         gc.freeze()
         await asyncio.sleep(period_s)
+
+
+async def _unsendable(spec: RequestSpec) -> Completion:
+    """A request its workload could not build: recorded as a failure, never sent."""
+    return Completion(_record_for(spec, OUTCOME_BAD_INPUT, spec.error or "bad input"))
 
 
 def _record_for(spec: RequestSpec, outcome: str, error: str) -> RequestRecord:
