@@ -4,6 +4,7 @@ cached by content; unreadable clips are 400; a loadlab run expects exactly its c
 from __future__ import annotations
 
 import base64
+import json
 import urllib.error
 from pathlib import Path
 from typing import Any
@@ -87,3 +88,28 @@ def test_a_run_with_audio_expects_exactly_the_servers_count(
     assert all(r.audio_clips and 1 <= r.audio_clips <= 3 for r in recs)
     assert all(r.audio_s and 0.2 * r.audio_clips <= r.audio_s <= 2.5 * r.audio_clips for r in recs)
     assert len({r.prompt_tokens for r in recs}) > 1  # the clips' lengths were drawn
+
+
+def test_a_dataset_run_with_images_and_audio_expects_exactly_the_servers_count(
+    reasoning_server: Any, tmp_path: Path
+) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (56, 112), (1, 2, 3)).save(tmp_path / "a.png")  # 2 x 4 patches: 8 tokens
+    (tmp_path / "a.wav").write_bytes(wav_bytes(np.zeros(8000), 8000))  # 1 s: 25 tokens
+    text = "describe what you see and hear in as many words as you can, " * 4
+    rows = [{"prompt": f"{i} {text}", "image": "a.png", "audio": "a.wav"} for i in range(3)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scenario = tmp_path / "ds.toml"
+    scenario.write_text('concurrency = 1\nrequests = 3\nmax_tokens = 2\n[workload]\nkind = "dataset"\n'
+                        'path = "rows.jsonl"\nmax_prompt_tokens = 40\noutput_tokens = 2\n')  # fmt: skip
+    out = tmp_path / "r.json"
+    code = main(["run", "--scenario", str(scenario), "--endpoint", reasoning_server.url,
+                 "--api-key-env", "LOADLAB_TEST_KEY", "--tokenizer", "byte", "--no-progress",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    recs = read_results(out).records
+    assert len(recs) == 3 and all(r.ok for r in recs)
+    assert all(r.prompt_tokens == r.prompt_tokens_requested == 40 + 8 + 25 for r in recs)
+    assert all((r.images, r.image_pixels, r.audio_clips, r.audio_s) == (1, 56 * 112, 1, 1.0)
+               for r in recs)  # fmt: skip
