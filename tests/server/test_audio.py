@@ -14,6 +14,7 @@ import pytest
 
 from loadlab.cli import main
 from loadlab.clients.counting import post_json
+from loadlab.records import RequestRecord
 from loadlab.results import read_results
 from loadlab.workloads.audio import wav_bytes
 from reference_server.audio import audio_tokens
@@ -68,23 +69,29 @@ def test_unreadable_clips_are_400(reasoning_server: Any, data: str, fmt: str, me
     assert err.value.code == 400 and message in err.value.read().decode()
 
 
-def test_a_run_with_audio_expects_exactly_the_servers_count(
-    reasoning_server: Any, tmp_path: Path
-) -> None:
-    scenario = tmp_path / "audio.toml"
-    scenario.write_text(
-        "concurrency = 2\nrequests = 6\nmax_tokens = 2\nprompt_tokens = 24\n[workload]\n"
-        'kind = "synthetic"\n[workload.audio]\ncount = { dist = "uniform", low = 1, high = 3 }\n'
-        'seconds = { dist = "uniform", low = 0.2, high = 2.5 }\nsample_rate = 8000\n'
-    )
-    out = tmp_path / "r.json"
-    code = main(["run", "--scenario", str(scenario), "--endpoint", reasoning_server.url,
+def _run(server: Any, folder: Path, scenario: str, requests: int) -> list[RequestRecord]:
+    """``loadlab run`` of ``scenario`` with the run's byte tokenizer (the server's): every
+    request ok, and the prompt it asked for is the prompt the server counted."""
+    (folder / "s.toml").write_text(f"requests = {requests}\nmax_tokens = 2\n{scenario}")
+    out = folder / "r.json"
+    code = main(["run", "--scenario", str(folder / "s.toml"), "--endpoint", server.url,
                  "--api-key-env", "LOADLAB_TEST_KEY", "--tokenizer", "byte", "--no-progress",
                  "--out", str(out)])  # fmt: skip
     assert code == 0
     recs = read_results(out).records
-    assert len(recs) == 6 and all(r.ok for r in recs)
+    assert len(recs) == requests and all(r.ok for r in recs)
     assert all(r.prompt_tokens == r.prompt_tokens_requested for r in recs)
+    return recs
+
+
+def test_a_run_with_audio_expects_exactly_the_servers_count(
+    reasoning_server: Any, tmp_path: Path
+) -> None:
+    recs = _run(reasoning_server, tmp_path, (
+        'concurrency = 2\nprompt_tokens = 24\n[workload]\nkind = "synthetic"\n[workload.audio]\n'
+        'count = { dist = "uniform", low = 1, high = 3 }\n'
+        'seconds = { dist = "uniform", low = 0.2, high = 2.5 }\nsample_rate = 8000\n'
+    ), 6)  # fmt: skip
     assert all(r.audio_clips and 1 <= r.audio_clips <= 3 for r in recs)
     assert all(r.audio_s and 0.2 * r.audio_clips <= r.audio_s <= 2.5 * r.audio_clips for r in recs)
     assert len({r.prompt_tokens for r in recs}) > 1  # the clips' lengths were drawn
@@ -100,16 +107,10 @@ def test_a_dataset_run_with_images_and_audio_expects_exactly_the_servers_count(
     text = "describe what you see and hear in as many words as you can, " * 4
     rows = [{"prompt": f"{i} {text}", "image": "a.png", "audio": "a.wav"} for i in range(3)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    scenario = tmp_path / "ds.toml"
-    scenario.write_text('concurrency = 1\nrequests = 3\nmax_tokens = 2\n[workload]\nkind = "dataset"\n'
-                        'path = "rows.jsonl"\nmax_prompt_tokens = 40\noutput_tokens = 2\n')  # fmt: skip
-    out = tmp_path / "r.json"
-    code = main(["run", "--scenario", str(scenario), "--endpoint", reasoning_server.url,
-                 "--api-key-env", "LOADLAB_TEST_KEY", "--tokenizer", "byte", "--no-progress",
-                 "--out", str(out)])  # fmt: skip
-    assert code == 0
-    recs = read_results(out).records
-    assert len(recs) == 3 and all(r.ok for r in recs)
-    assert all(r.prompt_tokens == r.prompt_tokens_requested == 40 + 8 + 25 for r in recs)
+    recs = _run(reasoning_server, tmp_path, (
+        'concurrency = 1\n[workload]\nkind = "dataset"\npath = "rows.jsonl"\n'
+        'max_prompt_tokens = 40\noutput_tokens = 2\n'
+    ), 3)  # fmt: skip
+    assert all(r.prompt_tokens == 40 + 8 + 25 for r in recs)
     assert all((r.images, r.image_pixels, r.audio_clips, r.audio_s) == (1, 56 * 112, 1, 1.0)
                for r in recs)  # fmt: skip
