@@ -21,6 +21,9 @@
     think_time_s         between the turns of a conversation (a number or a distribution; 0)
     shuffle              read the conversations in a seeded random order (default false)
     repeat               start again at the end of the file (default false: the run ends there)
+    image_column, audio_column, image_patch, image_max_side, audio_tokens_per_s
+                         a row's images and audio clips, and how the target counts their
+                         tokens (``loadlab.workloads.media``)
 
 Rows: ``{"conversations": [{"from": "human" | "gpt" | "system", "value": ...}]}`` (ShareGPT),
 ``{"messages": [{"role": "user" | "assistant" | "system", "content": ...}]}``, or
@@ -36,7 +39,7 @@ that many tokens as the server counts them; an uncut prompt is sent as it is (no
 length: the prompt-length match leaves it out).
 
 ``RequestStream.extra()``: ``{"kind": "dataset", "dataset": {"path", "format", "rows_read",
-"conversations", "requests", "bad_rows", "too_short", "cut"}}``.
+"conversations", "requests", "bad_rows", "bad_media", "too_short", "cut"}}``.
 
 Example::
 
