@@ -51,12 +51,12 @@ AHEAD = 16  # new images drawn ahead of the requests that take them
 FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg")}
 
 
-def check_image_apis(cfg: Any) -> None:
+def check_image_apis(cfg: Any, key: str = "workload.images") -> None:
     """Images travel in chat, Anthropic and Responses messages; the completions API has none."""
     wrong = [ep.name for ep in cfg.endpoints if ep.api not in ("chat", "anthropic", "responses")]
     if wrong:
         raise WorkloadError(
-            f"workload.images needs api = 'chat', 'anthropic' or 'responses' on every endpoint; "
+            f"{key} needs api = 'chat', 'anthropic' or 'responses' on every endpoint; "
             f"{', '.join(wrong)} speak(s) another API"
         )
 

@@ -106,7 +106,7 @@ class MediaReader:
         except MediaError as exc:
             raise WorkloadError(f"workload.path: the first row: {exc}") from None
         if media.images:
-            check_image_apis(cfg)
+            check_image_apis(cfg, "a dataset with images")
         if media.audio:
             check_audio_apis(cfg, "a dataset with audio")
 

@@ -125,7 +125,7 @@ def test_media_the_api_cannot_carry_are_refused(tmp_path: Path) -> None:
         validate_workload(_cfg(path, api="anthropic"))
     _picture(tmp_path / "a.png", 8, 8)
     path = _jsonl(tmp_path / "img.jsonl", [{"prompt": "x", "image": "a.png"}])
-    with pytest.raises(WorkloadError, match=r"workload\.images needs api"):
+    with pytest.raises(WorkloadError, match="a dataset with images needs api"):
         validate_workload(_cfg(path, api="completions"))
 
 
