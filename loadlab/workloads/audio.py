@@ -45,6 +45,7 @@ __all__ = [
     "AudioMaker",
     "audio_tokens",
     "check_audio_apis",
+    "mp3_seconds",
     "wav_bytes",
     "wav_frames",
 ]
@@ -95,6 +96,37 @@ def wav_frames(raw: bytes) -> tuple[int, int]:
             return w.getnframes(), w.getframerate()
     except (wave.Error, EOFError) as exc:
         raise ValueError(f"not a PCM WAV file ({exc})") from None
+
+
+# MPEG audio Layer III (ISO 11172-3, 13818-3): kbit/s by bitrate index and Hz by sample-rate
+# index, for MPEG-1 and for MPEG-2 / 2.5 (whose sample rates are MPEG-1's / 2 and / 4)
+_KBPS = {1: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+         2: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}  # fmt: skip
+_HZ = (44100, 48000, 32000)
+
+
+def mp3_seconds(raw: bytes) -> float:
+    """An MP3 file's length from its frame headers (no decoding): frames x samples per frame
+    / sample rate, after an ID3v2 tag; ``ValueError`` when no Layer III frame starts it."""
+    at = 0
+    if raw[:3] == b"ID3" and len(raw) >= 10:  # the tag's size: four 7-bit bytes, then a footer
+        at = 10 + int.from_bytes(bytes(b & 0x7F for b in raw[6:10])) + (10 if raw[5] & 0x10 else 0)
+    samples, rate = 0, 0
+    while at + 4 <= len(raw):
+        b1, b2 = raw[at + 1], raw[at + 2]
+        version, layer, kbps_i, hz_i = (b1 >> 3) & 3, (b1 >> 1) & 3, b2 >> 4, (b2 >> 2) & 3
+        if raw[at] != 0xFF or b1 & 0xE0 != 0xE0 or version == 1 or layer != 1:
+            break
+        if kbps_i in (0, 15) or hz_i == 3:
+            break
+        mpeg1 = version == 3
+        rate = _HZ[hz_i] // (1 if mpeg1 else 2 if version == 2 else 4)
+        per_frame = 1152 if mpeg1 else 576
+        samples += per_frame
+        at += per_frame // 8 * _KBPS[1 if mpeg1 else 2][kbps_i] * 1000 // rate + (b2 >> 1 & 1)
+    if not samples:
+        raise ValueError("no MPEG Layer III frame found")
+    return samples / rate
 
 
 @dataclass

@@ -13,7 +13,8 @@ each
 An image's tokens are counted from its size by the target's policy (``image_patch``,
 ``image_max_side``: ``loadlab.workloads.images.image_tokens``), a WAV clip's from its length
 (``audio_tokens_per_s``: ``loadlab.workloads.audio.audio_tokens``). A request whose media's
-tokens are not all known (an image URL, an MP3 clip) has no requested prompt length: the
+tokens are not all known (an image URL; an MP3 clip, whose length is read from its frame
+headers but whose tokens are what the server decodes) has no requested prompt length: the
 prompt-length match leaves it out.
 
 Example::
@@ -32,7 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadlab.workloads.audio import TOKENS_PER_S, audio_tokens, check_audio_apis, wav_frames
+from loadlab.workloads.audio import (
+    TOKENS_PER_S,
+    audio_tokens,
+    check_audio_apis,
+    mp3_seconds,
+    wav_frames,
+)
 from loadlab.workloads.images import check_image_apis, image_tokens
 from loadlab.workloads.params import WorkloadError, get_int
 
@@ -119,8 +126,7 @@ class MediaReader:
         clips = [self._clip(v) for v in _items(row, self._column(row, "audio"))]
         sizes = [s for _, s in images if s is not None]  # all or none: a partial sum misleads
         sizes = sizes if len(sizes) == len(images) else []
-        known = [k for _, k in clips if k is not None]
-        known = known if len(known) == len(clips) else []
+        tokens = [t for _, (_, t) in clips if t is not None]
         patch, side = self.patch, self.max_side
         pictures = sum(image_tokens(w, h, patch=patch, max_side=side) for w, h in sizes)
         return Media(
@@ -128,8 +134,8 @@ class MediaReader:
             image_sizes=tuple(sizes),
             image_tokens=pictures if sizes or not images else None,
             audio=tuple(c for c, _ in clips),
-            audio_s=tuple(s for s, _ in known),
-            audio_tokens=sum(t for _, t in known) if known or not clips else None,
+            audio_s=tuple(s for _, (s, _) in clips),
+            audio_tokens=sum(tokens) if len(tokens) == len(clips) else None,
         )
 
     def _column(self, row: Mapping[str, Any], kind: str) -> str | None:
@@ -145,7 +151,7 @@ class MediaReader:
         raw, name = self._raw(value, "image")
         return _image_url(raw, name)
 
-    def _clip(self, value: Any) -> tuple[tuple[str, str], tuple[float, int] | None]:
+    def _clip(self, value: Any) -> tuple[tuple[str, str], tuple[float, int | None]]:
         if isinstance(value, str) and value.startswith(("http://", "https://")):
             raise MediaError(
                 "an audio URL: an input_audio part carries the clip itself, not a URL; "
@@ -209,15 +215,16 @@ def _image_url(raw: bytes, name: str) -> tuple[str, tuple[int, int]]:
 
 def _clip(
     raw: bytes, name: str, tokens_per_s: int
-) -> tuple[tuple[str, str], tuple[float, int] | None]:
-    """A clip as ``(format, base64)`` and its (seconds, tokens) when known (WAV)."""
+) -> tuple[tuple[str, str], tuple[float, int | None]]:
+    """A clip as ``(format, base64)``, its seconds and its tokens when known (WAV: an MP3's
+    length is read from its frame headers, but a server counts what it decodes)."""
     data = base64.b64encode(raw).decode()
-    if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE":
-        try:
+    try:
+        if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE":
             frames, rate = wav_frames(raw)
-        except ValueError as exc:
-            raise MediaError(f"audio {name!r}: {exc}; convert it to 16-bit PCM WAV") from None
-        return ("wav", data), (frames / rate, audio_tokens(frames, rate, tokens_per_s))
-    if raw[:3] == b"ID3" or (len(raw) > 1 and raw[0] == 0xFF and raw[1] & 0xE0 == 0xE0):
-        return ("mp3", data), None  # its length is not read here
+            return ("wav", data), (frames / rate, audio_tokens(frames, rate, tokens_per_s))
+        if raw[:3] == b"ID3" or (len(raw) > 1 and raw[0] == 0xFF and raw[1] & 0xE0 == 0xE0):
+            return ("mp3", data), (mp3_seconds(raw), None)
+    except ValueError as exc:
+        raise MediaError(f"audio {name!r}: {exc}; convert it to 16-bit PCM WAV") from None
     raise MediaError(f"audio {name!r} is neither WAV nor MP3; convert it to one of them")

@@ -66,6 +66,22 @@ def test_jsonl_rows_send_files_as_data_and_urls_as_urls(tmp_path: Path) -> None:
     assert kinds == ["image_url", "input_audio", "text"]
 
 
+def _mp3(frames: int) -> bytes:
+    """An MP3 file made by hand: an ID3v2 tag of 20 bytes, then MPEG-1 Layer III frames of
+    128 kbit/s at 44.1 kHz (417 bytes each; the payload is silence to the frame walker)."""
+    tag = b"ID3\x04\x00\x00" + bytes([0, 0, 0, 20]) + bytes(20)
+    return tag + (b"\xff\xfb\x90\x00" + bytes(413)) * frames
+
+
+def test_an_mp3_clip_goes_as_mp3_with_its_length_and_no_requested_prompt(tmp_path: Path) -> None:
+    (tmp_path / "q.mp3").write_bytes(_mp3(38))
+    path = _jsonl(tmp_path / "rows.jsonl", [{"prompt": "what is asked", "audio": "q.mp3"}])
+    (spec,) = build_requests(_cfg(path, max_prompt_tokens=2))
+    assert spec.audio[0][0] == "mp3" and base64.b64decode(spec.audio[0][1]) == _mp3(38)
+    assert spec.audio_s == (38 * 1152 / 44100,)
+    assert spec.prompt_tokens is None  # a server counts what it decodes: not known here
+
+
 def _hf_saved(folder: Path, rows: list[dict]) -> Path:
     """A folder as HF ``Dataset.save_to_disk`` writes one with an ``Image`` column: an arrow
     IPC stream whose image column is a struct of the file's bytes and its path."""
