@@ -14,8 +14,9 @@
 
 Clips travel as OpenAI chat ``input_audio`` parts (``{"data": base64, "format": "wav"}``), the
 only dialect that carries audio; an endpoint of another API is refused before the run. Each
-clip is a seeded tone with a vibrato and noise (so it compresses like a sound, not like
-silence). A request's ``prompt_tokens`` counts its text and its clips' tokens; records keep
+clip is a stretch, from a seeded offset, of a minute of sound made once (two tones with
+vibratos and noise: a sound, not silence), made unique by its first samples: a 20 s clip
+takes about 2 ms, so clips are made in order on the request stream. A request's ``prompt_tokens`` counts its text and its clips' tokens; records keep
 ``audio_clips`` and ``audio_s``.
 
 Example::
@@ -27,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 import wave
@@ -79,14 +81,7 @@ def audio_tokens(frames: int, sample_rate: int, tokens_per_s: int = TOKENS_PER_S
 
 def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
     """A mono 16-bit PCM WAV file of ``samples`` (floats in [-1, 1])."""
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(pcm.tobytes())
-    return buf.getvalue()
+    return _pcm_wav((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2"), sample_rate)
 
 
 def wav_frames(raw: bytes) -> tuple[int, int]:
@@ -163,8 +158,7 @@ class AudioMaker:
         )
 
     def draw(self, rng: np.random.Generator) -> tuple[tuple[Clip, ...], tuple[float, ...], int]:
-        """One request's clips, each one's length in seconds, and their tokens in all. A clip
-        of 30 s is made and encoded in a few milliseconds, so it is made here, in order."""
+        """One request's clips, each one's length in seconds, and their tokens in all."""
         n = max(0, int(self.count.sample_int(rng, 1)[0]))
         clips, seconds, tokens = [], [], 0
         for _ in range(n):
@@ -187,16 +181,41 @@ class AudioMaker:
     def _new(self, rng: np.random.Generator, tag: int) -> tuple[Clip, int]:
         s = min(MAX_SECONDS, float(self.seconds.sample(rng, 1)[0]))
         frames = max(1, round(s * self.sample_rate))
-        raw = wav_bytes(_sound(frames, self.sample_rate, rng, tag), self.sample_rate)
+        raw = _pcm_wav(_clip_pcm(frames, self.sample_rate, rng, tag), self.sample_rate)
         return ("wav", base64.b64encode(raw).decode()), frames
 
 
-def _sound(frames: int, rate: int, rng: np.random.Generator, tag: int) -> np.ndarray:
-    """A seeded tone (80 to 800 Hz) with a slow vibrato and noise; ``tag`` in the first
-    samples makes every clip unique."""
-    t = np.arange(frames, dtype=np.float32) / rate
-    f0, wobble = rng.uniform(80, 800), rng.uniform(0.5, 6)
-    phase = 2 * math.pi * f0 * t + 3 * np.sin(2 * math.pi * wobble * t)
-    out = 0.5 * np.sin(phase) + rng.normal(0, 0.05, frames).astype(np.float32)
-    out[: min(3, frames)] = [((tag >> (8 * i)) & 255) / 256 for i in range(min(3, frames))]
-    return out
+@functools.lru_cache(maxsize=4)
+def _sound(rate: int) -> np.ndarray:
+    """A minute of sound at ``rate`` made once: two tones with slow vibratos and noise, as
+    16-bit PCM (a clip is a stretch of it: making each anew took 47 ms for 20 s)."""
+    rng = np.random.default_rng(rate)
+    t = np.arange(60 * rate, dtype=np.float64) / rate
+    out = rng.normal(0, 0.05, t.size)
+    for f0, wobble in ((220.0, 0.7), (540.0, 3.1)):
+        out += 0.3 * np.sin(2 * math.pi * f0 * t + 3 * np.sin(2 * math.pi * wobble * t))
+    return (np.clip(out, -1, 1) * 32767).astype("<i2")
+
+
+def _clip_pcm(frames: int, rate: int, rng: np.random.Generator, tag: int) -> np.ndarray:
+    """``frames`` samples of the sound from a seeded offset (wrapping round); ``tag`` in the
+    first samples makes every clip unique."""
+    base = _sound(rate)
+    start = int(rng.integers(base.size))
+    if start + frames <= base.size:
+        pcm = base[start : start + frames].copy()
+    else:
+        pcm = np.tile(base, -(-(start + frames) // base.size))[start : start + frames]
+    k = min(3, frames)
+    pcm[:k] = [(tag >> (8 * i)) & 255 for i in range(k)]
+    return pcm
+
+
+def _pcm_wav(pcm: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
