@@ -33,21 +33,22 @@ import itertools
 import math
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys
 
-__all__ = ["IMAGE_KEYS", "ImageMaker", "check_image_apis", "image_tokens"]
+__all__ = ["IMAGE_KEYS", "ImageMaker", "check_image_apis", "image_tokens", "made_ahead"]
 
 IMAGE_KEYS = {"count", "width", "height", "format", "repeat", "pool", "patch", "max_side"}
 MAX_SIDE_PX = 8192
-AHEAD = 16  # new images drawn ahead of the requests that take them
+AHEAD = 16  # new images (or clips) made ahead of the requests that take them
+T = TypeVar("T")
 FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg")}
 
 
@@ -142,14 +143,8 @@ class ImageMaker:
 
     def _ahead(self) -> queue.Queue[tuple[str, tuple[int, int]]]:
         if self._queue is None:
-            self._queue = queue.Queue(AHEAD)
             rng = np.random.default_rng([self.seed, 78])
-
-            def fill(q: queue.Queue[tuple[str, tuple[int, int]]]) -> None:
-                for tag in itertools.count():
-                    q.put(self._new(rng, tag))  # blocks while AHEAD images wait
-
-            threading.Thread(target=fill, args=(self._queue,), daemon=True, name="images").start()
+            self._queue = made_ahead(lambda tag: self._new(rng, tag), "images")
         return self._queue
 
     def _pooled(self, i: int) -> tuple[str, tuple[int, int]]:
@@ -163,6 +158,20 @@ class ImageMaker:
         h_dist = self.height if self.height is not None else None
         h = w if h_dist is None else min(MAX_SIDE_PX, max(1, int(h_dist.sample_int(rng, 1)[0])))
         return _encode(_picture(w, h, rng, tag), self.format), (w, h)
+
+
+def made_ahead(make: Callable[[int], T], name: str) -> queue.Queue[T]:
+    """A queue that a daemon thread keeps filled with ``make(0)``, ``make(1)``, ... (blocking
+    while ``AHEAD`` wait): media drawn and encoded beside the send loop, which only takes
+    finished ones."""
+    q: queue.Queue[T] = queue.Queue(AHEAD)
+
+    def fill() -> None:
+        for tag in itertools.count():
+            q.put(make(tag))
+
+    threading.Thread(target=fill, daemon=True, name=name).start()
+    return q
 
 
 @functools.lru_cache(maxsize=16)
