@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from loadlab.workloads.images import made_ahead
+from loadlab.workloads.images import draw_items, made_ahead
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys, get_float, get_int
 
@@ -162,17 +162,10 @@ class AudioMaker:
 
     def draw(self, rng: np.random.Generator) -> tuple[tuple[Clip, ...], tuple[float, ...], int]:
         """One request's clips, each one's length in seconds, and their tokens in all."""
-        n = max(0, int(self.count.sample_int(rng, 1)[0]))
-        clips, seconds, tokens = [], [], 0
-        for _ in range(n):
-            if self.repeat and rng.random() < self.repeat:
-                clip, frames = self._pooled(int(rng.integers(self.pool_size)))
-            else:
-                clip, frames = self._ahead().get()
-            clips.append(clip)
-            seconds.append(frames / self.sample_rate)
-            tokens += audio_tokens(frames, self.sample_rate, self.tokens_per_s)
-        return tuple(clips), tuple(seconds), tokens
+        drawn = draw_items(rng, self.count, self.repeat, self.pool_size, self._pooled, self._ahead)
+        rate = self.sample_rate
+        tokens = sum(audio_tokens(frames, rate, self.tokens_per_s) for _, frames in drawn)
+        return tuple(c for c, _ in drawn), tuple(f / rate for _, f in drawn), tokens
 
     def _ahead(self) -> queue.Queue[tuple[Clip, int]]:
         if self._queue is None:

@@ -43,7 +43,8 @@ import numpy as np
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys
 
-__all__ = ["IMAGE_KEYS", "ImageMaker", "check_image_apis", "image_tokens", "made_ahead"]
+__all__ = ["IMAGE_KEYS", "ImageMaker", "check_image_apis", "draw_items", "image_tokens",
+           "made_ahead"]  # fmt: skip
 
 IMAGE_KEYS = {"count", "width", "height", "format", "repeat", "pool", "patch", "max_side"}
 MAX_SIDE_PX = 8192
@@ -127,16 +128,8 @@ class ImageMaker:
         """One request's images: their URLs and (width, height) each. New images come from a
         thread that draws and encodes them ahead (a 1 MP image takes tens of milliseconds),
         so the send loop only takes a finished one."""
-        n = max(0, int(self.count.sample_int(rng, 1)[0]))
-        urls, sizes = [], []
-        for _ in range(n):
-            if self.repeat and rng.random() < self.repeat:
-                url, size = self._pooled(int(rng.integers(self.pool_size)))
-            else:
-                url, size = self._ahead().get()
-            urls.append(url)
-            sizes.append(size)
-        return tuple(urls), tuple(sizes)
+        drawn = draw_items(rng, self.count, self.repeat, self.pool_size, self._pooled, self._ahead)
+        return tuple(u for u, _ in drawn), tuple(s for _, s in drawn)
 
     def tokens(self, sizes: Sequence[tuple[int, int]]) -> int:
         return sum(image_tokens(w, h, patch=self.patch, max_side=self.max_side) for w, h in sizes)
@@ -158,6 +151,23 @@ class ImageMaker:
         h_dist = self.height if self.height is not None else None
         h = w if h_dist is None else min(MAX_SIDE_PX, max(1, int(h_dist.sample_int(rng, 1)[0])))
         return _encode(_picture(w, h, rng, tag), self.format), (w, h)
+
+
+def draw_items(
+    rng: np.random.Generator,
+    count: Dist,
+    repeat: float,
+    pool_size: int,
+    pooled: Callable[[int], T],
+    ahead: Callable[[], queue.Queue[T]],
+) -> list[T]:
+    """One request's media: ``count`` drawn, each from the pool with chance ``repeat``, else a
+    new one taken from the queue ``made_ahead`` fills."""
+    n = max(0, int(count.sample_int(rng, 1)[0]))
+    return [
+        pooled(int(rng.integers(pool_size))) if repeat and rng.random() < repeat else ahead().get()
+        for _ in range(n)
+    ]
 
 
 def made_ahead(make: Callable[[int], T], name: str) -> queue.Queue[T]:

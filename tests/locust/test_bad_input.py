@@ -3,14 +3,12 @@ it, and goes on with the next."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from loadlab.results import read_results
-from tests.helpers.locust import finish, spawn
-from tests.helpers.loopback import ROOT
+from tests.helpers.locust import finish, locust_cmd, spawn
 
 pytestmark = pytest.mark.locust
 
@@ -20,9 +18,10 @@ def test_a_bad_input_request_is_a_failure_and_the_user_goes_on(
     tmp_path: Path, fixed_server: str
 ) -> None:
     out = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locust" / "locustfile_bad_input.py"),
-           "--headless", "-u", "1", "-r", "1", "-t", "2s", "--stop-timeout", "5",
-           "--host", fixed_server, "--loadlab-out", str(out), "--saturation-lag-ms", "100000"]  # fmt: skip
+    cmd = locust_cmd("--headless", "-u", "1", "-r", "1", "-t", "2s", "--stop-timeout", "5",
+                     "--host", fixed_server, "--turns", "1", "--max-tokens", "2",
+                     "--think-time", "0", "--bad-input-every", "2", "--loadlab-out", str(out),
+                     "--saturation-lag-ms", "100000")  # fmt: skip
     finish([spawn(cmd, tmp_path / "locust.log")], timeout_s=60)
     records = read_results(out).records
     bad = [r for r in records if r.outcome == "bad_input"]
