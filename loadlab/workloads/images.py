@@ -43,8 +43,14 @@ import numpy as np
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys
 
-__all__ = ["IMAGE_KEYS", "ImageMaker", "check_image_apis", "draw_items", "image_tokens",
-           "made_ahead"]  # fmt: skip
+__all__ = [
+    "IMAGE_KEYS",
+    "ImageMaker",
+    "check_image_apis",
+    "draw_items",
+    "image_tokens",
+    "made_ahead",
+]
 
 IMAGE_KEYS = {"count", "width", "height", "format", "repeat", "pool", "patch", "max_side"}
 MAX_SIDE_PX = 8192
