@@ -73,7 +73,7 @@ from loadlab.workloads.base import (
 )
 from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist
-from loadlab.workloads.media import MEDIA_KEYS, Media, MediaError, MediaReader
+from loadlab.workloads.media import MEDIA_KEYS, Media, MediaError, MediaReader, carried
 from loadlab.workloads.params import (
     WorkloadError,
     check_keys,
@@ -317,8 +317,8 @@ def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStr
     def with_media(row: Any) -> Media | str:
         """The row's media, or why they cannot be sent (its requests are then bad_input)."""
         try:
-            return media_of(row)
-        except MediaError as exc:
+            return carried(media_of(row), cfg)
+        except (MediaError, WorkloadError) as exc:
             stats.bad_media += 1
             return f"{path.name} row {stats.rows_read}: {exc}"
 

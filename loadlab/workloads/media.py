@@ -43,7 +43,7 @@ from loadlab.workloads.audio import (
 from loadlab.workloads.images import check_image_apis, image_tokens
 from loadlab.workloads.params import WorkloadError, get_int
 
-__all__ = ["MEDIA_KEYS", "Media", "MediaError", "MediaReader"]
+__all__ = ["MEDIA_KEYS", "Media", "MediaError", "MediaReader", "carried"]
 
 MEDIA_KEYS = {"image_column", "audio_column", "image_patch", "image_max_side", "audio_tokens_per_s"}
 IMAGE_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -112,10 +112,7 @@ class MediaReader:
             media = self.read(row)
         except MediaError as exc:
             raise WorkloadError(f"workload.path: the first row: {exc}") from None
-        if media.images:
-            check_image_apis(cfg, "a dataset with images")
-        if media.audio:
-            check_audio_apis(cfg, "a dataset with audio")
+        carried(media, cfg)
 
     def read(self, row: Any) -> Media:
         """A row's media (``Media()`` for a row without any); ``MediaError`` for an item that
@@ -178,6 +175,15 @@ class MediaReader:
                 raise MediaError(f"a {kind} data: URL is not valid base64") from None
         path = Path(value).expanduser()
         return _read_file(path if path.is_absolute() else self.folder / path, kind), value
+
+
+def carried(media: Media, cfg: Any) -> Media:
+    """``media`` when every endpoint's API can carry them; else ``WorkloadError``."""
+    if media.images:
+        check_image_apis(cfg, "a dataset with images")
+    if media.audio:
+        check_audio_apis(cfg, "a dataset with audio")
+    return media
 
 
 def _items(row: Mapping[str, Any], column: str | None) -> list[Any]:

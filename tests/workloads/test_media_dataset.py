@@ -143,6 +143,10 @@ def test_media_the_api_cannot_carry_are_refused(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "img.jsonl", [{"prompt": "x", "image": "a.png"}])
     with pytest.raises(WorkloadError, match="a dataset with images needs api"):
         validate_workload(_cfg(path, api="completions"))
+    path = _jsonl(tmp_path / "later.jsonl", [{"prompt": "x"}, {"prompt": "y", "audio": "c.wav"}])
+    first, later = build_requests(_cfg(path, api="responses"))  # met during the run
+    assert first.error is None and later.error is not None
+    assert "later.jsonl row 2: a dataset with audio needs api = 'chat'" in later.error
 
 
 @pytest.fixture(scope="module")
