@@ -269,8 +269,8 @@ class RequestRecord:
     inputs: int | None = None  # embeddings / rerank: the texts sent (no chunks, no TTFT)
     images: int | None = None  # images sent with the request, and their pixels in all
     image_pixels: int | None = None
-    audio_clips: int | None = None  # audio clips sent with the request, and their seconds
-    audio_s: float | None = None
+    audio_clips: int | None = None  # audio clips sent with the request, and their length in all
+    audio_ms: int | None = None
     # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
     # latency but no TTFT, ITL or TPOT (those are absent, never zero)
     streamed: bool = True
@@ -298,7 +298,7 @@ class RequestRecord:
             images=len(spec.images) if spec.images else None,
             image_pixels=sum(w * h for w, h in spec.image_sizes) if spec.image_sizes else None,
             audio_clips=len(spec.audio) if spec.audio else None,
-            audio_s=round(sum(spec.audio_s), 6) if spec.audio_s else None,
+            audio_ms=round(sum(spec.audio_s) * 1000) if spec.audio_s else None,
             **fields,
         )
 
@@ -364,7 +364,7 @@ COUNT_FIELDS = (
     "turn", "worker", "http_status", "prompt_tokens_requested", "prompt_tokens",
     "cached_prompt_tokens", "shared_prefix_tokens", "max_tokens", "output_tokens",
     "output_tokens_chunks", "reasoning_chunks", "reasoning_tokens", "tool_call_chunks",
-    "tool_calls", "inputs", "images", "image_pixels", "audio_clips", "audio_s",
+    "tool_calls", "inputs", "images", "image_pixels", "audio_clips", "audio_ms",
 )  # fmt: skip
 TIME_FIELDS = ("intended_ns", "sent_ns", "headers_ns", "end_ns", "answer_ns",
                "reasoning_start_ns", "reasoning_end_ns")  # fmt: skip
@@ -426,7 +426,7 @@ LEFT_OUT_AT_DEFAULT = (
     "images",
     "image_pixels",
     "audio_clips",
-    "audio_s",
+    "audio_ms",
     "streamed",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
@@ -475,7 +475,7 @@ _FIELD_TYPES = {
     "images": "int?",
     "image_pixels": "int?",
     "audio_clips": "int?",
-    "audio_s": "number?",
+    "audio_ms": "int?",
     "streamed": "bool",
 }
 
@@ -489,8 +489,6 @@ def _is(value: Any, kind: str) -> bool:
         return type(value) is str
     if kind == "bool":
         return type(value) is bool
-    if kind == "number":
-        return type(value) is int or type(value) is float
     if kind == "object":
         return isinstance(value, dict)
     # list[int]: every element an int (timestamps and token counts)

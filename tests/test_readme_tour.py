@@ -428,7 +428,7 @@ def _pooling(row: Row, request: pytest.FixtureRequest, tmp: Path) -> None:
     proc = run(["loadlab", "run", "--endpoint", url, "--scenario", str(audio),
                 "--max-tokens", "4", "--no-progress", "--out", str(out)])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert all(r.audio_s and r.prompt_tokens == r.prompt_tokens_requested for r in ok_records(out))
+    assert all(r.audio_ms and r.prompt_tokens == r.prompt_tokens_requested for r in ok_records(out))
 
 
 @check("replay your own traffic")

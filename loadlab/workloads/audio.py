@@ -18,7 +18,7 @@ clip is a stretch, from a seeded offset, of a minute of sound made once (two ton
 vibratos and noise: a sound, not silence), made unique by its first samples. New clips are
 made and encoded by a thread ahead of the requests that take them (a 60 s clip takes about
 10 ms), as images are. A request's ``prompt_tokens`` counts its text and its clips' tokens; records keep
-``audio_clips`` and ``audio_s``.
+``audio_clips`` and ``audio_ms``.
 
 Example::
 

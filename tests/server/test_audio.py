@@ -93,7 +93,9 @@ def test_a_run_with_audio_expects_exactly_the_servers_count(
         'seconds = { dist = "uniform", low = 0.2, high = 2.5 }\nsample_rate = 8000\n'
     ), 6)  # fmt: skip
     assert all(r.audio_clips and 1 <= r.audio_clips <= 3 for r in recs)
-    assert all(r.audio_s and 0.2 * r.audio_clips <= r.audio_s <= 2.5 * r.audio_clips for r in recs)
+    assert all(
+        r.audio_ms and 200 * r.audio_clips <= r.audio_ms <= 2500 * r.audio_clips for r in recs
+    )
     assert len({r.prompt_tokens for r in recs}) > 1  # the clips' lengths were drawn
 
 
@@ -112,5 +114,5 @@ def test_a_dataset_run_with_images_and_audio_expects_exactly_the_servers_count(
         'max_prompt_tokens = 40\noutput_tokens = 2\n'
     ), 3)  # fmt: skip
     assert all(r.prompt_tokens == 40 + 8 + 25 for r in recs)
-    assert all((r.images, r.image_pixels, r.audio_clips, r.audio_s) == (1, 56 * 112, 1, 1.0)
+    assert all((r.images, r.image_pixels, r.audio_clips, r.audio_ms) == (1, 56 * 112, 1, 1000)
                for r in recs)  # fmt: skip

@@ -78,7 +78,7 @@ def test_specs_records_and_the_chat_body_carry_the_clips() -> None:
     specs = list(build_requests(cfg))
     assert all(len(s.audio) == 2 and s.audio_tokens == 2 * 5 for s in specs)
     rec = RequestRecord.for_spec(specs[0])
-    assert rec.audio_clips == 2 and rec.audio_s == 1.0 and rec.images is None
+    assert rec.audio_clips == 2 and rec.audio_ms == 1000 and rec.images is None
     assert rec.prompt_tokens_requested == specs[0].prompt_tokens + 10
     body = build_body(specs[0], EndpointConfig("http://h", api="chat"), stream=False)
     fmt, data = specs[0].audio[0]
@@ -89,10 +89,10 @@ def test_specs_records_and_the_chat_body_carry_the_clips() -> None:
 
 def test_records_without_audio_write_and_read_as_before() -> None:
     plain = RequestRecord.for_spec(RequestSpec("r", "hi", 4)).to_dict()
-    assert "audio_clips" not in plain and "audio_s" not in plain
-    assert RequestRecord.from_dict(plain).audio_s is None
+    assert "audio_clips" not in plain and "audio_ms" not in plain
+    assert RequestRecord.from_dict(plain).audio_ms is None
     spec = RequestSpec("r", "hi", 4, audio=(("wav", "AAAA"),), audio_s=(0.25,), audio_tokens=7)
     back = RequestRecord.from_dict(RequestRecord.for_spec(spec).to_dict())
-    assert (back.audio_clips, back.audio_s) == (1, 0.25)
-    with pytest.raises(ValueError, match="'audio_s' must be number"):
-        RequestRecord.from_dict({**plain, "audio_s": "long"})
+    assert (back.audio_clips, back.audio_ms) == (1, 250)
+    with pytest.raises(ValueError, match="'audio_ms' must be int"):
+        RequestRecord.from_dict({**plain, "audio_ms": 0.5})
