@@ -17,6 +17,8 @@ Outcome classes (the ``OUTCOME_*`` constants; ``http_outcome`` names the HTTP on
     incomplete          the stream ended (EOF, reset) before completion
     cancelled           the run stopped while the request was in flight
     dropped             never sent (in-flight cap reached, or too late for its schedule)
+    bad_input           never sent: the workload could not build it (a dataset row whose
+                        image or audio cannot be read); a failure, and the run goes on
 
 Invariants: scheduled = sent + dropped; sent = ok + failed (every non-ok, non-dropped).
 """
@@ -37,6 +39,7 @@ __all__ = [
     "COUNT_FIELDS",
     "FAILED_OUTCOMES",
     "LEFT_OUT_AT_DEFAULT",
+    "OUTCOME_BAD_INPUT",
     "OUTCOME_CANCELLED",
     "OUTCOME_CONNECT_ERROR",
     "OUTCOME_DROPPED",
@@ -65,6 +68,7 @@ OUTCOME_STREAM_ERROR = "stream_error"
 OUTCOME_INCOMPLETE = "incomplete"
 OUTCOME_CANCELLED = "cancelled"
 OUTCOME_DROPPED = "dropped"
+OUTCOME_BAD_INPUT = "bad_input"
 FAILED_OUTCOMES = frozenset(
     {
         OUTCOME_CONNECT_ERROR,
@@ -73,6 +77,7 @@ FAILED_OUTCOMES = frozenset(
         OUTCOME_STREAM_ERROR,
         OUTCOME_INCOMPLETE,
         OUTCOME_CANCELLED,
+        OUTCOME_BAD_INPUT,
     }
 )
 
@@ -162,6 +167,14 @@ class RequestSpec:
     image_tokens: int = (
         0  # what the images add to ``prompt_tokens`` (the text's) as the target counts
     )
+    # Audio clips sent with it as (format, base64 data), each one's length in seconds and
+    # their tokens as the target counts them (``loadlab.workloads.audio``)
+    audio: tuple[tuple[str, str], ...] = ()
+    audio_s: tuple[float, ...] = ()
+    audio_tokens: int = 0
+    # Why the workload could not build this request (a dataset row's unreadable image): the
+    # runner records it as ``bad_input`` without sending it
+    error: str | None = None
 
     def new_messages(self) -> list[Mapping[str, Any]]:
         """What this request adds to its session: the tool results, else the user message.
@@ -171,10 +184,15 @@ class RequestSpec:
         """
         if self.tool_results:
             return list(self.tool_results)
-        if self.images:  # OpenAI chat's content parts (the other dialects convert them); the
-            # images first, as most VLM prompts have them, so a repeated one is a shared prefix
+        if self.images or self.audio:  # OpenAI chat's content parts (the other dialects convert
+            # images); media first, as most multimodal prompts have them, so a repeated one is a
+            # shared prefix
             parts: list[dict[str, Any]] = [
                 {"type": "image_url", "image_url": {"url": u}} for u in self.images
+            ]
+            parts += [
+                {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
+                for fmt, data in self.audio
             ]
             return [{"role": "user", "content": [*parts, {"type": "text", "text": self.prompt}]}]
         return [{"role": "user", "content": self.prompt}]
@@ -251,6 +269,8 @@ class RequestRecord:
     inputs: int | None = None  # embeddings / rerank: the texts sent (no chunks, no TTFT)
     images: int | None = None  # images sent with the request, and their pixels in all
     image_pixels: int | None = None
+    audio_clips: int | None = None  # audio clips sent with the request, and their length in all
+    audio_ms: int | None = None
     # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
     # latency but no TTFT, ITL or TPOT (those are absent, never zero)
     streamed: bool = True
@@ -270,13 +290,17 @@ class RequestRecord:
             turn=spec.turn,
             request_class=spec.request_class,
             prompt_tokens_requested=(
-                spec.prompt_tokens + spec.image_tokens if spec.prompt_tokens is not None else None
+                spec.prompt_tokens + spec.image_tokens + spec.audio_tokens
+                if spec.prompt_tokens is not None
+                else None
             ),
             max_tokens=spec.max_tokens,
             shared_prefix_tokens=spec.shared_prefix_tokens,
             inputs=len(spec.inputs) if spec.inputs else None,
             images=len(spec.images) if spec.images else None,
             image_pixels=sum(w * h for w, h in spec.image_sizes) if spec.image_sizes else None,
+            audio_clips=len(spec.audio) if spec.audio else None,
+            audio_ms=round(sum(spec.audio_s) * 1000) if spec.audio_s else None,
             **fields,
         )
 
@@ -342,7 +366,7 @@ COUNT_FIELDS = (
     "turn", "worker", "http_status", "prompt_tokens_requested", "prompt_tokens",
     "cached_prompt_tokens", "shared_prefix_tokens", "max_tokens", "output_tokens",
     "output_tokens_chunks", "reasoning_chunks", "reasoning_tokens", "tool_call_chunks",
-    "tool_calls", "inputs", "images", "image_pixels",
+    "tool_calls", "inputs", "images", "image_pixels", "audio_clips", "audio_ms",
 )  # fmt: skip
 TIME_FIELDS = ("intended_ns", "sent_ns", "headers_ns", "end_ns", "answer_ns",
                "reasoning_start_ns", "reasoning_end_ns")  # fmt: skip
@@ -403,6 +427,8 @@ LEFT_OUT_AT_DEFAULT = (
     "inputs",
     "images",
     "image_pixels",
+    "audio_clips",
+    "audio_ms",
     "streamed",
     "host",
 )
@@ -451,6 +477,8 @@ _FIELD_TYPES = {
     "inputs": "int?",
     "images": "int?",
     "image_pixels": "int?",
+    "audio_clips": "int?",
+    "audio_ms": "int?",
     "streamed": "bool",
     "host": "str?",
 }

@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reference_server import messages
 from reference_server.answer import Answer, AnswerBook, AnswerLog, Piece, choose_tool
+from reference_server.audio import AudioError
 from reference_server.checks import at_least
 from reference_server.engine_like import EngineLike, EventQueue, TokenEvent
 from reference_server.messages import MessagesRequest
@@ -270,8 +271,9 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
     async def _api(_: Request, exc: _ApiError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(AudioError)
     @app.exception_handler(ImageError)
-    async def _image(_: Request, exc: ImageError) -> JSONResponse:
+    async def _image(_: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse(error_body(str(exc), "invalid_request_error", "messages", None),
                             status_code=400)  # fmt: skip
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from reference_server.answer import Answer, Piece
+from reference_server.audio import audio_part_text
 from reference_server.engine_like import TokenEvent
 from reference_server.sequence import SamplingParams
 from reference_server.vision import image_part_text
@@ -119,6 +120,9 @@ def part_text(part: TextPart) -> str:
     image = image_part_text({"type": part.type, **extra})
     if image is not None:
         return image
+    audio = audio_part_text({"type": part.type, **extra})
+    if audio is not None:
+        return audio
     content = extra.get("content")
     if isinstance(content, str):
         return content

@@ -403,7 +403,7 @@ def _selftest(row: Row, request: pytest.FixtureRequest, tmp: Path) -> None:
     assert "TTFT err ms p50/p90/p99" in proc.stdout
 
 
-@check("images, embeddings, rerank")
+@check("images, audio, embeddings, rerank")
 def _pooling(row: Row, request: pytest.FixtureRequest, tmp: Path) -> None:
     url = request.getfixturevalue("ref")
     scenario = edited(ROOT / "scenarios/embeddings.toml", tmp / "emb.toml",
@@ -423,6 +423,12 @@ def _pooling(row: Row, request: pytest.FixtureRequest, tmp: Path) -> None:
                 "--max-tokens", "4", "--no-progress", "--out", str(out)])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert all(r.images and r.prompt_tokens == r.prompt_tokens_requested for r in ok_records(out))
+    audio = edited(ROOT / "scenarios/audio.toml", tmp / "audio.toml",
+                   {"requests": 4, "workload.audio.seconds": 2})  # fmt: skip
+    proc = run(["loadlab", "run", "--endpoint", url, "--scenario", str(audio),
+                "--max-tokens", "4", "--no-progress", "--out", str(out)])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert all(r.audio_ms and r.prompt_tokens == r.prompt_tokens_requested for r in ok_records(out))
 
 
 @check("replay your own traffic")

@@ -63,7 +63,7 @@ _OPT_INTS = (
     "intended_ns", "sent_ns", "headers_ns", "end_ns", "http_status",
     "prompt_tokens_requested", "prompt_tokens", "cached_prompt_tokens", "shared_prefix_tokens",
     "max_tokens", "output_tokens", "answer_ns", "reasoning_start_ns", "reasoning_end_ns",
-    "reasoning_tokens", "inputs", "images", "image_pixels",
+    "reasoning_tokens", "inputs", "images", "image_pixels", "audio_clips", "audio_ms",
 )  # fmt: skip
 _INTS = ("turn", "worker", "output_tokens_chunks", "reasoning_chunks", "tool_call_chunks",
          "tool_calls")  # fmt: skip

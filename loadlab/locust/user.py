@@ -51,7 +51,7 @@ from loadlab.limits import MAX_DURATION_S
 from loadlab.locust import hooks
 from loadlab.locust.options import add_options, endpoint_from_options
 from loadlab.locust.stream import StreamConnection
-from loadlab.records import RequestRecord, RequestSpec
+from loadlab.records import OUTCOME_BAD_INPUT, RequestRecord, RequestSpec
 from loadlab.workloads import build_requests
 
 __all__ = ["LLMUser", "StreamFailure", "bucket_response_time", "workload_specs"]
@@ -187,6 +187,11 @@ class LLMUser(User):
             results = tuple(tool_result(c["id"], spec.prompt) for c in self._calls)
             spec = dataclasses.replace(spec, tool_results=results)
         hooks.request_started()  # the master counts it lost if no record of it ever arrives
+        if spec.error is not None:  # its workload could not build it: a failure, never sent
+            self._after(
+                spec, RequestRecord.for_spec(spec, outcome=OUTCOME_BAD_INPUT, error=spec.error), ""
+            )
+            return
         try:
             done = self._conn.send(
                 spec,

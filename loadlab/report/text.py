@@ -272,12 +272,13 @@ def batch_job_text(job: BatchJob) -> str:
 
 def _dataset_line(d: dict[str, Any]) -> str:
     """What a dataset workload read, sent, skipped and cut (``loadlab.workloads.dataset``)."""
+    bad_media = d.get("bad_media")
     return (
         f"dataset     {d.get('format', '?')} {d.get('path', '?')}: {d.get('rows_read', 0):,} rows "
         f"read, {d.get('conversations', 0):,} conversations, {d.get('requests', 0):,} requests; "
         f"skipped: {d.get('bad_rows', 0):,} rows without text, {d.get('too_short', 0):,} prompts "
         f"too short; {d.get('cut', 0):,} prompts cut"
-    )
+    ) + (f"; {bad_media:,} rows with unreadable media (bad_input)" if bad_media else "")
 
 
 def render_summary(results: Results) -> str:

@@ -66,6 +66,7 @@ from loadlab.config import RunConfig
 from loadlab.errors import at_least
 from loadlab.journal import JournalWriter
 from loadlab.records import (
+    OUTCOME_BAD_INPUT,
     OUTCOME_CANCELLED,
     OUTCOME_CONNECT_ERROR,
     OUTCOME_DROPPED,
@@ -359,7 +360,10 @@ class Runner:
         cap, whether a request goes is decided when it is due, so it starts then; a client
         without gates is asked for a spare connection ``PRECONNECT_AHEAD_NS`` ahead instead."""
         encode = getattr(self.client, "encode_body", None)  # a client that can, ahead of time
-        ahead = Lookahead(self._units, (lambda unit: encode(unit[0])) if encode else None)
+        ahead = Lookahead(  # a request its workload could not build is never encoded
+            self._units,
+            (lambda unit: encode(unit[0]) if unit[0].error is None else None) if encode else None,
+        )
         ahead.build_one()  # the first unit (prepare() built it before t0)
         gated = getattr(self.client, "SENDS_AT_GATE", False) and self.max_in_flight is None
         preconnect = None if gated else getattr(self.client, "preconnect", None)
@@ -523,7 +527,7 @@ class Runner:
             options["body"] = body
         if gate is not None:
             options["gate"] = gate
-        coro = self.client.send(spec, **options)
+        coro = self.client.send(spec, **options) if spec.error is None else _unsendable(spec)
         task = asyncio.ensure_future(coro)
         self._send_tasks.add(task)
         try:
@@ -654,6 +658,11 @@ async def _freeze_every(period_s: float) -> None:
     while True:
         gc.freeze()
         await asyncio.sleep(period_s)
+
+
+async def _unsendable(spec: RequestSpec) -> Completion:
+    """A request its workload could not build: recorded as a failure, never sent."""
+    return Completion(_record_for(spec, OUTCOME_BAD_INPUT, spec.error or "bad input"))
 
 
 def _record_for(spec: RequestSpec, outcome: str, error: str) -> RequestRecord:

@@ -60,11 +60,12 @@ COMMON_KEYS = frozenset(
 )
 
 PREFETCH_SPECS = 2048  # specs built before the run starts
-PREFETCH_CHARS = 32 << 20  # ... or this much prompt text, whichever comes first
+PREFETCH_CHARS = 32 << 20  # ... or this much prompt text and media, whichever comes first
 
 # purposes of the separate seeded streams: changing one distribution never shifts another
 PURPOSES = {"prompt": 1, "output": 2, "text": 3, "turns": 4, "think": 5, "thin": 6, "pairs": 7,
-            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11, "images": 12}  # fmt: skip
+            "prefix": 8, "prefix_text": 9, "count": 10, "query": 11, "images": 12,
+            "audio": 13}  # fmt: skip
 
 
 class RequestStream(Iterator[RequestSpec]):
@@ -83,7 +84,7 @@ class RequestStream(Iterator[RequestSpec]):
     def read_ahead(
         self, count: int = PREFETCH_SPECS, max_chars: int = PREFETCH_CHARS
     ) -> RequestStream:
-        """Build the first ``count`` specs (or ``max_chars`` of prompt text) now.
+        """Build the first ``count`` specs (or ``max_chars`` of prompt text and media) now.
 
         ``build_requests`` does it before the runner takes t0: one-time costs (the prompt
         corpus, opening a trace) and the first requests' prompt building stay off the runner's
@@ -97,7 +98,8 @@ class RequestStream(Iterator[RequestSpec]):
             if spec is None:
                 break
             ahead.append(spec)
-            chars += len(spec.prompt)
+            chars += len(spec.prompt) + sum(map(len, spec.images))
+            chars += sum(len(data) for _, data in spec.audio)  # a 30 s clip is 1.3 MB
         self._it = itertools.chain(ahead, self._it)
         if self._ready is not None:
             self._ready()

@@ -21,6 +21,9 @@
     think_time_s         between the turns of a conversation (a number or a distribution; 0)
     shuffle              read the conversations in a seeded random order (default false)
     repeat               start again at the end of the file (default false: the run ends there)
+    image_column, audio_column, image_patch, image_max_side, audio_tokens_per_s
+                         a row's images and audio clips, and how the target counts their
+                         tokens (``loadlab.workloads.media``)
 
 Rows: ``{"conversations": [{"from": "human" | "gpt" | "system", "value": ...}]}`` (ShareGPT),
 ``{"messages": [{"role": "user" | "assistant" | "system", "content": ...}]}``, or
@@ -36,7 +39,7 @@ that many tokens as the server counts them; an uncut prompt is sent as it is (no
 length: the prompt-length match leaves it out).
 
 ``RequestStream.extra()``: ``{"kind": "dataset", "dataset": {"path", "format", "rows_read",
-"conversations", "requests", "bad_rows", "too_short", "cut"}}``.
+"conversations", "requests", "bad_rows", "bad_media", "too_short", "cut"}}``.
 
 Example::
 
@@ -46,6 +49,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,6 +73,7 @@ from loadlab.workloads.base import (
 )
 from loadlab.workloads.exact import Sizing, draft_chars_per_token
 from loadlab.workloads.lengths import Dist, parse_dist
+from loadlab.workloads.media import MEDIA_KEYS, Media, MediaError, MediaReader, carried
 from loadlab.workloads.params import (
     WorkloadError,
     check_keys,
@@ -90,6 +95,7 @@ KEYS = COMMON_KEYS | {
     "think_time_s",
     "shuffle",
     "repeat",
+    *MEDIA_KEYS,
 }
 _USER = {"human", "user"}
 _ASSISTANT = {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
@@ -113,6 +119,7 @@ class DatasetStats:
     conversations: int = 0
     requests: int = 0
     bad_rows: int = 0
+    bad_media: int = 0  # rows whose images or audio could not be read: bad_input records
     too_short: int = 0
     cut: int = 0
 
@@ -273,6 +280,7 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     first = next(read_rows(path, fmt), None)
     if first is None:
         raise WorkloadError(f"workload.path = {str(path)!r}: the dataset has no rows")
+    MediaReader.of(params, path).check(first, cfg)
     return path
 
 
@@ -304,7 +312,17 @@ def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStr
     # prefix of the text, as the server counts it); without, the estimate cuts it here
     sized = sizing is not None and sizing.fitter is not None
 
-    def conversations() -> Iterator[list[Turn]]:
+    media_of = MediaReader.of(params, path).read
+
+    def with_media(row: Any) -> Media | str:
+        """The row's media, or why they cannot be sent (its requests are then bad_input)."""
+        try:
+            return carried(media_of(row), cfg)
+        except (MediaError, WorkloadError) as exc:
+            stats.bad_media += 1
+            return f"{path.name} row {stats.rows_read}: {exc}"
+
+    def conversations() -> Iterator[tuple[list[Turn], Media | str]]:
         order = rng_for(cfg.request_seed, "pairs")
         for _ in itertools.count() if repeat else range(1):
             rows = read_rows(path, fmt)
@@ -319,7 +337,7 @@ def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStr
                     stats.bad_rows += 1
                     continue
                 any_row = True
-                yield turns[:1] if first_only else turns
+                yield (turns[:1] if first_only else turns), with_media(row)
             if not any_row:
                 return
 
@@ -328,7 +346,7 @@ def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStr
         outputs = int_stream(output_d, rng_for(cfg.request_seed, "output")) if output_d else None
         think_rng = rng_for(cfg.request_seed, "think")
         start_iter = iter(starts) if starts is not None else None
-        for c, turns in enumerate(conversations()):
+        for c, (turns, media) in enumerate(conversations()):
             start = None
             if start_iter is not None:
                 start = next(start_iter, None)
@@ -350,9 +368,13 @@ def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStr
                 ):
                     stats.too_short += 1
                     break  # a conversation stops at a turn it cannot send
+                # the media go with the first turn (later turns carry them in their history);
+                # media of unknown tokens (an image URL, an MP3 clip) leave no requested length
+                sent = media if k == 0 else Media()
+                unknown = isinstance(sent, Media) and sent.tokens is None
                 if want is not None:
                     stats.cut += 1
-                    if not sized:
+                    if not sized or unknown:
                         text = text[: max(1, round(want * chars_per_token))].rstrip()
                 if outputs is not None:
                     out = next(outputs)
@@ -365,17 +387,35 @@ def dataset_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStr
                 out = clamp(out, max_output)
                 think = float(think_d.sample(think_rng, 1)[0]) if think_d and k else 0.0
                 stats.requests += 1
-                yield RequestSpec(
+                spec = RequestSpec(
                     request_id=f"ds-{c:06d}-{k}",
                     prompt=text,
                     max_tokens=out,
                     intended_at_s=start if k == 0 else None,
-                    prompt_tokens=want,
+                    prompt_tokens=None if unknown else want,
                     session_id=session,
                     turn=k if session else 0,
                     think_time_s=think,
                     request_class=cls,
                     extra_body=common_extra_body(params, out),
                 )
+                yield _with(spec, sent)
 
     return RequestStream(specs(), lambda: {"kind": "dataset", "dataset": stats.to_dict()})
+
+
+def _with(spec: RequestSpec, media: Media | str) -> RequestSpec:
+    """``spec`` carrying a row's media, or the reason they cannot be sent."""
+    if isinstance(media, str):
+        return dataclasses.replace(spec, error=media)
+    if not media.images and not media.audio:
+        return spec
+    return dataclasses.replace(
+        spec,
+        images=media.images,
+        image_sizes=media.image_sizes,
+        image_tokens=media.image_tokens or 0,
+        audio=media.audio,
+        audio_s=media.audio_s,
+        audio_tokens=media.audio_tokens or 0,
+    )

@@ -33,30 +33,38 @@ import itertools
 import math
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from loadlab.workloads.lengths import Dist, parse_dist
 from loadlab.workloads.params import WorkloadError, check_keys
 
-__all__ = ["IMAGE_KEYS", "ImageMaker", "check_image_apis", "image_tokens"]
+__all__ = [
+    "IMAGE_KEYS",
+    "ImageMaker",
+    "check_image_apis",
+    "draw_items",
+    "image_tokens",
+    "made_ahead",
+]
 
 IMAGE_KEYS = {"count", "width", "height", "format", "repeat", "pool", "patch", "max_side"}
 MAX_SIDE_PX = 8192
-AHEAD = 16  # new images drawn ahead of the requests that take them
+AHEAD = 16  # new images (or clips) made ahead of the requests that take them
+T = TypeVar("T")
 FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg")}
 
 
-def check_image_apis(cfg: Any) -> None:
+def check_image_apis(cfg: Any, key: str = "workload.images") -> None:
     """Images travel in chat, Anthropic and Responses messages; the completions API has none."""
     wrong = [ep.name for ep in cfg.endpoints if ep.api not in ("chat", "anthropic", "responses")]
     if wrong:
         raise WorkloadError(
-            f"workload.images needs api = 'chat', 'anthropic' or 'responses' on every endpoint; "
+            f"{key} needs api = 'chat', 'anthropic' or 'responses' on every endpoint; "
             f"{', '.join(wrong)} speak(s) another API"
         )
 
@@ -126,30 +134,16 @@ class ImageMaker:
         """One request's images: their URLs and (width, height) each. New images come from a
         thread that draws and encodes them ahead (a 1 MP image takes tens of milliseconds),
         so the send loop only takes a finished one."""
-        n = max(0, int(self.count.sample_int(rng, 1)[0]))
-        urls, sizes = [], []
-        for _ in range(n):
-            if self.repeat and rng.random() < self.repeat:
-                url, size = self._pooled(int(rng.integers(self.pool_size)))
-            else:
-                url, size = self._ahead().get()
-            urls.append(url)
-            sizes.append(size)
-        return tuple(urls), tuple(sizes)
+        drawn = draw_items(rng, self.count, self.repeat, self.pool_size, self._pooled, self._ahead)
+        return tuple(u for u, _ in drawn), tuple(s for _, s in drawn)
 
     def tokens(self, sizes: Sequence[tuple[int, int]]) -> int:
         return sum(image_tokens(w, h, patch=self.patch, max_side=self.max_side) for w, h in sizes)
 
     def _ahead(self) -> queue.Queue[tuple[str, tuple[int, int]]]:
         if self._queue is None:
-            self._queue = queue.Queue(AHEAD)
             rng = np.random.default_rng([self.seed, 78])
-
-            def fill(q: queue.Queue[tuple[str, tuple[int, int]]]) -> None:
-                for tag in itertools.count():
-                    q.put(self._new(rng, tag))  # blocks while AHEAD images wait
-
-            threading.Thread(target=fill, args=(self._queue,), daemon=True, name="images").start()
+            self._queue = made_ahead(lambda tag: self._new(rng, tag), "images")
         return self._queue
 
     def _pooled(self, i: int) -> tuple[str, tuple[int, int]]:
@@ -163,6 +157,37 @@ class ImageMaker:
         h_dist = self.height if self.height is not None else None
         h = w if h_dist is None else min(MAX_SIDE_PX, max(1, int(h_dist.sample_int(rng, 1)[0])))
         return _encode(_picture(w, h, rng, tag), self.format), (w, h)
+
+
+def draw_items(
+    rng: np.random.Generator,
+    count: Dist,
+    repeat: float,
+    pool_size: int,
+    pooled: Callable[[int], T],
+    ahead: Callable[[], queue.Queue[T]],
+) -> list[T]:
+    """One request's media: ``count`` drawn, each from the pool with chance ``repeat``, else a
+    new one taken from the queue ``made_ahead`` fills."""
+    n = max(0, int(count.sample_int(rng, 1)[0]))
+    return [
+        pooled(int(rng.integers(pool_size))) if repeat and rng.random() < repeat else ahead().get()
+        for _ in range(n)
+    ]
+
+
+def made_ahead(make: Callable[[int], T], name: str) -> queue.Queue[T]:
+    """A queue that a daemon thread keeps filled with ``make(0)``, ``make(1)``, ... (blocking
+    while ``AHEAD`` wait): media drawn and encoded beside the send loop, which only takes
+    finished ones."""
+    q: queue.Queue[T] = queue.Queue(AHEAD)
+
+    def fill() -> None:
+        for tag in itertools.count():
+            q.put(make(tag))
+
+    threading.Thread(target=fill, daemon=True, name=name).start()
+    return q
 
 
 @functools.lru_cache(maxsize=16)

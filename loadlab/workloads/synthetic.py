@@ -9,6 +9,7 @@ process (open loop) or as fast as the concurrency allows (closed loop).
     max_prompt_tokens, max_output_tokens   clamps applied to every drawn length
     exact_output       ask servers that support it for exactly max_tokens (ignore_eos)
     images             images with each request (``loadlab.workloads.images``): a table
+    audio              audio clips with each request (``loadlab.workloads.audio``): a table
 
 Example::
 
@@ -25,6 +26,7 @@ from typing import Any
 
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
+from loadlab.workloads.audio import AudioMaker, check_audio_apis
 from loadlab.workloads.base import (
     COMMON_KEYS,
     RequestStream,
@@ -41,7 +43,7 @@ from loadlab.workloads.params import check_keys
 
 __all__ = ["KEYS", "synthetic_requests", "validate"]
 
-KEYS = COMMON_KEYS | {"prompt_tokens", "output_tokens", "images"}
+KEYS = COMMON_KEYS | {"prompt_tokens", "output_tokens", "images", "audio"}
 
 
 def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = ()) -> None:
@@ -51,6 +53,9 @@ def validate(cfg: RunConfig, params: Mapping[str, Any], bases: Sequence[Path] = 
     if "images" in params:
         ImageMaker.of(params["images"], cfg.request_seed, bases)
         check_image_apis(cfg)
+    if "audio" in params:
+        AudioMaker.of(params["audio"], cfg.request_seed, bases)
+        check_audio_apis(cfg)
 
 
 def synthetic_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStream:
@@ -68,14 +73,30 @@ def synthetic_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestS
         specs = independent_requests(
             cfg, "synthetic", "syn", prompts, outputs, times, n=n, chars_per_token=chars_per_token
         )
-        if "images" not in params:
-            yield from specs
-            return
-        maker, rng = ImageMaker.of(params["images"], seed), rng_for(seed, "images")
-        for spec in specs:
-            urls, sizes = maker.draw(rng)
-            yield dataclasses.replace(
-                spec, images=urls, image_sizes=sizes, image_tokens=maker.tokens(sizes)
-            )
+        if "images" in params:
+            specs = _with_images(specs, ImageMaker.of(params["images"], seed), seed)
+        if "audio" in params:
+            specs = _with_audio(specs, AudioMaker.of(params["audio"], seed), seed)
+        yield from specs
 
     return RequestStream(specs(), lambda: {"kind": "synthetic", "requests": n})
+
+
+def _with_images(
+    specs: Iterator[RequestSpec], maker: ImageMaker, seed: int
+) -> Iterator[RequestSpec]:
+    rng = rng_for(seed, "images")
+    for spec in specs:
+        urls, sizes = maker.draw(rng)
+        yield dataclasses.replace(
+            spec, images=urls, image_sizes=sizes, image_tokens=maker.tokens(sizes)
+        )
+
+
+def _with_audio(
+    specs: Iterator[RequestSpec], maker: AudioMaker, seed: int
+) -> Iterator[RequestSpec]:
+    rng = rng_for(seed, "audio")
+    for spec in specs:
+        clips, seconds, tokens = maker.draw(rng)
+        yield dataclasses.replace(spec, audio=clips, audio_s=seconds, audio_tokens=tokens)

@@ -3,7 +3,8 @@
 The fixed-schedule server ignores prompts, so the workload is the simplest one that still
 goes through ``LLMUser``: sessions of ``--turns`` turns, ``--think-time`` seconds apart; the
 first turn of a session asks for ``--first-tokens`` tokens (when > 0), the others for
-``--max-tokens``. A short first turn then a long one leaves long streams in flight at stop.
+``--max-tokens``; with ``--bad-input-every N`` every Nth session is one its workload could not
+build. A short first turn then a long one leaves long streams in flight at stop.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def _options(parser: Any, **_: Any) -> None:
     parser.add_argument(
         "--first-tokens", type=int, default=0, help="tokens of turn 0 (0: --max-tokens)"
     )
+    parser.add_argument(
+        "--bad-input-every", type=int, default=0, help="every Nth session one its workload "
+        "could not build (a dataset row whose image is gone; 0: none)"
+    )  # fmt: skip
 
 
 class FixedUser(LLMUser):
@@ -38,4 +43,7 @@ class FixedUser(LLMUser):
                     session_id=f"s{n}",
                     turn=turn,
                     think_time_s=opts.think_time if turn else 0.0,
+                    error="row 3: image file 'gone.png' cannot be read"
+                    if opts.bad_input_every and n % opts.bad_input_every == 1
+                    else None,
                 )
