@@ -50,9 +50,10 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -62,8 +63,7 @@ from tests.helpers.peers_wire import (
     aiperf_requests,
     guidellm_requests,
     judge_peer,
-    run_aiperf,
-    run_guidellm,
+    run_peer,
 )
 from tests.helpers.vllm_bench import BenchLoad, OnWire, run_round, text_token_ids
 from tests.helpers.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
@@ -75,7 +75,7 @@ TOOLS = {
     "guidellm": "GuideLLM",
     "aiperf": "AIPerf",
 }
-PEERS = {"guidellm": (run_guidellm, guidellm_requests), "aiperf": (run_aiperf, aiperf_requests)}
+PEERS = {"guidellm": guidellm_requests, "aiperf": aiperf_requests}
 VENVS = Path(os.environ.get("LOADLAB_PEERS_VENVS", Path.home() / ".cache" / "loadlab"))
 JUDGED = ("ttft", "itl")  # loadlab's claim is checked on these; E2E is printed beside
 
@@ -114,9 +114,12 @@ def print_level(concurrency: int, figures: dict[str, dict[str, Any]]) -> None:
         print("  (GuideLLM's and AIPerf's ITL: each request's mean gap, as each reports it)")
 
 
-def peer_executables(given: dict[str, str | None]) -> dict[str, Path]:
+def peer_executables(
+    given: dict[str, str | None], error: Callable[[str], NoReturn]
+) -> dict[str, Path]:
     """Each peer's executable: as given, else the virtualenv ``scripts/peers/check.sh`` makes
-    when it is there; ``none`` or absent: that peer is skipped, said so."""
+    when it is there; ``none`` or absent: that peer is skipped, said so. A given one that is
+    not there: ``error`` (argparse's: exit 2)."""
     found = {}
     for tool, exe in given.items():
         path = Path(exe) if exe else VENVS / f"{tool}-venv" / "bin" / tool
@@ -125,7 +128,7 @@ def peer_executables(given: dict[str, str | None]) -> dict[str, Path]:
         elif path.is_file() and os.access(path, os.X_OK):
             found[tool] = path
         elif exe:
-            raise SystemExit(f"--{tool} {exe}: no such executable; give the {tool} command")
+            error(f"--{tool} {exe}: no such executable; give the {tool} command or 'none'")
         else:
             print(f"{TOOLS[tool]}: skipped, no {path} (bash scripts/peers/check.sh --help makes "
                   f"it, or give --{tool} PATH)")  # fmt: skip
@@ -162,7 +165,7 @@ def main() -> int:
             "'none': skip it)",
         )
     args = p.parse_args()
-    peers = peer_executables({tool: getattr(args, tool) for tool in PEERS})
+    peers = peer_executables({tool: getattr(args, tool) for tool in PEERS}, p.error)
     if not args.python or not args.model_dir:
         p.error(f"give --python and --model-dir (or set {ENV_PYTHON} and {ENV_MODEL})")
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -190,11 +193,11 @@ def main() -> int:
                                    cpus=client_cpus, around=wire)  # fmt: skip
                 peer_figures = {}
                 for tool, exe in peers.items():
-                    run, read = PEERS[tool]
                     with wire(tool):
-                        out = run(exe, url, args.model_dir, load, work / f"{tool}{tag}", extra,
-                                  cpus=client_cpus)  # fmt: skip
-                    peer_figures[tool] = judge_peer(wire.caps[tool].pcap, wire.port, read(out))
+                        out = run_peer(tool, exe, url, args.model_dir, load,
+                                       work / f"{tool}{tag}", extra, cpus=client_cpus)  # fmt: skip
+                    sent = PEERS[tool](out)
+                    peer_figures[tool] = judge_peer(wire.caps[tool].pcap, wire.port, sent)
                 rnd = wire.judge(*round_)
                 rnd.figures.update(peer_figures)
                 print_level(c, rnd.figures)

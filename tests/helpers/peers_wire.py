@@ -19,7 +19,7 @@ What each tool reports per request, and so what it is judged on:
 
 Usage::
 
-    out = run_guidellm(exe, url, model_dir, load, work / "guidellm", extra)
+    out = run_peer("guidellm", exe, url, model_dir, load, work / "guidellm", extra)
     sent = guidellm_requests(out)
     joined = join_by_time(sent, exchanges)
     judge(peer_timings(sent, joined), wire_mean_timings(joined))
@@ -42,13 +42,14 @@ from tests.helpers.vllm_server import SERVED_MODEL
 
 __all__ = [
     "Sent",
+    "aiperf_command",
     "aiperf_requests",
+    "guidellm_command",
     "guidellm_requests",
     "join_by_time",
     "judge_peer",
     "peer_timings",
-    "run_aiperf",
-    "run_guidellm",
+    "run_peer",
     "wire_mean_timings",
 ]
 
@@ -69,30 +70,13 @@ class Sent:
     input_tokens: int
 
 
-def _run(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float) -> None:
-    with log.open("w") as out:
-        proc = subprocess.run(cmd, cwd=log.parent, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout_s)  # fmt: skip
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{Path(cmd[0]).name} exited {proc.returncode} (log {log}):\n{tail}")
-
-
-def run_guidellm(
-    exe: str | Path,
-    url: str,
-    model_dir: str | Path,
-    load: BenchLoad,
-    work: Path,
+def guidellm_command(
+    exe: str | Path, url: str, model_dir: str | Path, load: BenchLoad, work: Path,
     extra_body: dict[str, Any],
-    timeout_s: float = 900.0,
-    cpus: str | None = None,
-) -> Path:
-    """One ``guidellm run`` (synthetic prompts, its own tokenizer ``model_dir``); its
-    ``benchmarks.json``. ``extra_body`` goes in every request (GuideLLM's backend ``extras``;
-    it sends ``ignore_eos`` itself when output tokens are set)."""
-    work.mkdir(parents=True, exist_ok=True)
-    out = work / "benchmarks.json"
+) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """``guidellm run`` (synthetic prompts, its own tokenizer ``model_dir``), writing
+    ``work/benchmarks.json``. ``extra_body`` goes in every request (GuideLLM's backend
+    ``extras``; it sends ``ignore_eos`` itself when output tokens are set)."""
     backend = [f"kind=openai_http,target={url},model={SERVED_MODEL}"]
     for key, value in extra_body.items():  # its key=value syntax: a list item by item
         items = value if isinstance(value, list) else [value]
@@ -105,10 +89,10 @@ def run_guidellm(
         "--profile", f"kind=concurrent,streams={load.concurrency}",
         "--constraint", f"kind=max_requests,count={load.requests}",
         "--tokenizer", f"kind=huggingface_auto,model={model_dir}",
-        "--output", f"kind=json,path={out}", "--disable-console-interactive",
+        "--output", f"kind=json,path={work / 'benchmarks.json'}",
+        "--disable-console-interactive",
     ]  # fmt: skip
-    _run(pinned(cmd, cpus), work / "guidellm.log", {**os.environ, **OFFLINE}, timeout_s)
-    return out
+    return cmd, {**os.environ, **OFFLINE}
 
 
 def guidellm_requests(path: Path) -> dict[str, Sent]:
@@ -210,7 +194,33 @@ def _as_hf_cache(model_dir: Path, cache: Path) -> Path:
     return cache
 
 
-def run_aiperf(
+def aiperf_command(
+    exe: str | Path, url: str, model_dir: str | Path, load: BenchLoad, work: Path,
+    extra_body: dict[str, Any],
+) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """``aiperf profile`` (synthetic prompts, fixed lengths, the model's tokenizer), writing
+    ``profile_export.jsonl`` under ``work/artifacts``. ``ignore_eos`` and ``extra_body`` go
+    in every request (``--extra-inputs``)."""
+    extra = json.dumps({"ignore_eos": True, **extra_body})
+    cmd = [
+        str(exe), "profile", "--model", SERVED_MODEL, "--url", url, "--endpoint-type", "chat",
+        "--streaming", "--tokenizer", AIPERF_TOKENIZER,
+        "--concurrency", str(load.concurrency), "--request-count", str(load.requests),
+        "--synthetic-input-tokens-mean", str(load.input_len),
+        "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(load.output_len),
+        "--output-tokens-stddev", "0", "--extra-inputs", extra, "--random-seed", str(load.seed),
+        "--artifact-dir", str(work / "artifacts"), "--ui-type", "none",
+    ]  # fmt: skip
+    cache = _as_hf_cache(Path(model_dir), work / "hf-cache")
+    return cmd, {**os.environ, **OFFLINE, "HF_HUB_CACHE": str(cache)}
+
+
+COMMANDS = {"guidellm": guidellm_command, "aiperf": aiperf_command}
+OUTPUTS = {"guidellm": "benchmarks.json", "aiperf": "profile_export.jsonl"}
+
+
+def run_peer(
+    tool: str,
     exe: str | Path,
     url: str,
     model_dir: str | Path,
@@ -220,27 +230,21 @@ def run_aiperf(
     timeout_s: float = 900.0,
     cpus: str | None = None,
 ) -> Path:
-    """One ``aiperf profile`` (synthetic prompts, fixed lengths, the model's tokenizer); its
-    ``profile_export.jsonl``. ``ignore_eos`` and ``extra_body`` go in every request
-    (``--extra-inputs``)."""
+    """One run of ``tool`` (``guidellm`` or ``aiperf``; on ``cpus`` only when given), its
+    files and log in ``work``; the per-request output file it wrote. Raises RuntimeError
+    when it fails."""
     work.mkdir(parents=True, exist_ok=True)
-    art = work / "artifacts"
-    extra = json.dumps({"ignore_eos": True, **extra_body})
-    cmd = [
-        str(exe), "profile", "--model", SERVED_MODEL, "--url", url, "--endpoint-type", "chat",
-        "--streaming", "--tokenizer", AIPERF_TOKENIZER,
-        "--concurrency", str(load.concurrency), "--request-count", str(load.requests),
-        "--synthetic-input-tokens-mean", str(load.input_len),
-        "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(load.output_len),
-        "--output-tokens-stddev", "0", "--extra-inputs", extra, "--random-seed", str(load.seed),
-        "--artifact-dir", str(art), "--ui-type", "none",
-    ]  # fmt: skip
-    cache = _as_hf_cache(Path(model_dir), work / "hf-cache")
-    env = {**os.environ, **OFFLINE, "HF_HUB_CACHE": str(cache)}
-    _run(pinned(cmd, cpus), work / "aiperf.log", env, timeout_s)
-    found = sorted(art.rglob("profile_export.jsonl"))
+    cmd, env = COMMANDS[tool](exe, url, model_dir, load, work, extra_body)
+    log = work / f"{tool}.log"
+    with log.open("w") as out:
+        proc = subprocess.run(pinned(cmd, cpus), cwd=work, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=timeout_s)  # fmt: skip
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{tool} exited {proc.returncode} (log {log}):\n{tail}")
+    found = sorted(work.rglob(OUTPUTS[tool]))
     if not found:
-        raise RuntimeError(f"aiperf wrote no profile_export.jsonl under {art}")
+        raise RuntimeError(f"{tool} wrote no {OUTPUTS[tool]} under {work}")
     return found[0]
 
 
