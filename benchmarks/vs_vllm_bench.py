@@ -1,6 +1,8 @@
-"""loadlab beside ``vllm bench serve`` on the same vLLM, each judged by a packet capture.
+"""loadlab beside ``vllm bench serve``, GuideLLM and AIPerf on the same vLLM, each judged by
+a packet capture.
 
     sudo python3 benchmarks/vs_vllm_bench.py [--concurrency 1,8,64] [--requests 200] [--json F]
+        [--guidellm PATH|none] [--aiperf PATH|none]
 
 The workload is vllm bench's random dataset, 256 tokens in and 64 out, EOS ignored; loadlab
 replays exactly the per-request lengths vLLM counted for it (how, and why both send
@@ -10,12 +12,24 @@ each tool's TTFT, ITL and E2E are held against the wire's for the same requests 
 the ``X-Request-Id`` each tool sends), so the server's speed, which drifts between runs by
 more than the tools differ, drops out: each tool is judged against its own run's packets.
 
+GuideLLM and AIPerf run after them at each level, on the same workload as each tool's user
+would ask for it (synthetic prompts of ``--input-len`` tokens by the model's tokenizer,
+``--output-len`` out, EOS ignored, the same request count, concurrency and
+``allowed_token_ids``), each captured too, and are judged on the per-request figures each
+writes (GuideLLM's ``benchmarks.json``, AIPerf's ``profile_export.jsonl``): AIPerf's requests
+joined to the wire by the ``X-Request-ID`` it sends, GuideLLM's, which carry no id, by time
+(``tests/helpers/peers_wire.py``). Both report ITL as one mean gap per request, judged
+against the same mean of the wire's token events. ``--guidellm`` and ``--aiperf`` name their
+executables; by default the virtualenvs ``scripts/peers/check.sh`` makes, skipped (and said
+so) when absent; ``none`` skips one.
+
 Printed per level and tool: the tool's p50 / p90 / p99 minus the wire's, and the per-request
 error at p50 / p90 / p99. vllm bench starts TTFT at the first chunk with ``choices`` (vLLM's
 role-only first chunk) and counts every such chunk in ITL: ``vllm bench`` is judged against
 the wire read its way; ``vllm bench (tokens)`` against the token events loadlab counts, the
-definition loadlab uses (``../shared/ARCHITECTURE.md``). Token totals as both tools counted
-them from the server's usage must be equal.
+definition loadlab uses (``../shared/ARCHITECTURE.md``). Token totals as vllm bench and
+loadlab counted them from the server's usage must be equal; GuideLLM's and AIPerf's (their
+prompts are their own) are printed beside, and their output totals must be what was asked.
 
 vLLM (``LOADLAB_VLLM_PYTHON``, ``LOADLAB_TINY_MODEL``, as ``scripts/engines/vllm.sh`` sets them;
 ``--url`` uses one already running, serving the model as ``tiny``) runs on 127.0.0.1 with its
@@ -25,7 +39,7 @@ vLLM's CPU threads otherwise keep a tool from reading its socket, an error the w
 the tool's own lag monitor flags. ``--json FILE`` writes every figure; the pcap files stay in
 the work folder printed at the end. Exit 1 when loadlab's TTFT or ITL is outside its claim at
 any level (within 1 ms of the wire at p50 and p90, 2 ms at p99), a total differs, or a
-capture dropped packets.
+capture dropped packets; the other tools' errors are printed, not judged.
 """
 
 from __future__ import annotations
@@ -36,14 +50,21 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadlab.wire.capture import check_capture
 from loadlab.wire.judge import CLAIM_MS
+from tests.helpers.peers_wire import (
+    aiperf_requests,
+    guidellm_requests,
+    judge_peer,
+    run_peer,
+)
 from tests.helpers.vllm_bench import BenchLoad, OnWire, run_round, text_token_ids
 from tests.helpers.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
 
@@ -51,7 +72,11 @@ TOOLS = {
     "loadlab": "loadlab",
     "vllm_bench": "vllm bench",
     "vllm_bench_tokens": "vllm bench (tokens)",
+    "guidellm": "GuideLLM",
+    "aiperf": "AIPerf",
 }
+PEERS = {"guidellm": guidellm_requests, "aiperf": aiperf_requests}
+VENVS = Path(os.environ.get("LOADLAB_PEERS_VENVS", Path.home() / ".cache" / "loadlab"))
 JUDGED = ("ttft", "itl")  # loadlab's claim is checked on these; E2E is printed beside
 
 
@@ -75,6 +100,8 @@ def print_level(concurrency: int, figures: dict[str, dict[str, Any]]) -> None:
     print(f"\nconcurrency {concurrency}: each tool minus the wire, ms (p50 / p90 / p99)")
     print(f"  {'tool':22} {'metric':6} {'tool - wire':>26}  {'per-request error':>26}  joined")
     for key, label in TOOLS.items():
+        if key not in figures:
+            continue
         fig = figures[key]
         for name in ("ttft", "itl", "e2e"):
             m = fig["metrics"][name]
@@ -83,6 +110,29 @@ def print_level(concurrency: int, figures: dict[str, dict[str, Any]]) -> None:
                 f"  {label:22} {name.upper():6} {_trio(m['diff_ms']):>26}  "
                 f"{_trio(m['error_ms']):>26}  {fig['joined']}/{fig['requests']}{mark}"
             )
+    if any(key in figures for key in PEERS):
+        print("  (GuideLLM's and AIPerf's ITL: each request's mean gap, as each reports it)")
+
+
+def peer_executables(
+    given: dict[str, str | None], error: Callable[[str], NoReturn]
+) -> dict[str, Path]:
+    """Each peer's executable: as given, else the virtualenv ``scripts/peers/check.sh`` makes
+    when it is there; ``none`` or absent: that peer is skipped, said so. A given one that is
+    not there: ``error`` (argparse's: exit 2)."""
+    found = {}
+    for tool, exe in given.items():
+        path = Path(exe) if exe else VENVS / f"{tool}-venv" / "bin" / tool
+        if exe == "none":
+            print(f"{TOOLS[tool]}: skipped (--{tool} none)")
+        elif path.is_file() and os.access(path, os.X_OK):
+            found[tool] = path
+        elif exe:
+            error(f"--{tool} {exe}: no such executable; give the {tool} command or 'none'")
+        else:
+            print(f"{TOOLS[tool]}: skipped, no {path} (bash scripts/peers/check.sh --help makes "
+                  f"it, or give --{tool} PATH)")  # fmt: skip
+    return found
 
 
 def main() -> int:
@@ -108,7 +158,14 @@ def main() -> int:
         help="SERVER:CLIENTS core lists for taskset, e.g. 0:1 (vLLM on core 0, both tools on "
         "core 1); 'auto': 0:1..N-1 on a machine of 2+ cores; 'off': no pinning",
     )
+    for tool in PEERS:
+        p.add_argument(
+            f"--{tool}",
+            help=f"the {tool} command (default: {VENVS}/{tool}-venv/bin/{tool} when there; "
+            "'none': skip it)",
+        )
     args = p.parse_args()
+    peers = peer_executables({tool: getattr(args, tool) for tool in PEERS}, p.error)
     if not args.python or not args.model_dir:
         p.error(f"give --python and --model-dir (or set {ENV_PYTHON} and {ENV_MODEL})")
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -132,8 +189,17 @@ def main() -> int:
                 load = BenchLoad(args.requests, c, args.input_len, args.output_len, args.seed)
                 tag = f"-c{c}-{i}"
                 wire = OnWire(url, work, tag)
-                rnd = wire.judge(*run_round(args.python, url, args.model_dir, load, work, extra,
-                                            tag, cpus=client_cpus, around=wire))  # fmt: skip
+                round_ = run_round(args.python, url, args.model_dir, load, work, extra, tag,
+                                   cpus=client_cpus, around=wire)  # fmt: skip
+                peer_figures = {}
+                for tool, exe in peers.items():
+                    with wire(tool):
+                        out = run_peer(tool, exe, url, args.model_dir, load,
+                                       work / f"{tool}{tag}", extra, cpus=client_cpus)  # fmt: skip
+                    sent = PEERS[tool](out)
+                    peer_figures[tool] = judge_peer(wire.caps[tool].pcap, wire.port, sent)
+                rnd = wire.judge(*round_)
+                rnd.figures.update(peer_figures)
                 print_level(c, rnd.figures)
                 totals = {
                     "vllm_bench": [
@@ -145,12 +211,20 @@ def main() -> int:
                         sum(r.output_tokens or 0 for r in rnd.results.records),
                     ],
                 }
+                for tool, fig in peer_figures.items():
+                    totals[tool] = [fig["input_tokens"], fig["output_tokens"]]
+                    asked = load.requests * load.output_len
+                    if fig["output_tokens"] != asked:
+                        ok = False
+                        print(f"  {TOOLS[tool]}: {fig['output_tokens']} tokens out, not {asked}")
                 same = totals["vllm_bench"] == totals["loadlab"]
                 judged = all(rnd.figures["loadlab"]["metrics"][m]["within_claim"] for m in JUDGED)
                 ok &= same and judged and rnd.dropped == 0
                 print(
                     f"  token totals in / out: vllm bench {totals['vllm_bench']}, loadlab "
-                    f"{totals['loadlab']} ({'equal' if same else 'DIFFER'}); capture drops "
+                    f"{totals['loadlab']} ({'equal' if same else 'DIFFER'})"
+                    + "".join(f", {TOOLS[t]} {totals[t]}" for t in peer_figures)
+                    + "; capture drops "
                     f"{rnd.dropped}; loadlab saturated: {rnd.results.saturated}",
                     flush=True,
                 )
