@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from loadlab.clients.http1 import ChunkFrame
 from loadlab.clients.sse import RawEvent, SSEDecoder, SSELimitError
 from loadlab.clients.state import StreamState, loads
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
@@ -44,7 +45,7 @@ _Frame = tuple[bytes, int, _MatchAt, _MatchAt, _MatchAt]  # TokenFrameState._tpl
 
 
 @functools.lru_cache(maxsize=256)
-def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes], re.Pattern[bytes]]:
     """A JSON string body, then ``tail``: one call matches a token event's text and the rest
     of its frame. Streams of one server share their tails.
 
@@ -57,12 +58,20 @@ def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     the JSON parser, which refuses a bad escape (the read then goes the full way). The
     quantifiers are possessive: giving bytes back could never let ``tail`` match (the byte
     after a body is a quote, or the match is lost), and a body that does not end in ``tail``
-    is given up at once, not retried over every split of its text."""
+    is given up at once, not retried over every split of its text. The third is the first
+    with the CRLF that closes an HTTP chunk after ``tail`` (``ResponseReader.feed``)."""
     escaped_tail = re.escape(tail)
     return (
         re.compile(rb'([^"\x00-\x1f]++)' + escaped_tail),
         re.compile(rb'((?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f])++)' + escaped_tail),
+        re.compile(rb'([^"\x00-\x1f]++)' + escaped_tail + rb"\r\n"),
     )
+
+
+def _json_text(raw: bytes) -> str:
+    """A JSON string's body, unescaped (ValueError for a bad escape or bytes not UTF-8)."""
+    text: str = loads(b'"' + raw + b'"')
+    return text
 
 
 # ``in`` with an int: ``b"\\" in raw`` first tries the bytes as an integer, and makes and drops
@@ -84,7 +93,7 @@ class TokenFrameState(StreamState):
     """``StreamState`` with its per-read path: the learned token frame first, then the full way
     (SSE decode, the dialect's ``_event``)."""
 
-    __slots__ = ("_fast", "_keys", "_learn", "_tpl")
+    __slots__ = ("_chunk_tpl", "_fast", "_keys", "_learn", "_tpl", "chunk_frame")
 
     # how the dialect's token text starts in a raw event (compact and spaced JSON)
     TEXT_KEYS: tuple[bytes, ...] = (b'"content":"', b'"content": "')
@@ -95,6 +104,10 @@ class TokenFrameState(StreamState):
         # the text-then-tail pattern's fullmatch and match
         self._tpl: _Frame | None = None
         self._fast: _Frame | None = None  # _tpl while the decoder idles
+        # the frame as the HTTP reader takes it, whole chunks (ResponseReader.feed), and
+        # chunk_frame: _chunk_tpl while the decoder idles (when _fast is set)
+        self._chunk_tpl: ChunkFrame | None = None
+        self.chunk_frame: ChunkFrame | None = None
         self._learn = _LEARN_TRIES
         self._keys = self.TEXT_KEYS
 
@@ -153,8 +166,16 @@ class TokenFrameState(StreamState):
             for ev_data, ev_type, _, _ in events:
                 if self._event(ev_data, ev_type, t_rel):
                     return True
-        self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        self._idle_frame(dec.idle())
         return False
+
+    def _idle_frame(self, idle: bool) -> None:
+        """The fast paths' frames, set while the decoder idles (the next read starts an
+        event) and the frame is learned, else cleared."""
+        if idle and self._tpl is not None:
+            self._fast, self.chunk_frame = self._tpl, self._chunk_tpl
+        else:
+            self._fast = self.chunk_frame = None
 
     def _learn_each(self, data: bytes, events: list[RawEvent], t_rel: int) -> bool:
         """A read of several whole events, while the frame is not learned yet: each is
@@ -172,7 +193,7 @@ class TokenFrameState(StreamState):
                 failed = self._event(event[0], event[1], t_rel)
             if failed:
                 return True
-        self._fast = self._tpl if self._tpl is not None and self._decoder.idle() else None
+        self._idle_frame(self._decoder.idle())
         return False
 
     def _learn_frame(self, data: bytes, event: RawEvent, t_rel: int) -> bool:
@@ -218,10 +239,13 @@ class TokenFrameState(StreamState):
                         end = start + len(raw)
                         head, tail = data[:start], data[end:]
                         if self._frame_holds(head, tail, event[1]):
-                            plain, quoted = _text_then(tail)
+                            plain, quoted, chunk = _text_then(tail)
                             self._tpl = (head, start, plain.fullmatch, plain.match, quoted.match)
+                            self._chunk_tpl = (head, start, chunk.fullmatch, self._stamps.append,
+                                               self._parts.append, self._t0, _json_text,
+                                               chunk.match)  # fmt: skip
                         break
-        self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        self._idle_frame(dec.idle())
         return failed
 
     def _frame_holds(self, head: bytes, tail: bytes, event_type: str) -> bool:
