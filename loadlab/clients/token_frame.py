@@ -25,8 +25,11 @@ Example::
 from __future__ import annotations
 
 import functools
+import operator
 import re
+from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from loadlab.clients.http1 import ChunkFrame
@@ -77,16 +80,17 @@ def _json_text(raw: bytes) -> str:
 # ``in`` with an int: ``b"\\" in raw`` first tries the bytes as an integer, and makes and drops
 # a TypeError (its message formatted) on every chunk
 _BACKSLASH = ord("\\")
-_SLOTS: dict[type, tuple[str, ...]] = {}
+_SLOTS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
 
 
-def _slot_names(cls: type) -> tuple[str, ...]:
-    """Every attribute slot of ``cls`` and its bases (the state classes have no ``__dict__``)."""
-    names = _SLOTS.get(cls)
-    if names is None:
+def _slots(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """Every attribute slot of ``cls`` and its bases (the state classes have no ``__dict__``),
+    and a getter of all their values at once."""
+    found = _SLOTS.get(cls)
+    if found is None:
         names = tuple(n for k in cls.__mro__ for n in k.__dict__.get("__slots__", ()))
-        _SLOTS[cls] = names
-    return names
+        found = _SLOTS[cls] = (names, operator.attrgetter(*names) if names else lambda _: ())
+    return found
 
 
 class TokenFrameState(StreamState):
@@ -257,11 +261,13 @@ class TokenFrameState(StreamState):
             return False
         cls = type(self)
         scratch = cls.__new__(cls)  # a shallow copy (copy.copy costs twice as much)
-        for name in _slot_names(cls):
-            try:
-                setattr(scratch, name, getattr(self, name))
-            except AttributeError:  # a slot this state never set
-                pass
+        names, values = _slots(cls)
+        try:  # every slot in one pass of C (a loop here cost a hundred lines a stream)
+            deque(map(setattr, repeat(scratch), names, values(self)), maxlen=0)
+        except AttributeError:  # a slot this state never set
+            for name in names:
+                if hasattr(self, name):
+                    setattr(scratch, name, getattr(self, name))
         if hasattr(self, "__dict__"):  # a subclass without __slots__
             scratch.__dict__.update(self.__dict__)
         scratch.record = RequestRecord(self.record.request_id)

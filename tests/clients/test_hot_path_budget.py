@@ -48,27 +48,27 @@ from loadlab.runner.runner import Runner
 BUDGETS: dict[tuple[int, int], dict[str, dict[str, float]]] = {
     (3, 11): {
         # one read per token chunk, the usual read of a stream that keeps up; counted
-        # 15.69 calls and 33.56 lines a chunk, 397 calls and 1,303 lines a request
+        # 15.69 calls and 33.56 lines a chunk, 343 calls and 1,224 lines a request
         "openai": {
             "chunk_calls": 16.2,
             "chunk_lines": 34.1,
-            "request_calls": 409,
-            "request_lines": 1342,
+            "request_calls": 354,
+            "request_lines": 1261,
         },
-        # counted 15.69 and 33.56 a chunk, 541 and 1,686 a request
+        # counted 15.69 and 33.56 a chunk, 491 and 1,613 a request
         "anthropic": {
             "chunk_calls": 16.2,
             "chunk_lines": 34.1,
-            "request_calls": 557,
-            "request_lines": 1737,
+            "request_calls": 506,
+            "request_lines": 1662,
         },
         # three token chunks a read: a stream read behind its server; counted 12.81 calls
-        # and 25.08 lines a chunk, 420 and 1,412 a request
+        # and 25.08 lines a chunk, 366 and 1,333 a request
         "openai_behind": {
             "chunk_calls": 13.3,
             "chunk_lines": 25.6,
-            "request_calls": 433,
-            "request_lines": 1454,
+            "request_calls": 377,
+            "request_lines": 1373,
         },
     }
 }
@@ -240,6 +240,13 @@ def _run(coro: Any) -> Any:
 def request_work(kind: str, tokens: int, tmp: Path) -> Work:
     """The work of one request whose stream carries ``tokens`` token chunks, from ``send``
     to its journal line."""
+    return count(replayer(kind, tokens, tmp))
+
+
+def replayer(kind: str, tokens: int, tmp: Path) -> Callable[[], None]:
+    """One request whose stream carries ``tokens`` token chunks, from ``send`` to its journal
+    line, as a function that replays it (warmed up once: lazy imports, compiled patterns).
+    ``benchmarks/hot_path_instructions.py`` counts its machine instructions."""
     per_read = 3 if kind.endswith("_behind") else 1
     api = "anthropic" if kind == "anthropic" else "chat"
     events = anthropic_events(tokens) if api == "anthropic" else openai_events(tokens)
@@ -259,7 +266,7 @@ def request_work(kind: str, tokens: int, tmp: Path) -> Work:
         assert done.text == "".join(_WORDS[i % len(_WORDS)] for i in range(tokens))
 
     one()  # warm: lazy imports, caches of compiled patterns
-    return count(one)
+    return one
 
 
 def per_chunk_and_request(kind: str, tmp: Path) -> dict[str, float]:
