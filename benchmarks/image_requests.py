@@ -1,10 +1,11 @@
 """Images in prompts: what they cost the server (TTFT against image tokens) and the client.
 
 1. Against the reference server (``--preset``, one request at a time): TTFT p50 of requests
-   carrying 0, 1, 2 and 4 images of ``--side`` pixels square (224: 64 image tokens each),
-   beside text-only
-   requests of the same prompt length: image tokens are prefilled like text, so the two
-   columns should match.
+   carrying 0, 1, 2 and 4 new images of ``--side`` pixels square (224: 64 image tokens each),
+   beside text-only requests of the same prompt length, and the wall time of each request's
+   prefill step in the server's step log. Image tokens go through the same layers as text, so
+   the prefill steps should nearly match (the images' add the patch embedding); TTFT with
+   images also holds the server's decoding and resizing of each new image.
 2. The client's cost per image request: drawing and encoding one image (512 x 512 and
    1000 x 1000, PNG and JPEG) and serializing the request body, per request, in ms. New images
    are drawn by a thread ahead of the requests that take them, so drawing is work beside the
@@ -27,17 +28,21 @@ from loadlab.clients.counting import post_json
 from loadlab.clients.state import dumps
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
+from loadlab.simulate.fit import read_step_log
 from loadlab.workloads.images import ImageMaker, image_tokens
 
 
-def _ttft_ms(url: str, body: dict) -> float:
+def _ttft_ms(url: str, body: dict) -> tuple[float, float]:
+    """TTFT of one request and the wall time of its prefill step (the step log's last step)."""
     t0 = time.perf_counter()
     post_json(
         url + "/v1/chat/completions",
         {**body, "max_tokens": 1},
         {"Content-Type": "application/json"},
     )
-    return (time.perf_counter() - t0) * 1e3  # max_tokens 1: the answer is the first token
+    ttft_ms = (time.perf_counter() - t0) * 1e3  # max_tokens 1: the answer is the first token
+    last = read_step_log(url)[-1]  # one request at a time: its prefill was the last step
+    return ttft_ms, (last["end_ns"] - last["start_ns"]) / 1e6
 
 
 def server_part(preset: str, repeats: int, side: int) -> None:
@@ -46,7 +51,10 @@ def server_part(preset: str, repeats: int, side: int) -> None:
     maker = ImageMaker.of({"count": 1, "width": side, "height": side}, seed=3)
     rng = np.random.default_rng(0)
     print(f"\nTTFT (ms, p50 of {repeats}) on the reference server, preset {preset}")
-    print(f"{'images':>6}  {'prompt tokens':>13}  {'with images':>11}  {'text only':>9}")
+    print(
+        f"{'images':>6}  {'prompt tokens':>13}  {'with images':>11}  {'text only':>9}  "
+        f"{'prefill step, images':>20}  {'text':>6}"
+    )
     with start_server(mode="continuous", preset=preset) as srv:
         ep = EndpointConfig(srv.url, model="loadlab-ref")
         for n in (0, 1, 2, 4):
@@ -57,11 +65,11 @@ def server_part(preset: str, repeats: int, side: int) -> None:
                 text = f"{i:04d} " + "x" * 11  # 16 unique characters first: no cache hit
                 spec = RequestSpec(f"r{i}", text, 1, images=urls)
                 img.append(_ttft_ms(srv.url, build_body(spec, ep, stream=False)))
-                plain = RequestSpec(f"t{i}", f"{i:04d}-" + "y" * (tokens - 5), 1)
+                # unique from the first block on, across levels too: no prefix-cache hit
+                plain = RequestSpec(f"t{i}", f"{n}{i:03d}-" + "y" * (tokens - 5), 1)
                 txt.append(_ttft_ms(srv.url, build_body(plain, ep, stream=False)))
-            print(
-                f"{n:>6}  {tokens:>13}  {statistics.median(img):>11.1f}  {statistics.median(txt):>9.1f}"
-            )
+            (ti, si), (tt, st) = (map(statistics.median, zip(*x, strict=True)) for x in (img, txt))
+            print(f"{n:>6}  {tokens:>13}  {ti:>11.1f}  {tt:>9.1f}  {si:>20.1f}  {st:>6.1f}")
 
 
 def client_part(repeats: int) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,10 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SLO = ROOT / "examples" / "slo.toml"
 MS = 1_000_000
 BATCH = 20_000  # records built and written at a time (bounds this script's own memory)
+TEMPLATE: dict[str, object] = {}  # a record's fields at their defaults, in the file's order
 
 
 def _batch(start: int, n: int, rng: np.random.Generator, a: argparse.Namespace) -> bytes:
-    """``n`` records from index ``start``, as the comma-separated JSON objects of the array."""
+    """``n`` records from index ``start``, as the comma-separated JSON objects of the array
+    (each as ``RequestRecord.to_dict`` writes it: every field, in its order)."""
     k = a.tokens
     sent = ((start + np.arange(n)) / a.rate * 1e9 + rng.uniform(0, 1e8, n)).astype(np.int64)
     ttft = (rng.gamma(4.0, a.ttft_ms / 4.0, n) * a.ttft_scale * MS).astype(np.int64)
@@ -46,35 +49,34 @@ def _batch(start: int, n: int, rng: np.random.Generator, a: argparse.Namespace) 
         [np.zeros((n, 1), np.int64), np.cumsum(gaps, axis=1)], axis=1
     )
     fate = rng.random(n)
-    prompt = rng.integers(32, 512, n)
+    prompt = rng.integers(120, 136, n)
     out = []
     for j in range(n):
         i, s = start + j, int(sent[j])
+        rec = dict(TEMPLATE, request_id=f"r{i}", sent_ns=s, headers_ns=s + MS)
         if fate[j] < 0.005:
-            rec = RequestRecord(f"r{i}", "http_500", sent_ns=s, headers_ns=s + MS, end_ns=s + 5 * MS,
-                                http_status=500, error="HTTP 500: upstream overloaded",
-                                max_tokens=k, prompt_tokens_requested=128)  # fmt: skip
+            rec.update(outcome="http_500", end_ns=s + 5 * MS, http_status=500,
+                       error="HTTP 500: upstream overloaded")  # fmt: skip
         elif fate[j] < 0.01:
             c = chunks[j, : k // 2].tolist()
-            rec = RequestRecord(f"r{i}", "timeout", sent_ns=s, headers_ns=s + MS, chunk_ns=c,
-                                chunk_tokens=[1] * len(c), end_ns=c[-1] + 30_000 * MS,
-                                http_status=200, error="no byte for 30 s (read timeout)",
-                                max_tokens=k, prompt_tokens_requested=128,
-                                output_tokens=len(c), output_tokens_source="chunks",
-                                output_tokens_chunks=len(c))  # fmt: skip
+            rec.update(outcome="timeout", chunk_ns=c, chunk_tokens=[1] * len(c),
+                       end_ns=c[-1] + 30_000 * MS, error="no byte for 30 s (read timeout)",
+                       output_tokens=len(c), output_tokens_source="chunks",
+                       output_tokens_chunks=len(c))  # fmt: skip
         else:
             c = chunks[j].tolist()
-            rec = RequestRecord(f"r{i}", sent_ns=s, headers_ns=s + MS, chunk_ns=c,
-                                chunk_tokens=[1] * k, end_ns=c[-1] + MS, http_status=200,
-                                prompt_tokens_requested=128, prompt_tokens=int(prompt[j]),
-                                max_tokens=k, output_tokens=k, output_tokens_source="usage",
-                                output_tokens_chunks=k, finish_reason="length")  # fmt: skip
-        out.append(orjson.dumps(rec.to_dict()))
+            rec.update(chunk_ns=c, chunk_tokens=[1] * k, end_ns=c[-1] + MS,
+                       prompt_tokens=int(prompt[j]), output_tokens=k, output_tokens_source="usage",
+                       output_tokens_chunks=k, finish_reason="length")  # fmt: skip
+        out.append(orjson.dumps(rec))
     return b",".join(out)
 
 
 def write_file(path: Path, a: argparse.Namespace, seed: int) -> None:
     """A results file of ``a.records`` records (no ``summary``: readers recompute it)."""
+    global TEMPLATE
+    TEMPLATE = RequestRecord("", http_status=200, max_tokens=a.tokens,
+                             prompt_tokens_requested=128).to_dict()  # fmt: skip
     rng = np.random.default_rng(seed)
     duration = int((a.records / a.rate + 60) * 1e9)
     run = {"started_at": "2026-12-01T00:00:00Z", "duration_ns": duration,
@@ -91,20 +93,38 @@ def write_file(path: Path, a: argparse.Namespace, seed: int) -> None:
         fh.write(b'],"server_samples":[],"extra":{}}')
 
 
-def timed(cmd: list[str]) -> tuple[float, float, int, str]:
-    """Wall seconds, peak RSS (MB) and exit code of one command in its own process, and the
-    last line it wrote on stderr (its progress)."""
+def _own_pages(pid: int) -> int:
+    """Bytes of a process's pages no other process shares (a forked child shares its
+    parent's until it writes them): its private ones, from the kernel's summary."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    return sum(int(line.split()[1]) * 1024 for line in text.splitlines()
+               if line.startswith(("Private_Clean:", "Private_Dirty:")))  # fmt: skip
+
+
+def timed(cmd: list[str]) -> tuple[float, float, float, int, str]:
+    """Wall seconds, peak RSS (MB) of the command's own process and of it with its children
+    (their unique pages: a command may parse in a pool of forked processes), both sampled
+    every 50 ms, exit code, and the last line it wrote on stderr (its progress)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    lines = err.strip().splitlines()
-    return wall, usage.ru_maxrss / 1024, proc.returncode, lines[-1] if lines else ""
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = psutil.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        own = tree = 0.0
+        while proc.poll() is None:
+            try:
+                mine = proc.memory_info().rss
+                kids = sum(_own_pages(c.pid) for c in proc.children(recursive=True))
+                own, tree = max(own, mine / 2**20), max(tree, (mine + kids) / 2**20)
+            except psutil.Error:
+                pass  # a member ended between the listing and the reading
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+    return wall, own, max(tree, own), proc.returncode, lines[-1] if lines else ""
 
 
 def main() -> int:
@@ -114,6 +134,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=12.0, help="requests/s of the synthetic run")
     ap.add_argument("--ttft-ms", type=float, default=100.0)
     ap.add_argument("--dir", help="where to write the files (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true", help="time the files already in --dir")
     a = ap.parse_args()
     print(f"load average before: {Path('/proc/loadavg').read_text().strip()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +144,8 @@ def main() -> int:
         t0 = time.perf_counter()
         for i, path in enumerate(files):
             a.ttft_scale = 1.0 + 0.1 * i
-            write_file(path, a, seed=i)
+            if not (a.reuse and path.is_file()):
+                write_file(path, a, seed=i)
         size = files[0].stat().st_size / 1e6
         print(f"{a.records:,} records x {a.tokens} chunks: {size:,.0f} MB a file "
               f"(built in {time.perf_counter() - t0:.0f} s, not timed)")  # fmt: skip
@@ -133,12 +155,11 @@ def main() -> int:
             "slo": [*py, "slo", str(files[0]), "--slo", str(SLO)],
             "compare": [*py, "compare", str(files[0]), str(files[1]), "--fail-on-regression", "5"],
         }
-        worst = 0.0
         for name, cmd in commands.items():
-            wall, rss, code, last = timed(cmd)
-            worst = max(worst, wall)
-            print(f"  {name:8s} {wall:7.1f} s  peak RSS {rss:7,.0f} MB  exit {code}"
-                  f"  (stderr's last line: {last[:70]!r})", flush=True)  # fmt: skip
+            wall, own, tree, code, last = timed(cmd)
+            print(f"  {name:8s} {wall:7.1f} s  peak RSS {tree:7,.0f} MB (all its processes; "
+                  f"the command's own {own:,.0f} MB)  exit {code}  (stderr's last line: "
+                  f"{last[:60]!r})", flush=True)  # fmt: skip
     print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")
     return 0
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadlab.wire.capture import check_capture
 from loadlab.wire.judge import CLAIM_MS
-from tests.helpers.vllm_bench import BenchLoad, run_round_on_wire, text_token_ids
+from tests.helpers.vllm_bench import BenchLoad, OnWire, run_round, text_token_ids
 from tests.helpers.vllm_server import ENV_MODEL, ENV_PYTHON, start_vllm
 
 TOOLS = {
@@ -131,9 +131,9 @@ def main() -> int:
             for c in levels:
                 load = BenchLoad(args.requests, c, args.input_len, args.output_len, args.seed)
                 tag = f"-c{c}-{i}"
-                rnd = run_round_on_wire(
-                    args.python, url, args.model_dir, load, work, extra, tag, cpus=client_cpus
-                )
+                wire = OnWire(url, work, tag)
+                rnd = wire.judge(*run_round(args.python, url, args.model_dir, load, work, extra,
+                                            tag, cpus=client_cpus, around=wire))  # fmt: skip
                 print_level(c, rnd.figures)
                 totals = {
                     "vllm_bench": [

@@ -13,7 +13,6 @@ for a side-by-side run. ``loadlab.runner.run`` runs one, whoever asks.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 import secrets
@@ -21,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.errors import TOO_DEEP, ConfigError
+from loadlab.errors import ConfigError, parse_json
 from loadlab.headers import (
     check_header,
     check_no_proxy,
@@ -308,12 +307,7 @@ def _number(
 
 def extra_body_from_flag(text: str) -> dict[str, Any]:
     """``--extra-body``'s JSON object; ``ConfigError`` saying what is wrong otherwise."""
-    try:
-        extra = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--extra-body is not valid JSON: {exc.msg}") from exc
-    except RecursionError:
-        raise ConfigError(f"--extra-body is {TOO_DEEP}") from None
+    extra = parse_json(text, ConfigError, "--extra-body")
     if not isinstance(extra, dict):
         raise ConfigError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'")
     return extra

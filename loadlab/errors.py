@@ -32,6 +32,10 @@ True
 from __future__ import annotations
 
 import importlib.util
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
 
 __all__ = [
     "EXTRAS",
@@ -50,6 +54,8 @@ __all__ = [
     "WorkloadError",
     "at_least",
     "missing",
+    "parse_json",
+    "read_toml",
     "require",
 ]
 
@@ -105,6 +111,44 @@ TOO_DEEP = (
     "nested too deeply to read (arrays or tables thousands of levels deep; no loadlab input "
     "nests more than a few)"
 )
+
+
+def parse_json(text: str, error: type[UsageError], where: str) -> Any:
+    """``json.loads(text)``; text that is not JSON, or nests too deeply, raises ``error``
+    naming ``where`` (a flag or a file) and the place of the fault.
+
+    >>> parse_json('{"a": [1]}', ConfigError, "--extra-body")
+    {'a': [1]}
+    >>> parse_json('{"a": }', ConfigError, "--extra-body")
+    Traceback (most recent call last):
+    ...
+    loadlab.errors.ConfigError: --extra-body: not valid JSON (Expecting value, line 1, column 7)
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{where}: not valid JSON ({exc.msg}, line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise error(f"{where}: {TOO_DEEP}") from None
+
+
+def read_toml(path: Path, error: type[UsageError], what: str, where: str = "") -> dict[str, Any]:
+    """The TOML file at ``path`` (``what`` it is, e.g. "SLO file"); a file that cannot be read,
+    is not UTF-8, is not TOML or nests too deeply raises ``error``, its message starting with
+    ``where`` (default: the path) and saying why."""
+    where = where or str(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{where}: cannot read {what}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise error(f"{where}: {TOO_DEEP}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{where}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
 
 
 # The harness's lower-bound checks on settings and records, worded once.

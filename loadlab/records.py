@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ from typing import Any, Literal
 from loadlab.errors import at_least
 
 __all__ = [
+    "COUNT_FIELDS",
     "FAILED_OUTCOMES",
+    "LEFT_OUT_AT_DEFAULT",
     "OUTCOME_CANCELLED",
     "OUTCOME_CONNECT_ERROR",
     "OUTCOME_DROPPED",
@@ -42,11 +45,14 @@ __all__ = [
     "OUTCOME_PROTOCOL_ERROR",
     "OUTCOME_STREAM_ERROR",
     "OUTCOME_TIMEOUT",
+    "TIME_FIELDS",
     "RequestRecord",
     "RequestSpec",
     "TokenSource",
     "http_outcome",
+    "impossible",
     "is_failed",
+    "known_outcome",
     "pick",
     "printable",
 ]
@@ -83,6 +89,18 @@ def http_outcome(status: int) -> str:
 def is_failed(outcome: str) -> bool:
     """True for every sent request that did not complete (``dropped`` was never sent)."""
     return outcome != OUTCOME_OK and outcome != OUTCOME_DROPPED
+
+
+_HTTP_OUTCOME = re.compile(r"http_[1-9][0-9][0-9]")
+
+
+def known_outcome(outcome: object) -> bool:
+    """One of the outcome classes above (``http_`` and a three-digit status included)."""
+    return isinstance(outcome, str) and (
+        outcome in (OUTCOME_OK, OUTCOME_DROPPED)
+        or outcome in FAILED_OUTCOMES
+        or _HTTP_OUTCOME.fullmatch(outcome) is not None
+    )
 
 
 # What a terminal would act on instead of showing: C0 controls (ESC starts the sequences that
@@ -270,7 +288,7 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data, fields in declaration order, the later fields left out
-        while they hold their defaults (``_LEFT_OUT_AT_DEFAULT``); lists and ``server`` are
+        while they hold their defaults (``LEFT_OUT_AT_DEFAULT``); lists and ``server`` are
         copies. Every finished record is serialised while the run goes on (the journal), so
         this is written out by hand: ``dataclasses.asdict`` deep-copies each timestamp, about
         two thousand calls for a record of 128 chunks."""
@@ -281,7 +299,7 @@ class RequestRecord:
         out["server"] = {
             k: v if type(v) in _SCALARS else copy.deepcopy(v) for k, v in self.server.items()
         }
-        for name in _LEFT_OUT_AT_DEFAULT:
+        for name in LEFT_OUT_AT_DEFAULT:
             if out[name] == _DEFAULTS[name]:
                 del out[name]
         return out
@@ -309,11 +327,67 @@ class RequestRecord:
                     f"record {data.get('request_id')!r}: field {key!r} must be {kind}, "
                     f"got {value!r:.40}"
                 )
-        return cls(**dict(data))
+        record = cls(**dict(data))
+        why = impossible(record)
+        if why is not None:
+            raise ValueError(why)
+        return record
+
+
+# What a record read back may not hold (``impossible``): a negative count, a time after a later
+# one, a time outside its run. Times are ns from the run's start; counts are whole tokens.
+COUNT_FIELDS = (
+    "turn", "worker", "http_status", "prompt_tokens_requested", "prompt_tokens",
+    "cached_prompt_tokens", "shared_prefix_tokens", "max_tokens", "output_tokens",
+    "output_tokens_chunks", "reasoning_chunks", "reasoning_tokens", "tool_call_chunks",
+    "tool_calls", "inputs", "images", "image_pixels",
+)  # fmt: skip
+TIME_FIELDS = ("intended_ns", "sent_ns", "headers_ns", "end_ns", "answer_ns",
+               "reasoning_start_ns", "reasoning_end_ns")  # fmt: skip
+# (earlier, later): the later may not come before the earlier
+_ORDER = (("sent_ns", "end_ns"), ("sent_ns", "first chunk"), ("last chunk", "end_ns"),
+          ("sent_ns", "headers_ns"))  # fmt: skip
+
+
+def impossible(r: RequestRecord, bounds: tuple[int, int] | None = None) -> str | None:
+    """Why record ``r`` cannot be a record loadlab wrote, or None: an unknown outcome, a
+    negative count, a time before an earlier one (an end before the send), chunk times that
+    go back, or with ``bounds`` a time outside [lo, hi] ns (the run's span).
+
+    >>> impossible(RequestRecord("r1", sent_ns=5, end_ns=2))
+    "record 'r1': end_ns 2 is before sent_ns 5"
+    """
+    rid = f"record {r.request_id!r}"
+    if not known_outcome(r.outcome):
+        return f"{rid}: unknown outcome {r.outcome!r}; is the file from a newer loadlab?"
+    for name in COUNT_FIELDS:
+        value = getattr(r, name)
+        if value is not None and value < 0:
+            return f"{rid}: {name} is {value}; a count is never negative"
+    if any(c < 0 for c in r.chunk_tokens):
+        return f"{rid}: chunk_tokens holds {min(r.chunk_tokens)}; a count is never negative"
+    c = r.chunk_ns
+    if any(b < a for a, b in itertools.pairwise(c)):
+        return f"{rid}: chunk_ns goes back in time; chunks are read one after another"
+    times = {name: getattr(r, name) for name in TIME_FIELDS}
+    times.update({"first chunk": c[0] if c else None, "last chunk": c[-1] if c else None})
+    if bounds is not None:
+        lo, hi = bounds
+        for name, t in times.items():
+            if t is not None and not lo <= t <= hi:
+                return (
+                    f"{rid}: {name} {t:,} ns lies outside its run ({lo / 1e9:g} to {hi / 1e9:g} s); "
+                    "the file is damaged or was edited"
+                )
+    for early, late in _ORDER:
+        a, b = times[early], times[late]
+        if a is not None and b is not None and b < a:
+            return f"{rid}: {late} {b} is before {early} {a}"
+    return None
 
 
 # fields added after results schema 1's first files: written only when they say something
-_LEFT_OUT_AT_DEFAULT = (
+LEFT_OUT_AT_DEFAULT = (
     "response_id",
     "answer_ns",
     "reasoning_chunks",
@@ -397,10 +471,18 @@ def _is(value: Any, kind: str) -> bool:
 
 
 def pick(obj: object, names: str) -> dict[str, Any]:
-    """``{name: obj.name}`` for each space-separated name, in the order given.
+    """``{name: obj.name}`` for each space-separated name, in the order given; a value with a
+    ``to_dict`` of its own (a nested summary) is given as that dict.
 
     >>> from types import SimpleNamespace
     >>> pick(SimpleNamespace(a=1, b="x", c=None), "b a")
     {'b': 'x', 'a': 1}
+    >>> pick(SimpleNamespace(n=2, inner=SimpleNamespace(to_dict=lambda: {"p50": 1.5})), "n inner")
+    {'n': 2, 'inner': {'p50': 1.5}}
     """
-    return {name: getattr(obj, name) for name in names.split()}
+    return {name: _plain(getattr(obj, name)) for name in names.split()}
+
+
+def _plain(value: Any) -> Any:
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else value

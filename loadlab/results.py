@@ -25,22 +25,31 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
 import json
+import multiprocessing
 import os
 import platform
 import re
 import socket
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import orjson
+
 from loadlab._version import __version__
 from loadlab.analysis import metrics
+from loadlab.analysis.columns import RecordColumns, RecordView, Unparsed, columns_of
 from loadlab.analysis.generator import merge_parts
 from loadlab.analysis.summary import has_reasoning_or_tools, summarize
-from loadlab.errors import TOO_DEEP, ResultsError
+from loadlab.errors import ResultsError, parse_json
 from loadlab.headers import REDACTED, public_url, redact_headers
 from loadlab.records import RequestRecord
 
@@ -62,6 +71,8 @@ __all__ = [
 
 SCHEMA = "loadlab.results"
 SCHEMA_VERSION = 1
+MAX_RUN_NS = 31 * 86_400 * 10**9  # a run lasts at most 30 days (loadlab.limits), and a day more
+RUN_SLACK_NS = 3_600 * 10**9  # records' times may lie this far outside their run
 
 # Config keys whose values are secrets. Values are replaced, keys kept (so a reader sees that
 # a key was set). API keys are read from the environment by *name*; the name is not secret.
@@ -73,7 +84,8 @@ _SECRET_ALLOWED = re.compile(r"(_env|_var|max_tokens|tokens)$", re.IGNORECASE)
 class Results:
     """An in-memory results file. ``records`` hold times relative to the run start."""
 
-    records: list[RequestRecord]
+    # a list, or for a file read from disk a RecordView of its columns (read-only)
+    records: Sequence[RequestRecord]
     config: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     started_at: str = ""
@@ -98,12 +110,9 @@ class Results:
         """The window metrics use: the declared one, else [0, duration] (or last event)."""
         if self.window_ns is not None:
             return self.window_ns
-        end = self.duration_ns
-        for r in self.records:
-            for t in (r.end_ns, r.chunk_ns[-1] if r.chunk_ns else None):
-                if t is not None and t > end:
-                    end = t
-        return (0, end)
+        cols = columns_of(self.records)
+        ends = np.concatenate([cols.end, cols.last_chunk, [self.duration_ns]])
+        return (0, int(ends.max()))  # NONE (no time) is the smallest int64: never the max
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per request (pandas), derived metrics in ms beside the raw fields."""
@@ -132,47 +141,83 @@ class Results:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Results:
-        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
-            raise ResultsError(f'{source}: not a loadlab results file (no "schema": "{SCHEMA}")')
-        version = data.get("version")
-        if version != SCHEMA_VERSION:
-            raise ResultsError(
-                f"{source}: results schema version {version!r}, this loadlab reads {SCHEMA_VERSION}"
-            )
-        run = _section(data, "run", dict, source)
-        records_data = _section(data, "records", list, source)
+        """A results document parsed from JSON, checked: ``ResultsError`` names ``source``,
+        the record and what is wrong (a wrong type, an impossible value, a time outside the
+        run). Its records are kept as columns (``RecordView``)."""
+        run = _check_head(data, source)
+        return cls._assemble(data, run, [_section(data, "records", list, source)], source)
+
+    @classmethod
+    def _assemble(
+        cls,
+        data: Mapping[str, Any],
+        run: dict[str, Any],
+        batches: Iterable[Sequence[Any] | bytes],
+        source: str,
+        map_parts: Callable[..., Iterable[Any]] = map,
+        total_bytes: int | None = None,
+    ) -> Results:
+        """A Results from the checked ``run`` section, the record batches and ``data``'s other
+        sections (read only after the batches: a file streams its records first)."""
         try:
-            records = [RequestRecord.from_dict(r) for r in records_data]
+            span = run_span_ns(run["duration_ns"])
+            cols = RecordColumns.from_dicts(batches, span, map_parts, total_bytes)
         except (TypeError, ValueError) as exc:
             raise ResultsError(f"{source}: bad record: {exc}") from exc
-        window = run.get("window_ns")
-        try:
-            if window is not None and not (
-                isinstance(window, list)
-                and len(window) == 2
-                and all(type(w) is int for w in window)
-            ):
-                raise TypeError("run.window_ns must be [start_ns, end_ns] (integers) or null")
-            for key in ("duration_ns", "workers", "scheduled"):
-                value = run.get(key)
-                if value is not None and type(value) is not int:
-                    raise TypeError(f"run.{key} must be an integer, got {value!r:.40}")
-            return cls(
-                records=records,
-                config=dict(_section(data, "config", dict, source)),
-                environment=dict(_section(data, "environment", dict, source)),
-                started_at=str(run.get("started_at", "")),
-                duration_ns=int(run.get("duration_ns", 0)),
-                window_ns=(window[0], window[1]) if window else None,
-                scheduled=run.get("scheduled"),
-                workers=int(run.get("workers", 1)),
-                kind=str(run.get("kind", "run")),
-                generator=dict(_section(data, "generator", dict, source)),
-                server_samples=list(_section(data, "server_samples", list, source)),
-                extra=dict(_section(data, "extra", dict, source)),
-            )
-        except TypeError as exc:
-            raise ResultsError(f"{source}: {exc}") from exc
+        return cls(
+            records=RecordView(cols),
+            config=dict(_section(data, "config", dict, source)),
+            environment=dict(_section(data, "environment", dict, source)),
+            generator=dict(_section(data, "generator", dict, source)),
+            server_samples=list(_section(data, "server_samples", list, source)),
+            extra=dict(_section(data, "extra", dict, source)),
+            **run,
+        )
+
+
+def run_span_ns(duration_ns: int) -> tuple[int, int]:
+    """Where a record's times may lie, in ns from the run's start: from an hour before it (the
+    clocks of several hosts mapped onto one start) to an hour after its end (a stream that
+    ended after the run stopped sending); a run of unknown duration (0), up to 31 days."""
+    return -RUN_SLACK_NS, (duration_ns or MAX_RUN_NS) + RUN_SLACK_NS
+
+
+def _check_head(data: Any, source: str) -> dict[str, Any]:
+    """The schema, version and ``run`` section checked: the Results fields of ``run``."""
+    if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+        raise ResultsError(f'{source}: not a loadlab results file (no "schema": "{SCHEMA}")')
+    version = data.get("version")
+    if version != SCHEMA_VERSION:
+        raise ResultsError(
+            f"{source}: results schema version {version!r}, this loadlab reads {SCHEMA_VERSION}"
+        )
+    run = _section(data, "run", dict, source)
+    window = run.get("window_ns")
+    if window is not None and not (
+        isinstance(window, list) and len(window) == 2 and all(type(w) is int for w in window)
+    ):
+        raise ResultsError(f"{source}: run.window_ns must be [start_ns, end_ns] (integers) or null")
+    for key in ("duration_ns", "workers", "scheduled"):
+        value = run.get(key)
+        if value is not None and type(value) is not int:
+            raise ResultsError(f"{source}: run.{key} must be an integer, got {value!r:.40}")
+    duration = run.get("duration_ns") or 0
+    if not 0 <= duration <= MAX_RUN_NS:
+        raise ResultsError(f"{source}: run.duration_ns {duration:,} is not 0 to 31 days")
+    lo, hi = run_span_ns(duration)
+    if window is not None and not lo <= window[0] <= window[1] <= hi:
+        raise ResultsError(
+            f"{source}: run.window_ns {window} is not a span inside the run "
+            f"({lo / 1e9:g} to {hi / 1e9:g} s)"
+        )
+    return {
+        "started_at": str(run.get("started_at", "")),
+        "duration_ns": duration,
+        "window_ns": (window[0], window[1]) if window else None,
+        "scheduled": run.get("scheduled"),
+        "workers": 1 if run.get("workers") is None else run["workers"],
+        "kind": str(run.get("kind", "run")),
+    }
 
 
 def _section(data: Mapping[str, Any], key: str, kind: type, source: str) -> Any:
@@ -245,9 +290,200 @@ def write_results(results: Results, path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def read_results(path: str | os.PathLike[str]) -> Results:
-    """Read a results file; raises ``ResultsError`` naming the file and the problem."""
+def read_results(
+    path: str | os.PathLike[str],
+    progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
+) -> Results:
+    """Read a results file; raises ``ResultsError`` naming the file and the problem.
+
+    A file as loadlab writes it (compact JSON, records from ``"records":[``) is read a piece
+    at a time straight into columns, so a file of a million records needs a few hundred MB,
+    not gigabytes; any other valid JSON is read whole. ``progress(bytes_read, total)`` is
+    called as the records are read. ``workers`` > 1: the pieces of a file over 32 MB are
+    parsed in that many forked processes (the commands use the machine's cores)."""
     p = Path(path)
+    tell = progress or (lambda done, total: None)
+    try:
+        with p.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            with _parsers(workers if size >= PARALLEL_BYTES else 1) as map_parts:
+                results = _stream(fh, size, str(p), tell, map_parts)
+            _give_back()
+            return results
+    except OSError as exc:
+        raise ResultsError(f"{p}: cannot read results file: {exc.strerror or exc}") from exc
+    except (_NotStreamable, Unparsed):
+        pass
+    return _read_whole(p)
+
+
+def _give_back() -> None:
+    """Return the memory the parser freed to the system (glibc keeps freed heap otherwise:
+    a million records leave a few hundred MB behind). Elsewhere, nothing to do."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _NotStreamable(Exception):
+    """The file is not laid out as loadlab writes it: read it whole instead."""
+
+
+_RECORDS_KEY = b'"records":['
+_NEXT_RECORD = b'},{"request_id":'  # between two records of the array, nowhere else unnested
+_PIECE = 8 << 20  # bytes read at a time
+PARALLEL_BYTES = 32 << 20  # a file from this size up is parsed by several processes
+
+
+@contextlib.contextmanager
+def _parsers(workers: int) -> Iterator[Callable[..., Iterable[Any]]]:
+    """``map``, or with ``workers`` > 1 an ordered map over a pool of forked processes that
+    keeps at most two pieces a process in flight (the file is never all in memory)."""
+    if workers <= 1:
+        yield map
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+
+    def bounded(fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        pending: collections.deque[Any] = collections.deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+    try:
+        yield bounded
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stream(
+    fh: Any,
+    size: int,
+    source: str,
+    progress: Callable[[int, int], None],
+    map_parts: Callable[..., Iterable[Any]] = map,
+) -> Results:
+    """Read a file loadlab wrote: the head up to ``"records":[`` parsed alone, then batches of
+    whole records cut at ``_NEXT_RECORD``, then what follows the array.
+
+    Each cut is checked by the parse itself: a batch that is not a list of objects (a cut
+    inside a record's nested data, or past the array) fails, and the file is read whole."""
+    buf = b""
+    while (at := buf.find(_RECORDS_KEY)) < 0:
+        more = fh.read(_PIECE)
+        if not more:
+            raise _NotStreamable
+        buf += more
+    head_text = buf[:at].rstrip()
+    try:
+        head = orjson.loads(head_text[:-1] + b"}") if head_text.endswith(b",") else None
+    except orjson.JSONDecodeError:
+        head = None
+    if not isinstance(head, dict):
+        raise _NotStreamable  # "records" inside another value, or not at the top
+    run = _check_head(head, source)
+    reading = _Records(fh, buf[at + len(_RECORDS_KEY) :], size, progress)
+    records_bytes = size - at  # about: what follows the array is small beside it
+    results = Results._assemble(
+        _Later(head, reading), run, reading.batches(), source, map_parts, records_bytes
+    )
+    progress(size, size)
+    return results
+
+
+class _Records:
+    """The records array of an open file, a batch at a time (``_stream``); what follows the
+    array is kept in ``tail`` as a JSON object."""
+
+    def __init__(
+        self, fh: Any, buf: bytes, size: int, progress: Callable[[int, int], None]
+    ) -> None:
+        self.fh, self.buf, self.size, self.progress = fh, buf, size, progress
+        self.tail = b""
+
+    def batches(self) -> Iterator[bytes | list[Any]]:
+        """The bytes of whole records (``{...},{...}``: ``RecordColumns.from_dicts`` parses
+        them), then the last records parsed with what follows them set apart."""
+        while more := self.fh.read(_PIECE):
+            self.buf += more
+            cut = self.buf.rfind(_NEXT_RECORD)
+            if cut >= 0:
+                piece, self.buf = self.buf[: cut + 1], self.buf[cut + 2 :]
+                yield piece
+                self.progress(self.fh.tell() - len(self.buf), self.size)
+        last, self.tail = _last_records(self.buf)
+        if last:
+            yield last
+
+
+def _last_records(rest: bytes) -> tuple[list[Any], bytes]:
+    """The records left at the end of the array, and the sections after it (``{...}``)."""
+    try:
+        text = rest.decode("utf-8", "strict")
+    except UnicodeDecodeError:
+        raise _NotStreamable from None
+    stripped = text.lstrip()
+    decoder = json.JSONDecoder()
+    records: list[Any] = []
+    pos = len(text) - len(stripped)
+    while True:
+        if text.startswith("]", pos):
+            after = text[pos + 1 :].lstrip()
+            if after.startswith(","):
+                return records, ("{" + after[1:]).encode()
+            if after.rstrip() == "}":
+                return records, b"{}"
+            raise _NotStreamable
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            raise _NotStreamable from None
+        records.append(record)
+        pos = end
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        if text.startswith(",", pos):
+            pos += 1
+            while pos < len(text) and text[pos] in " \t\r\n":
+                pos += 1
+
+
+class _Later(Mapping[str, Any]):
+    """The sections after the records: the head's, then those parsed once the records are
+    read (``Results._assemble`` reads them last)."""
+
+    def __init__(self, head: dict[str, Any], records: _Records) -> None:
+        self.head, self.records = head, records
+        self._all: dict[str, Any] | None = None
+
+    def _sections(self) -> dict[str, Any]:
+        if self._all is None:
+            try:
+                tail = orjson.loads(self.records.tail or b"{}")
+            except orjson.JSONDecodeError:
+                raise _NotStreamable from None
+            if not isinstance(tail, dict):
+                raise _NotStreamable
+            self._all = {**self.head, **tail}
+        return self._all
+
+    def __getitem__(self, key: str) -> Any:
+        return self._sections()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sections())
+
+    def __len__(self) -> int:
+        return len(self._sections())
+
+
+def _read_whole(p: Path) -> Results:
+    """Any valid JSON results document, parsed at once."""
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
@@ -256,13 +492,7 @@ def read_results(path: str | os.PathLike[str]) -> Results:
         raise ResultsError(
             f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); is it a results file?"
         ) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno})") from exc
-    except RecursionError:
-        raise ResultsError(f"{p}: {TOO_DEEP}") from None
-    return Results.from_dict(data, source=str(p))
+    return Results.from_dict(parse_json(text, ResultsError, str(p)), source=str(p))
 
 
 def merge_results(parts: Iterable[Results]) -> Results:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import pydantic
 
 from loadlab.config import APIS, EndpointConfig, RunConfig
-from loadlab.errors import TOO_DEEP, ScenarioError
+from loadlab.errors import ScenarioError, read_toml
 from loadlab.headers import public_url
 from loadlab.workloads import resolve_workload_paths, validate_workload
 from loadlab.workloads.arrivals import PROCESSES
@@ -207,12 +206,5 @@ def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"{p}: scenario file not found")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
-    except RecursionError:
-        raise ScenarioError(f"{p}: {TOO_DEEP}") from None
-    except UnicodeDecodeError as exc:
-        raise ScenarioError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
+    data = read_toml(p, ScenarioError, "scenario file")
     return scenario_from_dict(data, source=str(p), bases=(p.resolve().parent,), overrides=overrides)

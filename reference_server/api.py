@@ -59,7 +59,15 @@ from reference_server.protocol import (
 )
 from reference_server.responses import ResponsesRequest, ResponsesStream, responses_prompt
 from reference_server.sequence import Sequence
-from reference_server.vision import MAX_SIDE, PATCH, ImageError
+from reference_server.vision import (
+    MAX_SIDE,
+    PATCH,
+    Image,
+    ImageError,
+    encode_pieces,
+    pieces_text,
+    prompt_pieces,
+)
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -316,9 +324,9 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
-        prompt = chat_prompt(body.messages)
-        seq, queue, release = _start("chat", body, prompt)
-        answer = _answer(seq, "chat", prompt, body.tools, body.tool_choice)
+        pieces = prompt_pieces(lambda: chat_prompt(body.messages))
+        seq, queue, release = _start("chat", body, pieces)
+        answer = _answer(seq, "chat", pieces_text(pieces), body.tools, body.tool_choice)
         writer = ChatStream("chat", seq.seq_id, settings.model_name, seq.num_prompt_tokens,
                             answer, body.include_usage)  # fmt: skip
         return await _respond(body.stream, writer, answer, queue, release, request)
@@ -330,7 +338,7 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
                 400, "send exactly one prompt per request", "invalid_request_error", "prompt"
             )
         prompt = body.prompt[0] if isinstance(body.prompt, list) else body.prompt
-        seq, queue, release = _start("completion", body, prompt)
+        seq, queue, release = _start("completion", body, [prompt])
         answer = _answer(seq, "completions", prompt, None, None, reasons=False)
         writer = ChatStream("completion", seq.seq_id, settings.model_name,
                             seq.num_prompt_tokens, answer, body.include_usage)  # fmt: skip
@@ -338,25 +346,25 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
 
     @app.post("/v1/messages", response_model=None)
     async def messages_route(body: MessagesRequest, request: Request) -> Response:
-        prompt = messages.messages_prompt(body)
-        seq, queue, release = _start("chat", body, prompt, "msg_")
-        answer = _answer(seq, "messages", prompt, body.tools, body.tool_choice_name())
+        pieces = prompt_pieces(lambda: messages.messages_prompt(body))
+        seq, queue, release = _start("chat", body, pieces, "msg_")
+        answer = _answer(seq, "messages", pieces_text(pieces), body.tools, body.tool_choice_name())
         writer = messages.MessagesStream(body, seq.seq_id, settings.model_name,
                                          seq.num_prompt_tokens, answer)  # fmt: skip
         return await _respond(body.stream, writer, answer, queue, release, request)
 
     @app.post("/v1/responses", response_model=None)
     async def responses_route(body: ResponsesRequest, request: Request) -> Response:
-        prompt = responses_prompt(body)
-        seq, queue, release = _start("chat", body, prompt, "resp_")
-        answer = _answer(seq, "responses", prompt, body.tools, body.tool_choice)
+        pieces = prompt_pieces(lambda: responses_prompt(body))
+        seq, queue, release = _start("chat", body, pieces, "resp_")
+        answer = _answer(seq, "responses", pieces_text(pieces), body.tools, body.tool_choice)
         writer = ResponsesStream(seq.seq_id, settings.model_name, seq.num_prompt_tokens, answer)
         return await _respond(body.stream, writer, answer, queue, release, request)
 
     def _start(
-        kind: Kind, body: Any, prompt: str, prefix: str | None = None
+        kind: Kind, body: Any, pieces: list[str | Image], prefix: str | None = None
     ) -> tuple[Sequence, EventQueue, _Release]:
-        seq = _admit(kind, body, prompt, prefix)
+        seq = _admit(kind, body, pieces, prefix)
         queue: EventQueue = asyncio.Queue()
         state["in_flight"] += 1
         release = _Release(state, engine, seq.seq_id)
@@ -379,12 +387,12 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             return _SSE(_events(writer, answer, queue, release), release)
         return await _whole(writer, answer, queue, request, release)
 
-    def _admit(kind: Kind, body: Any, prompt: str, prefix: str | None) -> Sequence:
+    def _admit(kind: Kind, body: Any, pieces: list[str | Image], prefix: str | None) -> Sequence:
         if body.model != settings.model_name:
             msg = f"model {body.model!r} does not exist; this server serves {settings.model_name!r}"
             raise _ApiError(404, msg, "invalid_request_error", "model", "model_not_found")
         try:
-            ids = settings.encode(prompt)
+            ids, images = encode_pieces(pieces, settings.encode)
         except UnicodeEncodeError as exc:  # a lone surrogate ("\\ud800") is valid JSON only
             msg = (f"the prompt is not valid Unicode (a lone surrogate at character {exc.start}); "
                    "send well-formed UTF-8 text")  # fmt: skip
@@ -408,9 +416,9 @@ def create_app(engine: EngineLike, settings: ServerSettings) -> Any:
             msg = f"server is at capacity ({capacity} requests in flight); retry later"
             raise _ApiError(429, msg, "rate_limit_error", None, "queue_full", {"Retry-After": "1"})
         prefix = prefix or ("chatcmpl-" if kind == "chat" else "cmpl-")
-        return Sequence(
-            prefix + uuid.uuid4().hex, ids, body.sampling_params(max_tokens), time.perf_counter_ns()
-        )
+        params = body.sampling_params(max_tokens)
+        return Sequence(prefix + uuid.uuid4().hex, ids, params, time.perf_counter_ns(),
+                        images=images)  # fmt: skip
 
     async def _events(
         writer: AnswerStream, answer: Answer, queue: EventQueue, release: _Release

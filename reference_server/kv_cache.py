@@ -8,7 +8,9 @@ first and the scheduler preempts (frees a victim, which later recomputes) when i
 Prefix caching (vLLM's automatic prefix caching, with the same rules): a *full* block is
 known by the hash of its tokens and of every token before it, a chain
 ``h_i = hash((h_{i-1}, tokens of block i))``, so equal hashes mean equal prefixes and the K/V
-of a block depends only on its prefix (causal attention, absolute positions). Blocks are
+of a block depends only on its prefix (causal attention, absolute positions). A block that
+holds image tokens is known by the images' content hashes too (vLLM's extra keys): their K/V
+come from the pixels, so text that spells an image's placeholder ids is not a hit. Blocks are
 reference-counted: sequences with a common prefix hold the same blocks. A block whose count
 falls to zero keeps its hash and its K/V (it is *cached*, free to reuse) and is evicted,
 least recently used first, only when no never-used block is left. A new request's cached
@@ -71,7 +73,7 @@ class BlockManager:
         self._hash: list[int | None] = [None] * num_blocks
         # What a hash stands for, checked on every hit: a 64-bit collision then costs a miss,
         # never another prompt's K/V. (parent hash, the block's tokens)
-        self._key: list[tuple[int, tuple[int, ...]] | None] = [None] * num_blocks
+        self._key: list[tuple[int, tuple[object, ...]] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # chain hash -> block id
         self._published: dict[str, int] = {}  # seq_id -> leading blocks of its table handled
 
@@ -105,7 +107,7 @@ class BlockManager:
         parent = _ROOT_HASH
         for i, h in enumerate(self._chain(seq, (seq.num_tokens - 1) // bs)):
             block = self.cached.get(h)
-            if block is None or self._key[block] != (parent, _block_tokens(seq, i, bs)):
+            if block is None or self._key[block] != (parent, _block_key(seq, i, bs)):
                 break
             hit.append(block)
             parent = h
@@ -118,7 +120,7 @@ class BlockManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else _ROOT_HASH
-            hashes.append(hash((parent, _block_tokens(seq, i, bs))))
+            hashes.append(hash((parent, _block_key(seq, i, bs))))
         return hashes[:num_blocks]
 
     # -- allocation ---------------------------------------------------------------------------
@@ -189,7 +191,7 @@ class BlockManager:
                 parent = hashes[i - 1] if i else _ROOT_HASH
                 self.cached[h] = block
                 self._hash[block] = h
-                self._key[block] = (parent, _block_tokens(seq, i, self.block_size))
+                self._key[block] = (parent, _block_key(seq, i, self.block_size))
         self._published[seq.seq_id] = num_full
 
     def _unhash(self, block: int) -> None:
@@ -256,14 +258,23 @@ class BlockManager:
             raise AssertionError("the hash map points at a block without that hash")
 
 
-def _block_tokens(seq: Sequence, index: int, block_size: int) -> tuple[int, ...]:
-    """Tokens of block ``index`` of ``seq`` (prompt then output), without concatenating both."""
+def _block_key(seq: Sequence, index: int, block_size: int) -> tuple[object, ...]:
+    """Tokens of block ``index`` of ``seq`` (prompt then output), without concatenating both,
+    then (content hash, offset) of each image whose tokens the block holds."""
     start, end = index * block_size, (index + 1) * block_size
     prompt = seq.prompt_token_ids
     p = len(prompt)
     if end <= p:
-        return tuple(prompt[start:end])
-    out = seq.output_token_ids
-    if start >= p:
-        return tuple(out[start - p : end - p])
-    return (*prompt[start:], *out[: end - p])
+        tokens = tuple(prompt[start:end])
+    elif start >= p:
+        return tuple(seq.output_token_ids[start - p : end - p])  # no image past the prompt
+    else:
+        tokens = (*prompt[start:], *seq.output_token_ids[: end - p])
+    if not seq.images:
+        return tokens
+    images = tuple(
+        (image.key, first - start)
+        for first, image in seq.images
+        if first < end and first + image.num_tokens > start
+    )
+    return (*tokens, *images) if images else tokens

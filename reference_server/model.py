@@ -18,6 +18,9 @@ Usage::
     tokens = torch.tensor([1, 2, 3]); pos = torch.arange(3)
     h = model(tokens, pos, dense_attention)      # [3, dim]
     logits = model.logits(h)                      # [3, vocab_size]
+
+Images: ``PatchEmbed`` projects an image's tiles to the model's width, and ``forward`` takes
+those vectors in place of the token embeddings at the image tokens' rows (``embeds``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "PRESETS",
     "AttentionFn",
     "ModelArgs",
+    "PatchEmbed",
     "Transformer",
     "default_device_dtype",
     "dense_attention",
@@ -257,11 +261,21 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, tokens: Tensor, positions: Tensor, attend: AttentionFn) -> Tensor:
-        """Hidden states [T, dim] (before the final norm) of a flat batch of tokens [T]."""
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        attend: AttentionFn,
+        embeds: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Hidden states [T, dim] (before the final norm) of a flat batch of tokens [T].
+        ``embeds`` = (rows [N], vectors [N, dim]): input vectors that replace the token
+        embeddings at those rows (an image's patch embeddings)."""
         cos = self.rope_cos[positions].unsqueeze(1).to(self.output.weight.dtype)  # [T, 1, hd]
         sin = self.rope_sin[positions].unsqueeze(1).to(self.output.weight.dtype)
         x = self.tok_embeddings(tokens)  # [T, D]
+        if embeds is not None:
+            x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, attend)
         return x
@@ -276,21 +290,54 @@ class Transformer(nn.Module):
         return self.output(self.norm(h)).float()
 
 
+class PatchEmbed(nn.Module):
+    """The image encoder: ViT's patch embedding (Dosovitskiy et al. 2020), a convolution whose
+    stride is its kernel, written as one matmul over flattened ``patch`` x ``patch`` RGB tiles.
+
+    ``tiles`` cuts an image [H, W, 3] (uint8) into tiles [n, 3 * patch * patch] (pixels to
+    [-1, 1], partial tiles padded with black, row by row); ``forward`` projects tiles to
+    [n, dim]. Its weights are not in ``ModelArgs.num_params`` (the language model's count).
+    """
+
+    def __init__(self, dim: int, patch: int, device: Device = None) -> None:
+        super().__init__()
+        self.patch = patch
+        self.proj = Linear(3 * patch * patch, dim, device)
+
+    def tiles(self, rgb: Tensor) -> Tensor:
+        p = self.patch
+        h, w, _ = rgb.shape
+        x = F.pad(rgb, (0, 0, 0, -w % p, 0, -h % p))  # black: [H', W', 3] uint8
+        hp, wp = x.shape[0] // p, x.shape[1] // p
+        x = x.view(hp, p, wp, p, 3).permute(0, 2, 4, 1, 3)  # [hp, wp, 3, p, p], as a conv reads
+        x = x.reshape(hp * wp, 3 * p * p).to(self.proj.weight.dtype)
+        return x.mul_(1 / 127.5).sub_(1.0)  # pixels to [-1, 1]
+
+    def forward(self, tiles: Tensor) -> Tensor:
+        return self.proj(tiles)  # [n, 3 * p * p] -> [n, dim]
+
+
 @torch.no_grad()
-def init_weights(model: Transformer, seed: int) -> None:
+def init_weights(model: Transformer, seed: int, image_encoder: PatchEmbed | None = None) -> None:
     """Seeded random weights scaled so activations stay finite and outputs vary.
 
     Matrices ~ N(0, 0.02) as in GPT-2; residual output projections (wo, w2) scaled by
     1/sqrt(2 * n_layers) (GPT-2, Radford et al. 2019) so the residual stream does not grow with
     depth; the output head ~ N(0, 1/dim) so logits of the unit-RMS final state have std ~1
     (distinct greedy choices, not a near-uniform distribution). The embedding is N(0, 0.02)
-    too: RMSNorm rescales it before every use.
+    too: RMSNorm rescales it before every use. The image encoder's projection, drawn after
+    the model's weights from the same generator (so a seed gives the same language model with or
+    without it), is ~ N(0, 0.02 / sqrt(in_features)): a tile of unit-scale pixels then embeds
+    at a token embedding's scale.
     """
     device = model.output.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)  # same weights per device type
     args = model.args
     resid_std = 0.02 / math.sqrt(2 * args.n_layers)
-    for name, p in model.named_parameters():
+    params = list(model.named_parameters())
+    if image_encoder is not None:
+        params += [("image." + n, p) for n, p in image_encoder.named_parameters()]
+    for name, p in params:
         if name.endswith("norm.weight"):
             p.fill_(1.0)
             continue
@@ -299,6 +346,8 @@ def init_weights(model: Transformer, seed: int) -> None:
             std = resid_std
         elif name == "output.weight":
             std = 1.0 / math.sqrt(args.dim)
+        elif name.startswith("image."):
+            std = 0.02 / math.sqrt(p.shape[0])
         p.copy_(torch.randn(p.shape, generator=gen, device=device) * std)  # drawn in fp32
 
 

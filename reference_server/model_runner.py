@@ -7,6 +7,10 @@ whole prompts, prompt slices (chunked prefill), recomputation after preemption a
 tokens are all the same thing here, and all of a step's tokens go through the weights in one
 forward pass, so decode reads each weight once per step for the whole batch.
 
+Images: a sequence's ``images`` name the prompt positions whose input vectors come from the
+image encoder (``model.PatchEmbed``) instead of the token embeddings; each step embeds the
+image tiles of the positions it processes, so a chunked prefill may split an image.
+
 KV cache: one tensor ``[n_layers, 2 (K, V), num_blocks, block_size, n_kv_heads, head_dim]``.
 Token ``p`` of a sequence lives in slot ``block_table[p // block_size] * block_size +
 p % block_size`` of the flattened ``[num_blocks * block_size, n_kv_heads, head_dim]`` view.
@@ -32,6 +36,7 @@ from reference_server.checks import at_least
 from reference_server.model import (
     PRESETS,
     ModelArgs,
+    PatchEmbed,
     Transformer,
     default_device_dtype,
     dense_attention,
@@ -40,6 +45,7 @@ from reference_server.model import (
 from reference_server.sampling import Sampler
 from reference_server.sequence import ScheduledBatch, ScheduledSeq, Sequence
 from reference_server.tokenizer import ByteTokenizer
+from reference_server.vision import PATCH, Image
 
 __all__ = ["ModelRunner", "resolve_args"]
 
@@ -111,11 +117,14 @@ class ModelRunner:
         self.kv_bytes_per_token = 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.dtype.itemsize
 
         model = Transformer(a, self.device)
-        init_weights(model, seed)
+        encoder = PatchEmbed(a.dim, PATCH, self.device)
+        init_weights(model, seed, encoder)
         self.model = model.to(self.dtype).eval()
         self.model.rope_cos = self.model.rope_cos.float()  # keep the rotary tables exact
         self.model.rope_sin = self.model.rope_sin.float()
         self.model.prepack()  # CPU fp32: oneDNN's packed matmuls
+        self.image_encoder = encoder.to(self.dtype).eval()
+        self.image_encoder.proj.prepack()
 
         self.num_kv_blocks = self._num_blocks(num_kv_blocks, kv_cache_bytes)
         # [L, 2, num_blocks, block_size, KVH, hd]; zeros, not empty: padded keys are masked,
@@ -234,7 +243,7 @@ class ModelRunner:
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             return self._attend(meta, layer, q, k, v)
 
-        h = self.model(tok_t, pos_t, attend)  # [T, D]
+        h = self.model(tok_t, pos_t, attend, self._image_embeds(items))  # [T, D]
         rows, done = [], []
         row = 0
         for i, it in enumerate(items):
@@ -273,6 +282,31 @@ class ModelRunner:
         else:
             positions.extend(range(start, end))
             slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
+
+    def _image_embeds(self, items: list[ScheduledSeq]) -> tuple[Tensor, Tensor] | None:
+        """(rows [N], vectors [N, dim]): the patch embeddings of every image token this step
+        processes (a chunked prefill may take part of an image), or None when there is none."""
+        rows: list[int] = []
+        tiles: list[Tensor] = []
+        row = 0
+        for it in items:
+            start, n = it.seq.num_computed_tokens, it.num_new_tokens
+            for first, image in it.seq.images:
+                lo, hi = max(start, first), min(start + n, first + image.num_tokens)
+                if lo < hi:
+                    rows.extend(range(row + lo - start, row + hi - start))
+                    tiles.append(self._tiles(image)[lo - first : hi - first])
+            row += n
+        if not rows:
+            return None
+        vectors = self.image_encoder(torch.cat(tiles))  # [N, 3 * patch^2] -> [N, D]
+        return torch.tensor(rows, device=self.device), vectors
+
+    def _tiles(self, image: Image) -> Tensor:
+        """An image's tiles [num_tokens, 3 * patch^2], in its image tokens' order."""
+        rgb = torch.frombuffer(bytearray(image.rgb), dtype=torch.uint8)  # a writable copy
+        rgb = rgb.view(image.height, image.width, 3).to(self.device)
+        return self.image_encoder.tiles(rgb)
 
     def _step_meta(self, items: list[ScheduledSeq], slots: Tensor) -> _StepMeta:
         dev, bs = self.device, self.block_size

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from reference_server.checks import at_least
+
+if TYPE_CHECKING:
+    from reference_server.vision import Image
 
 __all__ = ["SamplingParams", "ScheduledBatch", "ScheduledSeq", "SeqStatus", "Sequence"]
 
@@ -61,6 +65,9 @@ class Sequence:
     # cached_tokens; a recompute after preemption does not change it, as in vLLM).
     num_cached_tokens: int = 0
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of its full blocks
+    # Images in the prompt: (position of the first image token, image). Their token ids are
+    # placeholders (the prefix cache's key); the runner embeds their tiles instead.
+    images: list[tuple[int, Image]] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

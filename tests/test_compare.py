@@ -216,3 +216,61 @@ def test_a_gate_never_passes_a_change_it_cannot_judge() -> None:
     assert any("ttft_ms.p50: the bootstrap interval of the change is not finite" in w
                for w in cmp.warnings)  # fmt: skip
     assert cmp.exit_code(10) == 2 and cmp.exit_code(None) == 0
+
+
+def test_crossing_counts_running_totals_below_the_target() -> None:
+    """The block-wise search finds what a full running sum finds, row by row."""
+    from loadlab.analysis.compare import _crossing
+
+    rng = np.random.default_rng(3)
+    for width in (1, 5, 256, 257, 1000):
+        w = rng.poisson(1.0, size=(40, width))
+        under = rng.integers(0, 5, 40)
+        target = rng.uniform(0, width + 5, 40)
+        cum = under[:, None] + np.cumsum(w, axis=1)
+        naive = (cum < target[:, None]).sum(axis=1)
+        got = _crossing(w, under, target)
+        assert (np.where(naive == width, -1, naive) == got).all(), width
+
+
+@pytest.mark.parametrize(("per", "runs", "q"), [(1, 1, 0.5), (5, 1, 0.9), (1, 3, 0.5)])
+def test_poisson_bootstrap_has_the_distribution_of_the_full_one(
+    per: int, runs: int, q: float
+) -> None:
+    """The windowed, grouped Poisson bootstrap of a quantile against the Poisson bootstrap
+    done in full (a weight for every request of every replicate), over the same data: the
+    replicates' spread and centre agree."""
+    from loadlab.analysis.compare import _poisson_quantile
+
+    rng = np.random.default_rng(11)
+    k = 3000
+    cluster = np.repeat(np.arange(k), per)
+    values = rng.gamma(2.0, 10.0, k * per) + 5 * (cluster % 7)  # requests differ
+    run_of = np.repeat(np.arange(runs), -(-k // runs))[:k]
+    values += run_of[cluster] * 3.0  # and so do runs
+    fast = _poisson_quantile(values, cluster, q, run_of, 3000, [5])
+    order = np.argsort(values, kind="stable")
+    v, c = values[order], cluster[order]
+    full = np.empty(3000)
+    for b in range(3000):
+        drawn = rng.multinomial(runs, [1 / runs] * runs) if runs > 1 else np.ones(1)
+        w = rng.poisson(drawn[run_of])[c]
+        cum = np.cumsum(w)
+        full[b] = v[min(int((cum < q * cum[-1]).sum()), v.size - 1)]
+    assert np.std(fast) == pytest.approx(np.std(full), rel=0.12)
+    assert abs(np.mean(fast) - np.mean(full)) < 0.15 * np.std(full)
+
+
+def test_large_setups_take_the_poisson_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past EXACT_CELLS the comparison draws Poisson weights over a window: it finds the
+    30 % regression and no change where there is none, as the full bootstrap does."""
+    import loadlab.analysis.compare as cmp_module
+
+    monkeypatch.setattr(cmp_module, "EXACT_CELLS", 1000)
+    base, slow = _run(1), _run(3, ttft_scale=1.3)
+    rows = {r.metric: r for r in compare([base, slow], ["main", "pr"], n_boot=1000).rows}
+    assert rows["ttft_ms.p50"].regression(1, 10)
+    assert not rows["itl_ms.p50"].significant[1] and not rows["tpot_ms.p50"].significant[1]
+    a, b = _setup([1.0, 1.3], seed=10), _setup([1.3, 1.6], seed=20)
+    grouped = compare([*a, *b], ["a", "a", "b", "b"], n_boot=500)
+    assert not {r.metric: r for r in grouped.rows}["ttft_ms.p50"].significant[1]

@@ -48,14 +48,11 @@ class BatchJob:
     e2e_ms: Distribution
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **pick(
-                self,
-                "request_class documents ok failed completion_s documents_per_s "
-                "output_tokens_per_s total_tokens_per_s",
-            ),
-            "e2e_ms": self.e2e_ms.to_dict(),
-        }
+        return pick(
+            self,
+            "request_class documents ok failed completion_s documents_per_s "
+            "output_tokens_per_s total_tokens_per_s e2e_ms",
+        )
 
 
 def batch_classes(workload: Mapping[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,12 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats
 
-from loadlab.analysis import metrics
+from loadlab.analysis import metrics, vectors
+from loadlab.analysis.columns import NONE, RecordColumns, columns_of
 from loadlab.analysis.cost import COST_METRICS, Pricing, cost_units, pricing_of
 from loadlab.analysis.prefix_cache import server_hit_rate, usage_hit_rate
-from loadlab.analysis.summary import has_reasoning_or_tools
 from loadlab.errors import ConfigError
-from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
     from loadlab.results import Results
@@ -59,6 +59,9 @@ __all__ = [
 LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 PERCENTILES = (50.0, 99.0)
 _MAX_CELLS = 4_000_000  # bootstrap work matrix size per chunk (memory bound)
+# Up to this many (replicates x requests) a weight is drawn for every request of every
+# replicate; beyond it, the Poisson bootstrap over a window (``_poisson_quantile``).
+EXACT_CELLS = 10_000_000
 # The bootstrap of an extreme quantile is unreliable when few samples lie beyond it (for the
 # maximum it is inconsistent: Bickel & Freedman, Ann. Statist. 9(6), 1981). Below this many
 # samples on either side of the quantile a row is shown but not tested.
@@ -191,6 +194,7 @@ class _Resampler:
         self.chunk = max(1, _MAX_CELLS // max(self.k, 1))
         self._cache: dict[int, np.ndarray] = {}
         self._cacheable = n_boot * self.k <= 5 * _MAX_CELLS
+        self._sizes: tuple[np.ndarray, np.ndarray] | None = None  # (clusters, values of each)
 
     def weights(self, start: int) -> np.ndarray:
         if start in self._cache:
@@ -202,11 +206,33 @@ class _Resampler:
             self._cache[start] = w
         return w
 
+    def quantile(self, values: np.ndarray, cluster: np.ndarray, q: float, key: str) -> np.ndarray:
+        """``n_boot`` replicates of the q-quantile of ``values`` (``cluster``: each value's
+        request): resampling every request while ``n_boot`` x requests stays under
+        ``EXACT_CELLS``, else the Poisson bootstrap of ``_poisson_quantile`` (``key``, the
+        row, seeds its draws)."""
+        if self.n_boot * self.k <= EXACT_CELLS:
+            return _boot_quantile(values, cluster, q, self)
+        run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
+        rng_seed = [*self.seed, *key.encode()]
+        if self._sizes is None or self._sizes[0] is not cluster:  # one metric's two rows: once
+            self._sizes = (cluster, _tally(cluster, None, self.k))
+        sizes = self._sizes[1]
+        return _poisson_quantile(values, cluster, q, run_of, self.n_boot, rng_seed, sizes)
+
     def _two_level(self, m: int, rng: np.random.Generator) -> np.ndarray:
         runs = _boot_weights(len(self.sizes), m, rng)  # [m, runs]: how often each run is drawn
         within = np.concatenate([_boot_weights(k, m, rng) for k in self.sizes], axis=1)
         run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
         return (within * runs[:, run_of]).astype(np.int32)
+
+
+def _sorted(values: np.ndarray, cluster: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` in ascending order (stable) with their clusters; no copy when they are."""
+    if not (values[1:] < values[:-1]).any():
+        return values, cluster
+    order = np.argsort(values, kind="stable")
+    return values[order], cluster[order]
 
 
 def _boot_quantile(
@@ -218,8 +244,7 @@ def _boot_quantile(
     sorted values. Only a window of ranks around the point estimate is scanned (it holds the
     replicate quantile unless the data are wildly skewed; rows outside it are redone in full).
     """
-    order = np.argsort(values, kind="stable")
-    v, c = values[order], cluster[order]
+    v, c = _sorted(values, cluster)
     n, k = v.size, res.k
     sizes = np.bincount(c, minlength=k)
     r0 = int(q * n)
@@ -243,6 +268,164 @@ def _boot_quantile(
     return out
 
 
+def _poisson_quantile(
+    values: np.ndarray,
+    cluster: np.ndarray,
+    q: float,
+    run_of: np.ndarray,
+    n_boot: int,
+    seed: Sequence[int],
+    sizes: np.ndarray | None = None,
+) -> np.ndarray:
+    """``n_boot`` replicates of the q-quantile by the Poisson bootstrap, for setups too large
+    to draw a weight for every request of every replicate (a million requests x 2,000).
+
+    Each request's weight is Poisson(1) (Hanley & MacGibbon, Comput. Methods Programs Biomed.
+    83(1), 2006; Chamandy et al., "Estimating uncertainty for massive data streams", Google,
+    2012): with more than one run, Poisson(R) where R is how often the replicate drew the
+    request's run. A replicate's quantile lies among the values near the point estimate (a
+    window of ranks, six standard deviations of the replicate's rank each side): the
+    requests with a value there get their own weights; every other request only adds its
+    values below the window and its size, so the requests alike in (run, values below, size)
+    are drawn together, as the sum of their Poisson weights, itself Poisson. Exact for the
+    Poisson bootstrap; a replicate that falls outside the window makes the window wider.
+    ``sizes``: each cluster's values, when known (the rows of one metric share them)."""
+    n, k = values.size, int(run_of.size)
+    sizes = _tally(cluster, None, k) if sizes is None else sizes
+    r0 = min(int(q * n), n - 1)
+    at_r0 = np.partition(values, r0)[r0]  # no sort of them all: ranks from value thresholds
+    sd = float(np.sqrt(np.sum((_tally(cluster, values < at_r0, k) - q * sizes) ** 2)))
+    half = max(64, int(6 * sd) + 1)
+    runs = int(run_of.max()) + 1 if k else 1
+    while True:
+        rng = np.random.default_rng(seed)
+        drawn = (
+            rng.multinomial(runs, [1 / runs] * runs, size=n_boot).astype(float)
+            if runs > 1
+            else np.ones((n_boot, 1))
+        )  # [B, runs]: how often each replicate drew each run
+        v, c, lo, hi = _window(values, cluster, r0 - half, r0 + half)  # the ranks [lo, hi)
+        near = np.unique(c)  # requests with a value in the window
+        at = np.searchsorted(near, c)  # each window value's request, among ``near``
+        below = _tally(cluster, values < v[0], k)
+        rest = np.ones(k, dtype=bool)
+        rest[near] = False
+        rest &= sizes > 0
+        # requests alike in (run, values below the window, size) form one group: one key
+        span_b, span_s = int(below.max()) + 1, int(sizes.max()) + 1
+        key = (run_of[rest] * span_b + below[rest]) * span_s + sizes[rest]
+        if runs * span_b * span_s <= 1 << 22:  # few kinds: count them, no sort
+            tally = np.bincount(key, minlength=runs * span_b * span_s)
+            keys = np.flatnonzero(tally)
+            count = tally[keys]
+        else:
+            keys, count = np.unique(key, return_counts=True)
+        kinds = np.stack([keys // (span_b * span_s), keys // span_s % span_b, keys % span_s])
+        out = np.empty(n_boot)
+        fits = True
+        step = max(1, _MAX_CELLS // max(v.size + near.size + kinds.shape[1], 1))
+        for s0 in range(0, n_boot, step):
+            r = drawn[s0 : s0 + step]
+            grouped = rng.poisson(r[:, kinds[0]] * count)  # [m, G]
+            own = _poisson_weights(rng, r[:, run_of[near]], np.unique(r))  # [m, near]
+            under = grouped @ kinds[1] + own @ below[near]
+            target = q * (grouped @ kinds[2] + own @ sizes[near])
+            idx = _crossing(own[:, at], under, target)  # ranks from lo, -1: not in the window
+            if ((idx < 0) & (hi < n) | (idx == 0) & (lo > 0)).any():
+                fits = False
+                break
+            out[s0 : s0 + r.shape[0]] = v[
+                np.where(idx < 0, v.size - 1, np.minimum(idx, v.size - 1))
+            ]
+        if fits:
+            return out
+        half *= 2
+
+
+def _tally(cluster: np.ndarray, keep: np.ndarray | None, k: int) -> np.ndarray:
+    """How many of the values (those of ``keep``) each of the ``k`` clusters holds, 4 M at a
+    time (``np.bincount`` of all fifteen million at once makes an int64 copy of them)."""
+    out = np.zeros(k, dtype=np.int64)
+    for at in range(0, cluster.size, 1 << 22):
+        part = cluster[at : at + (1 << 22)]
+        if keep is not None:
+            part = part[keep[at : at + (1 << 22)]]
+        out += np.bincount(part, minlength=k)
+    return out
+
+
+def _window(
+    values: np.ndarray, cluster: np.ndarray, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The values of ranks about [lo, hi) in order, with their clusters, and the ranks they
+    span: widened to whole runs of equal values (which of them has which rank does not move
+    a replicate's quantile: the crossing falls in their run, whatever its order)."""
+    n = values.size
+    lo, hi = max(0, lo), min(n, hi)
+    bounds = np.partition(values, [lo, hi - 1])
+    low, high = bounds[lo], bounds[hi - 1]
+    inside = np.flatnonzero((values >= low) & (values <= high))
+    order = np.argsort(values[inside], kind="stable")
+    lo = int(np.count_nonzero(values < low))
+    return values[inside][order], cluster[inside][order], lo, lo + inside.size
+
+
+_BLOCK = 256  # window values summed a block at a time (``_crossing``)
+
+
+def _poisson_weights(
+    rng: np.random.Generator, lam: np.ndarray, means: np.ndarray | None = None
+) -> np.ndarray:
+    """Poisson(``lam``) draws (int8, the shape of ``lam``, whose values are whole: how often
+    a replicate drew a run), by inverse transform over 32-bit uniforms: a draw is how many of
+    ``_poisson_table``'s thresholds its uniform reaches. Each value's probability is within
+    2**-32 of the Poisson's, at a third of ``rng.poisson``'s cost. ``means``: the values
+    ``lam`` holds, when known (no sort of all of it to find them)."""
+    means = np.unique(lam) if means is None else means
+    if means.size == 1:  # one run: every weight Poisson(1)
+        return _poisson_draws(rng, int(means[0]), lam.shape)
+    out = np.zeros(lam.shape, dtype=np.int8)
+    for mean in means[means > 0]:
+        where = lam == mean
+        out[where] = _poisson_draws(rng, int(mean), int(where.sum()))
+    return out
+
+
+def _poisson_draws(rng: np.random.Generator, mean: int, shape: Any) -> np.ndarray:
+    u = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
+    drawn = np.zeros(u.shape, dtype=np.int8)
+    for threshold in _poisson_table(mean) if mean else ():
+        drawn += u >= threshold
+    return drawn
+
+
+@functools.cache
+def _poisson_table(mean: int) -> np.ndarray:
+    """floor(2**32 x P(X <= k)) for k = 0, 1, ... while under 2**32 (X ~ Poisson(mean)):
+    X > k exactly when a uniform 32-bit integer reaches the k-th."""
+    cdf = stats.poisson.cdf(np.arange(mean * 4 + 40), mean)
+    table = np.floor(cdf * 2.0**32)
+    return table[table < 2.0**32].astype(np.uint32)
+
+
+def _crossing(w: np.ndarray, under: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """For each row of weights ``w`` [m, W] (the window's values in order): how many of its
+    running totals ``under + cumsum(w)`` stay below ``target`` (-1: all of them). Blocks of
+    ``_BLOCK`` values are summed first; only the block where the total crosses is scanned."""
+    m, width = w.shape
+    blocks = -(-width // _BLOCK)
+    padded = np.zeros((m, blocks * _BLOCK), dtype=w.dtype)
+    padded[:, :width] = w
+    cells = padded.reshape(m, blocks, _BLOCK)
+    ends = under[:, None] + np.cumsum(cells.sum(axis=2), axis=1)  # total at each block's end
+    full = (ends < target[:, None]).sum(axis=1)  # blocks wholly below the target
+    inside = np.minimum(full, blocks - 1)
+    before = np.where(inside > 0, ends[np.arange(m), np.maximum(inside - 1, 0)], under)
+    scan = before[:, None] + np.cumsum(cells[np.arange(m), inside], axis=1)
+    idx = inside * _BLOCK + (scan < target[:, None]).sum(axis=1)
+    return np.where(full == blocks, -1, np.minimum(idx, width))
+
+
 def _change(
     boot_a: np.ndarray, boot_b: np.ndarray, alpha: float
 ) -> tuple[tuple[float, float], float]:
@@ -257,28 +440,38 @@ def _change(
     return (float(lo), float(hi)), min(1.0, max(p, 1.0 / d.size))
 
 
-def _latency_samples(lat: Sequence[RequestRecord], metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """Values and the request (cluster) index of each, for the latency population ``lat``."""
-    vals: list[float] = []
-    clus: list[int] = []
-    fn: Callable[[RequestRecord], float | None] | None = metrics.PER_REQUEST_METRICS.get(metric)
-    for i, rec in enumerate(lat):
-        if fn is None:  # itl_ms: every gap, clustered by its stream
-            gaps = metrics.itl_ms(rec)
-            vals.extend(gaps)
-            clus.extend([i] * len(gaps))
+def _latency_samples(
+    runs: Sequence[tuple[RecordColumns, np.ndarray]], metric: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Values and the request (cluster) of each, over the latency population of a setup's
+    runs (``(columns, latency mask)`` each): clusters number the requests of the population,
+    run after run, in record order."""
+    vals, clus = [], []
+    offset = 0
+    for cols, lat in runs:
+        position = np.cumsum(lat, dtype=np.int32) - 1 + offset  # its place in the population
+        if metric == "itl_ms":  # every gap, clustered by its stream
+            gaps, owner = vectors.itl_with_owner(cols, lat)
+            vals.append(gaps)
+            clus.append(position[owner])
+            cols.forget("gaps", "chunk_owner", "same_stream")  # 260 MB a million streams
         else:
-            v = fn(rec)
-            if v is not None:
-                vals.append(v)
-                clus.append(i)
-    return np.asarray(vals, dtype=float), np.asarray(clus, dtype=np.int64)
+            v = vectors.per_request(cols, metric)
+            keep = lat & ~np.isnan(v)
+            vals.append(v[keep])
+            clus.append(position[keep])
+        offset += int(lat.sum())
+    if len(vals) == 1:  # one run: no copy (a million streams' gaps are 120 MB)
+        return vals[0], clus[0].astype(np.int32, copy=False)
+    if not vals:
+        return np.zeros(0), np.zeros(0, dtype=np.int32)
+    return np.concatenate(vals), np.concatenate(clus).astype(np.int32)
 
 
 def _per_second_bins(r: Results) -> np.ndarray:
     """Output tokens/s of each whole second inside the measurement window."""
     lo, hi = r.measurement_window_ns()
-    series = metrics.throughput(r.records, (lo, hi)).output_tokens_per_s_series
+    series = vectors.throughput(columns_of(r.records), (lo, hi)).output_tokens_per_s_series
     first, last = -(-lo // 1_000_000_000), hi // 1_000_000_000  # whole bins only
     return np.asarray(series[first:last], dtype=float)
 
@@ -329,31 +522,40 @@ def _pct_change(a: float | None, b: float | None) -> float | None:
     return (b / a - 1.0) * 100.0
 
 
-def _latency_row(
-    lats: Sequence[Sequence[RequestRecord]],
+def _latency_rows(
+    setups: Sequence[Sequence[tuple[RecordColumns, np.ndarray]]],
     resamplers: Sequence[_Resampler],
     metric: str,
-    q: float,
     alpha: float,
-) -> MetricChange:
-    samples = [_latency_samples(lat, metric) for lat in lats]
-    values = [metrics.percentile(v, q) for v, _ in samples]
-    tail = min(q, 100 - q) / 100
-    boots = [
-        _boot_quantile(v, c, q / 100, res) if v.size * tail >= MIN_TAIL_SAMPLES else None
-        for (v, c), res in zip(samples, resamplers, strict=True)
-    ]
-    note = ""
-    if any(b is None for b in boots):
-        need = int(np.ceil(MIN_TAIL_SAMPLES / tail))
-        note = f"not tested: a p{q:g} needs >= {need} samples in each run"
-
-    def pair(i: int) -> tuple[np.ndarray, np.ndarray] | None:
-        b0, bi = boots[0], boots[i]
-        return None if b0 is None or bi is None else (b0, bi)
-
+) -> list[MetricChange]:
+    """The ``PERCENTILES`` rows of one latency metric (its samples drawn once for both)."""
+    samples = [_latency_samples(runs, metric) for runs in setups]
     n = [int(v.size) for v, _ in samples]
-    return _bootstrap_row(f"{metric}.p{q:g}", values, True, pair, n, note, alpha)
+    rows = []
+    for q in PERCENTILES:
+        values = [metrics.percentile(v, q) for v, _ in samples]
+        tail = min(q, 100 - q) / 100
+        boots = [
+            (
+                res.quantile(v, c, q / 100, f"{metric}.p{q:g}")
+                if v.size * tail >= MIN_TAIL_SAMPLES
+                else None
+            )
+            for (v, c), res in zip(samples, resamplers, strict=True)
+        ]
+        note = ""
+        if any(b is None for b in boots):
+            need = int(np.ceil(MIN_TAIL_SAMPLES / tail))
+            note = f"not tested: a p{q:g} needs >= {need} samples in each run"
+
+        def pair(
+            i: int, boots: list[np.ndarray | None] = boots
+        ) -> tuple[np.ndarray, np.ndarray] | None:
+            b0, bi = boots[0], boots[i]
+            return None if b0 is None or bi is None else (b0, bi)
+
+        rows.append(_bootstrap_row(f"{metric}.p{q:g}", values, True, pair, n, note, alpha))
+    return rows
 
 
 def _throughput_row(
@@ -365,7 +567,9 @@ def _throughput_row(
         float(
             np.mean(
                 [
-                    metrics.throughput(r.records, r.measurement_window_ns()).output_tokens_per_s
+                    vectors.throughput(
+                        columns_of(r.records), r.measurement_window_ns()
+                    ).output_tokens_per_s
                     for r in runs
                 ]
             )
@@ -379,9 +583,13 @@ def _throughput_row(
     def boot(j: int) -> np.ndarray:
         rng = np.random.default_rng([seed, 99, j])
         runs = bins[j]
-        if len(runs) == 1:
+        if len(runs) == 1:  # in blocks of rows (a day of seconds x 2,000 is 1.3 GB at once)
             b = runs[0]
-            return rng.choice(b, size=(n_boot, b.size), replace=True).mean(axis=1)
+            rows = max(1, _MAX_CELLS // b.size)
+            return np.concatenate([
+                rng.choice(b, size=(min(rows, n_boot - at), b.size), replace=True).mean(axis=1)
+                for at in range(0, n_boot, rows)
+            ])  # fmt: skip
         out = np.empty(n_boot)
         for t in range(n_boot):  # runs with replacement, then each drawn run's seconds
             drawn = [runs[x] for x in rng.integers(0, len(runs), len(runs))]
@@ -518,10 +726,11 @@ def compare(
     check_bootstrap(n_boot)
     setups = [[r for r, lb in zip(results_list, labels, strict=True) if lb == n] for n in names]
     keys: tuple[str, ...] = LATENCY
-    pooled = all(rec.inputs is not None for r in results_list for rec in r.records)
+    cols_of = [columns_of(r.records) for r in results_list]  # read once each: a file's own
+    pooled = all(not (c.ints["inputs"] == NONE).any() for c in cols_of)
     if pooled:
         keys = ("e2e_ms",)  # embeddings / rerank: nothing streamed, so no TTFT, ITL or TPOT
-    elif all(has_reasoning_or_tools(r.records) for r in results_list):
+    elif all(vectors.has_reasoning_or_tools(c) for c in cols_of):
         keys = (*LATENCY, "ttfat_ms")  # reasoning models: the answer's wait, not the first token
     # prices: each setup's own (a pricing file may hold a table per label), cost rows when any
     priced = [[pricing_of(r, n) for r in runs] for runs, n in zip(setups, names, strict=True)]
@@ -530,18 +739,22 @@ def compare(
     m += len(COST_METRICS) if cost_on else 0
     a = alpha / m  # Bonferroni: family-wise error over all rows stays under alpha
     per_run = [
-        [metrics.latency_records(r.records, r.measurement_window_ns()) for r in runs]
+        [
+            (cols := columns_of(r.records), vectors.latency_mask(cols, r.measurement_window_ns()))
+            for r in runs
+        ]
         for runs in setups
     ]
-    lats = [[rec for lat in runs for rec in lat] for runs in per_run]
     resamplers = [
-        _Resampler([len(lat) for lat in runs], n_boot, (seed, i)) for i, runs in enumerate(per_run)
+        _Resampler([int(lat.sum()) for _, lat in runs], n_boot, (seed, i))
+        for i, runs in enumerate(per_run)
     ]
-    rows = [_latency_row(lats, resamplers, k, q, a) for k in keys for q in PERCENTILES]
+    rows = [row for k in keys for row in _latency_rows(per_run, resamplers, k, a)]
     if not pooled:
         rows.append(_throughput_row(setups, a, n_boot, seed))
     counts = [
-        [metrics.count_outcomes(r.records, r.scheduled_count) for r in runs] for runs in setups
+        [vectors.count_outcomes(columns_of(r.records), r.scheduled_count) for r in runs]
+        for runs in setups
     ]
     failed = [sum(c.failed for c in cs) for cs in counts]
     sent = [sum(c.sent for c in cs) for cs in counts]

@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -42,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loadlab.analysis import metrics
-from loadlab.errors import ConfigError
+from loadlab.analysis.columns import columns_of
+from loadlab.errors import ConfigError, read_toml
 from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -219,12 +219,7 @@ def _table(raw: Any, where: str) -> dict[str, Any]:
 def load_pricing(path: str | Path) -> dict[str, dict[str, Any]]:
     """A pricing file read and checked: ``{"*": top-level table, NAME: [endpoints.NAME]}``."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--pricing {p}: cannot read it: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--pricing {p}: not valid TOML: {exc}") from None
+    data = read_toml(p, ConfigError, "it", where=f"--pricing {p}")
     endpoints = _table(data.pop("endpoints", {}), f"--pricing {p}: [endpoints]")
     tables = {ALL_ENDPOINTS: data} if data else {}
     for name, raw in endpoints.items():
@@ -301,9 +296,10 @@ def pricing_tables(
 
 def endpoint_name(results: Results) -> str:
     """The endpoint a results file measured (its records' label, else its only endpoint)."""
-    for r in results.records:
-        if r.endpoint:
-            return r.endpoint
+    codes, names = columns_of(results.records).coded["endpoint"]
+    said = [i for i, name in enumerate(names) if name]
+    if said:  # the first record's that has one (a million records: one pass over codes)
+        return str(names[codes[np.isin(codes, said)][0]])
     eps = results.config.get("endpoints") or []
     return str(eps[0].get("name", "")) if len(eps) == 1 and isinstance(eps[0], Mapping) else ""
 
@@ -314,7 +310,7 @@ def pricing_of(results: Results, label: str | None = None) -> Pricing | None:
     table = results.extra.get("pricing")
     if not isinstance(table, Mapping):
         tables = results.config.get("pricing") or {}
-        if not isinstance(tables, Mapping):
+        if not isinstance(tables, Mapping) or not tables:
             return None
         name = label if label in tables else endpoint_name(results)
         table = {**tables.get(ALL_ENDPOINTS, {}), **tables.get(name, {})}

@@ -69,6 +69,7 @@ __all__ = [
     "reasoning_ms",
     "reasoning_token_count",
     "stall_count",
+    "tally_outcomes",
     "throughput",
     "tool_call_token_count",
     "tpot_ms",
@@ -269,16 +270,23 @@ class Distribution:
 
 
 def distribution(
-    values: Sequence[float] | np.ndarray, qs: Iterable[float] = DEFAULT_PERCENTILES
+    values: Sequence[float] | np.ndarray,
+    qs: Iterable[float] = DEFAULT_PERCENTILES,
+    *,
+    scratch: bool = False,
 ) -> Distribution:
-    """The ``Distribution`` of ``values``, its percentiles by ``percentile``."""
+    """The ``Distribution`` of ``values``, its percentiles by ``percentile``. ``scratch``:
+    ``values`` is an array no one else reads, which the percentiles may reorder in place
+    (a pooled ITL of fifteen million gaps is not copied again)."""
     arr = np.asarray(values, dtype=float)
-    quantiles = tuple((float(q), percentile(arr, q)) for q in qs)
+    qs = tuple(float(q) for q in qs)
     if arr.size == 0:
-        return Distribution(0, quantiles, None, None, None)
-    return Distribution(
-        int(arr.size), quantiles, float(arr.mean()), float(arr.min()), float(arr.max())
-    )
+        return Distribution(0, tuple((q, None) for q in qs), None, None, None)
+    mean, low, high = float(arr.mean()), float(arr.min()), float(arr.max())  # before: in order
+    # ``percentile``'s values, all from one partition of the array
+    at = np.percentile(arr, qs, method="linear", overwrite_input=scratch) if qs else ()
+    quantiles = tuple((q, float(v)) for q, v in zip(qs, at, strict=True))
+    return Distribution(int(arr.size), quantiles, mean, low, high)
 
 
 @dataclass
@@ -377,7 +385,12 @@ class Counts:
 def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = None) -> Counts:
     """Counts by outcome; ``scheduled`` defaults to sent + dropped."""
     records = list(records)
-    by = Counter(r.outcome for r in records)
+    late = sum(1 for r in records if r.late)
+    return tally_outcomes(Counter(r.outcome for r in records), late, scheduled)
+
+
+def tally_outcomes(by: Mapping[str, int], late: int, scheduled: int | None = None) -> Counts:
+    """``Counts`` from requests by outcome class and the late ones (``count_outcomes``)."""
     dropped = by.get(OUTCOME_DROPPED, 0)
     ok = by.get(OUTCOME_OK, 0)
     failed = sum(c for o, c in by.items() if is_failed(o))
@@ -388,7 +401,7 @@ def count_outcomes(records: Iterable[RequestRecord], scheduled: int | None = Non
         dropped=dropped,
         ok=ok,
         failed=failed,
-        late=sum(1 for r in records if r.late),
+        late=late,
         by_outcome=dict(sorted(by.items())),
     )
 
@@ -434,6 +447,31 @@ class Throughput:
     # the requests that completed ok inside the window; None for a run that sent none
     inputs_per_s: float | None = None
     input_tokens_per_s: float | None = None
+
+    @classmethod
+    def over(
+        cls,
+        window_s: float,
+        output_tokens: float,
+        prompt_tokens: int,
+        completed: int,
+        series: tuple[float, ...],
+        bin_s: float,
+        pooled: tuple[int, int] | None = None,
+    ) -> Throughput:
+        """The rates of ``window_s`` seconds that saw these tokens and completions (and,
+        for embeddings and rerank, ``pooled``: the texts and their tokens)."""
+        return cls(
+            window_s=window_s,
+            output_tokens=output_tokens,
+            output_tokens_per_s=output_tokens / window_s,
+            total_tokens_per_s=(output_tokens + prompt_tokens) / window_s,
+            requests_per_s=completed / window_s,
+            output_tokens_per_s_series=series,
+            series_bin_s=bin_s,
+            inputs_per_s=None if pooled is None else pooled[0] / window_s,
+            input_tokens_per_s=None if pooled is None else pooled[1] / window_s,
+        )
 
     def to_dict(self) -> dict[str, float]:
         """The results file's ``summary.throughput`` (without the series)."""
@@ -481,16 +519,10 @@ def throughput(
                 input_tokens += r.prompt_tokens or r.prompt_tokens_requested or 0
         pooled = pooled or r.inputs is not None
     n_bins = (max(series) + 1) if series else 0
-    return Throughput(
-        window_s=span_s,
-        output_tokens=out_tokens,
-        output_tokens_per_s=out_tokens / span_s,
-        total_tokens_per_s=(out_tokens + prompt_tokens) / span_s,
-        requests_per_s=completed / span_s,
-        output_tokens_per_s_series=tuple(series.get(i, 0) / bin_s for i in range(n_bins)),
-        series_bin_s=bin_s,
-        inputs_per_s=inputs / span_s if pooled else None,
-        input_tokens_per_s=input_tokens / span_s if pooled else None,
+    per_s = tuple(series.get(i, 0) / bin_s for i in range(n_bins))
+    pooled_counts = (inputs, input_tokens) if pooled else None
+    return Throughput.over(
+        span_s, out_tokens, prompt_tokens, completed, per_s, bin_s, pooled_counts
     )
 
 

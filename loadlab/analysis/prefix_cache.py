@@ -43,13 +43,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadlab.analysis.metrics import (
-    Distribution,
-    distribution,
-    latency_records,
-    percentile,
-    ttft_ms,
-)
+import numpy as np
+
+from loadlab.analysis import vectors
+from loadlab.analysis.columns import NONE, RecordColumns, columns_of
+from loadlab.analysis.metrics import Distribution, distribution, percentile, ttft_ms
 from loadlab.records import RequestRecord, pick
 
 if TYPE_CHECKING:
@@ -94,28 +92,37 @@ def _prompt_tokens(r: RequestRecord) -> int:
     return r.prompt_tokens or r.prompt_tokens_requested or 0
 
 
+def _prompt_tokens_of(cols: RecordColumns) -> np.ndarray:
+    """``_prompt_tokens`` of every record: the server's count, else the requested, else 0."""
+    counted, asked = cols.ints["prompt_tokens"], cols.ints["prompt_tokens_requested"]
+    return np.where((counted != NONE) & (counted != 0), counted, np.where(asked != NONE, asked, 0))
+
+
+def _rate(hits: np.ndarray, queries: np.ndarray) -> float | None:
+    total = int(queries.sum())
+    return int(hits.sum()) / total if total else None
+
+
 def expected_hit_rate(records: Iterable[RequestRecord], block_size: int | None) -> float | None:
     """Expected fraction of prompt tokens served from the cache (module docstring), over the
     ok records with a ``shared_prefix_tokens``; None when there are none.
 
     Reads the server's prompt count when it gave one, so a chat template's tokens are in the
     denominator as in the server's query counter."""
-    hits = queries = 0
-    for r in records:
-        if r.ok and r.shared_prefix_tokens is not None and (n := _prompt_tokens(r)):
-            hits += expected_cached_tokens(r.shared_prefix_tokens, n, block_size)
-            queries += n
-    return hits / queries if queries else None
+    cols = columns_of(records if isinstance(records, Sequence) else list(records))
+    n, shared = _prompt_tokens_of(cols), cols.ints["shared_prefix_tokens"]
+    use = cols.ok & (shared != NONE) & (n != 0)
+    usable = np.maximum(0, np.minimum(shared[use], n[use] - 1))  # expected_cached_tokens
+    hits = usable // block_size * block_size if block_size else usable
+    return _rate(hits, n[use])
 
 
 def usage_hit_rate(records: Iterable[RequestRecord]) -> float | None:
     """Fraction of prompt tokens the server reported cached, over the ok records that said."""
-    hits = queries = 0
-    for r in records:
-        if r.ok and r.cached_prompt_tokens is not None and (n := _prompt_tokens(r)):
-            hits += r.cached_prompt_tokens
-            queries += n
-    return hits / queries if queries else None
+    cols = columns_of(records if isinstance(records, Sequence) else list(records))
+    n, cached = _prompt_tokens_of(cols), cols.ints["cached_prompt_tokens"]
+    use = cols.ok & (cached != NONE) & (n != 0)
+    return _rate(cached[use], n[use])
 
 
 def _total(metrics: Mapping[str, float], name: str) -> float | None:
@@ -254,17 +261,12 @@ class PrefixCacheSummary:
         return (measured - self.expected_hit_rate) * 100
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **pick(
-                self,
-                "expected_hit_rate block_size basis cache_bust usage_hit_rate "
-                "server_hit_rate server_queries server_source difference_pp",
-            ),
-            "ttft_cached_ms": self.ttft_cached_ms.to_dict(),
-            "ttft_uncached_ms": self.ttft_uncached_ms.to_dict(),
-            "ttft": self.ttft.to_dict(),
-            "block_size_source": self.block_size_source,
-        }
+        return pick(
+            self,
+            "expected_hit_rate block_size basis cache_bust usage_hit_rate server_hit_rate "
+            "server_queries server_source difference_pp ttft_cached_ms ttft_uncached_ms ttft "
+            "block_size_source",
+        )
 
 
 def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
@@ -278,7 +280,12 @@ def prefix_cache_summary(results: Results) -> PrefixCacheSummary | None:
     server = server_hit_rate(results.server_samples)
     if expected is None and usage is None and (server is None or server[0] is None):
         return None
-    lat = latency_records(records, results.measurement_window_ns())
+    # the split's population: the window's ok requests that said what they had cached (only
+    # those are records again; a million of them are columns until here)
+    cols = columns_of(records)
+    said = vectors.latency_mask(cols, results.measurement_window_ns())
+    said &= cols.ints["cached_prompt_tokens"] != NONE
+    lat = [cols.record(int(i)) for i in np.flatnonzero(said)]
     basis = str(workload.get("shared_prefix_basis") or "")
     return PrefixCacheSummary(
         expected_hit_rate=expected,

@@ -29,35 +29,25 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
+from loadlab.analysis import vectors
+from loadlab.analysis.columns import NONE, columns_of
 from loadlab.analysis.metrics import (
     DEFAULT_PERCENTILES,
     LATENCY_METRICS,
-    PER_REQUEST_METRICS,
     STREAM_METRICS,
     TOKEN_METRICS,
     Counts,
     Distribution,
     Throughput,
-    count_outcomes,
     distribution,
-    e2e_from_intended_ms,
-    e2e_ms,
-    itl_ms,
-    itl_per_token_ms,
-    latency_records,
-    max_gap_ms,
-    output_token_count,
-    stall_count,
-    throughput,
-    tpot_ms,
-    ttft_from_intended_ms,
-    ttft_ms,
 )
-from loadlab.analysis.token_checks import PromptMatch, prompt_match, short_outputs
+from loadlab.analysis.token_checks import PromptMatch
 from loadlab.records import RequestRecord
 
 __all__ = [
@@ -99,18 +89,19 @@ def overload_note(run: Run) -> str | None:
     90 % of the arrival rate, 10 requests or more behind over the window) has a queue that
     grows without bound: its latencies grow with the run's length instead of describing a
     steady state. The sentence that says so, or None."""
-    records = run.records
-    if not any(r.intended_ns is not None for r in records):
+    cols = columns_of(run.records)
+    if not (cols.ints["intended_ns"] != NONE).any():
         return None  # closed loop: the queue is bounded by the streams
     lo, hi = run.measurement_window_ns()
     span_s = (hi - lo) / 1e9
     if span_s <= 0:
         return None
-    arrived = sum(1 for r in records if r.sent_ns is not None and lo <= r.sent_ns <= hi)
-    served = throughput(records, (lo, hi)).requests_per_s
+    sent = cols.sent
+    arrived = int(((sent != NONE) & (sent >= lo) & (sent <= hi)).sum())
+    served = vectors.throughput(cols, (lo, hi)).requests_per_s
     if not (served < 0.9 * arrived / span_s and arrived - served * span_s >= 10):
         return None
-    failed = sum(1 for r in records if r.failed)
+    failed = int(cols.failed.sum())
     lost = f" ({failed:,} never completed)" if failed else ""
     return (f"OVERLOADED: requests arrived at {arrived / span_s:.3g}/s and completed at "
             f"{served:.3g}/s{lost}: the queue grows without bound, so the latencies above grow "
@@ -204,37 +195,47 @@ class RunSummary:
 
 
 def summarize(run: Run, qs: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary:
-    """Everything ``loadlab report`` prints, as frozen data."""
+    """Everything ``loadlab report`` prints, as frozen data (over the records' columns:
+    ``loadlab.analysis.vectors`` gives ``metrics``' values for every record at once)."""
     qs = tuple(qs)
     window = run.measurement_window_ns()
-    lat = latency_records(run.records, window)
+    cols = columns_of(run.records)
+    lat = vectors.latency_mask(cols, window)
 
-    def dist(fn: Callable[[RequestRecord], float | None]) -> Distribution:
-        return distribution([v for v in map(fn, lat) if v is not None], qs)
+    def dist(name: str) -> Distribution:
+        values = vectors.per_request(cols, name)[lat]
+        return distribution(values[~np.isnan(values)], qs, scratch=True)
 
+    n_lat = int(lat.sum())
+    stalls = vectors.stall_counts(cols, lat)
+    itl = distribution(vectors.itl_ms(cols, lat), qs, scratch=True)
+    if vectors.per_token_is_per_chunk(cols, lat):
+        itl_per_token = itl
+    else:
+        itl_per_token = distribution(vectors.itl_per_token_ms(cols, lat), qs)
     return RunSummary(
-        counts=count_outcomes(run.records, run.scheduled_count),
+        counts=vectors.count_outcomes(cols, run.scheduled_count),
         window_ns=window,
-        ttft_ms=dist(ttft_ms),
-        ttfat_ms=dist(PER_REQUEST_METRICS["ttfat_ms"]),
-        reasoning_ms=dist(PER_REQUEST_METRICS["reasoning_ms"]),
-        reasoning_tokens=dist(PER_REQUEST_METRICS["reasoning_tokens"]),
-        answer_tokens=dist(PER_REQUEST_METRICS["answer_tokens"]),
-        tool_call_tokens=dist(PER_REQUEST_METRICS["tool_call_tokens"]),
-        reasoning_or_tools=has_reasoning_or_tools(run.records),
-        ttft_from_intended_ms=dist(ttft_from_intended_ms),
-        itl_ms=distribution([g for r in lat for g in itl_ms(r)], qs),
-        itl_per_token_ms=distribution([g for r in lat for g in itl_per_token_ms(r)], qs),
-        tpot_ms=dist(tpot_ms),
-        e2e_ms=dist(e2e_ms),
-        e2e_from_intended_ms=dist(e2e_from_intended_ms),
-        max_gap_ms=dist(max_gap_ms),
-        stalls_per_stream_mean=(sum(stall_count(r) for r in lat) / len(lat)) if lat else 0.0,
-        output_tokens_per_request=distribution([output_token_count(r) for r in lat], qs),
-        token_count_disagreements=sum(1 for r in run.records if r.output_tokens_disagree),
-        prompt_tokens_match=prompt_match(run.records),
-        short_outputs=short_outputs(lat),
-        throughput=throughput(run.records, window),
+        ttft_ms=dist("ttft_ms"),
+        ttfat_ms=dist("ttfat_ms"),
+        reasoning_ms=dist("reasoning_ms"),
+        reasoning_tokens=dist("reasoning_tokens"),
+        answer_tokens=dist("answer_tokens"),
+        tool_call_tokens=dist("tool_call_tokens"),
+        reasoning_or_tools=vectors.has_reasoning_or_tools(cols),
+        ttft_from_intended_ms=dist("ttft_from_intended_ms"),
+        itl_ms=itl,
+        itl_per_token_ms=itl_per_token,
+        tpot_ms=dist("tpot_ms"),
+        e2e_ms=dist("e2e_ms"),
+        e2e_from_intended_ms=dist("e2e_from_intended_ms"),
+        max_gap_ms=dist("max_gap_ms"),
+        stalls_per_stream_mean=int(stalls.sum()) / n_lat if n_lat else 0.0,
+        output_tokens_per_request=distribution(cols.output_tokens[lat], qs),
+        token_count_disagreements=int(cols.ints["output_tokens_disagree"].sum()),
+        prompt_tokens_match=vectors.prompt_match(cols),
+        short_outputs=vectors.short_outputs(cols, lat),
+        throughput=vectors.throughput(cols, window),
         saturated=run.saturated,
-        streamed=not lat or any(r.streamed for r in lat),
+        streamed=n_lat == 0 or bool(cols.ints["streamed"][lat].any()),
     )

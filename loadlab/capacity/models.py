@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadlab.errors import ConfigError, at_least
+from loadlab.records import pick
 
 __all__ = [
     "DTYPE_BYTES",
@@ -158,15 +159,10 @@ def from_model_args(name: str, args: Any, dtype_bytes: int = 4) -> ModelSpec:
     """A ``ModelSpec`` from a ``reference_server.model.ModelArgs`` (untied head, as there)."""
     return ModelSpec(
         name=name,
-        n_layers=args.n_layers,
         hidden_dim=args.dim,
-        n_heads=args.n_heads,
-        n_kv_heads=args.n_kv_heads,
-        head_dim=args.head_dim,
-        ffn_dim=args.ffn_dim,
-        vocab_size=args.vocab_size,
         dtype_bytes=dtype_bytes,
         source="reference_server.model.PRESETS",
+        **pick(args, "n_layers n_heads n_kv_heads head_dim ffn_dim vocab_size"),
     )
 
 

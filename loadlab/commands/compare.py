@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from loadlab.analysis.compare import check_bootstrap, compare
+    from loadlab.commands import read_said, say
     from loadlab.report.comparison import render_comparison, render_comparison_markdown
-    from loadlab.results import read_results
     from loadlab.slo import load_slo
 
     if len(args.results) < 2:
@@ -71,13 +71,16 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         raise ConfigError(f"--alpha must be in (0, 1), e.g. 0.05; got {args.alpha}")
     check_bootstrap(args.bootstrap)
-    runs = [read_results(p) for p in args.results]
+    spec = load_slo(args.slo) if args.slo else None
+    runs = [read_said(p, "compare") for p in args.results]
     if args.pricing:  # each file priced by its label's table (else its endpoint's, else all)
         from loadlab.analysis.cost import apply_pricing
 
         for r, label in zip(runs, labels, strict=True):
             apply_pricing(r, args.pricing, label)
-    spec = load_slo(args.slo) if args.slo else None
+    requests = sum(len(r.records) for r in runs)
+    if requests > 200_000:
+        say("compare", f"{args.bootstrap:,} bootstrap resamples of {requests:,} requests ...")
     cmp = compare(runs, labels, slo=spec, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed)
     print(render_comparison(cmp, pct), end="")
     if args.markdown:

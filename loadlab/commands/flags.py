@@ -29,6 +29,11 @@ def _default(name: str, unit: str = "") -> str:
     return f" (default: {value:g}{unit})" if isinstance(value, float) else f" (default: {value})"
 
 
+def _seconds(g: argparse._ArgumentGroup, flag: str, field: str, help: str) -> None:
+    """A flag in seconds whose default ``RunConfig`` holds (``--help`` shows it)."""
+    g.add_argument(flag, type=float, metavar="S", help=help + _default(field, " s"))
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Every run flag, in groups a person can scan: the common ones first, the rare ones last."""
     g = p.add_argument_group(
@@ -46,10 +51,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="gamma arrivals: coefficient of variation (burstiness)" + _default("cv"))  # fmt: skip
     g.add_argument("--max-in-flight", type=int, metavar="N",
                    help="open loop: cap; over it requests drop (default: no cap)")  # fmt: skip
-    g.add_argument("--warmup", type=float, metavar="S",
-                   help="seconds left out at the start of the window" + _default("warmup_s", " s"))  # fmt: skip
-    g.add_argument("--cooldown", type=float, metavar="S",
-                   help="seconds left out at the end of the window" + _default("cooldown_s", " s"))  # fmt: skip
+    _seconds(g, "--warmup", "warmup_s", "seconds left out at the start of the window")
+    _seconds(g, "--cooldown", "cooldown_s", "seconds left out at the end of the window")
 
     g = p.add_argument_group("workload")
     g.add_argument("--scenario", metavar="FILE", help="TOML scenario file (flags override it)")
@@ -85,18 +88,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-stream", action="store_true", default=None, help="non-streaming requests")
     g.add_argument("--extra-body", metavar="JSON",
                    help="extra request fields, e.g. '{\"ignore_eos\": true}'")  # fmt: skip
-    g.add_argument("--timeout", type=float, metavar="S",
-                   help="whole-request timeout" + _default("timeout_s", " s"))  # fmt: skip
-    g.add_argument("--read-timeout", type=float, metavar="S",
-                   help="longest silence inside a stream" + _default("read_timeout_s", " s"))  # fmt: skip
+    _seconds(g, "--timeout", "timeout_s", "whole-request timeout")
+    _seconds(g, "--read-timeout", "read_timeout_s", "longest silence inside a stream")
 
     g = p.add_argument_group("output")
     g.add_argument("--out", metavar="FILE",
                    help="results file (default: reports/run-<UTC time>.json)")  # fmt: skip
     g.add_argument("--slo", metavar="FILE", help="SLO file: the exit code follows the verdict")
     g.add_argument("--scrape", metavar="URL", help="Prometheus /metrics URL sampled during the run")
-    g.add_argument("--scrape-interval", type=float, metavar="S",
-                   help="scrape period" + _default("scrape_interval_s", " s"))  # fmt: skip
+    _seconds(g, "--scrape-interval", "scrape_interval_s", "scrape period")
     g.add_argument("--no-progress", action="store_true", default=None, help="no live progress line")
 
     g = p.add_argument_group("cost and energy (docs/cost.md)")
@@ -106,11 +106,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="a price, e.g. output=0.6,input=0.15 or gpu_hour=2.5,gpus=8 (repeatable)")  # fmt: skip
     g.add_argument("--gpu-metrics", action="append", metavar="[ENDPOINT=]URL|nvml",
                    help="sample GPUs during the run: a DCGM exporter's /metrics URL, or NVML here")  # fmt: skip
-    g.add_argument("--gpu-interval", type=float, metavar="S",
-                   help="GPU sample period" + _default("gpu_interval_s", " s"))  # fmt: skip
-    g.add_argument("--gpu-baseline", type=float, metavar="S",
-                   help="seconds of idle GPU samples before the first request"
-                        + _default("gpu_baseline_s", " s"))  # fmt: skip
+    _seconds(g, "--gpu-interval", "gpu_interval_s", "GPU sample period")
+    _seconds(g, "--gpu-baseline", "gpu_baseline_s",
+             "seconds of idle GPU samples before the first request")  # fmt: skip
 
     g = p.add_argument_group("shared prefixes (workload kind 'prefix'; docs/workloads.md)")
     g.add_argument("--prefix-tokens", type=int, metavar="N", help="tokens of each shared prefix")

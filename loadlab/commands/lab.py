@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from loadlab.errors import ConfigError, require
+from loadlab.records import pick
 from loadlab.report.output import check_folder
 
 __all__ = ["add_arguments", "run"]
@@ -27,9 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--preset", default="cpu", help="cpu (default), tiny or 1b (one GPU)")
     a("--modes", default="static,continuous,chunked,disaggregated", help="comma-separated")
     a("--rounds", type=int, metavar="N", help="rounds, each visiting every mode (cpu default 3)")
-    a("--duration", type=float, metavar="S", help="interference experiment per round (seconds)")
-    a("--baseline", type=float, metavar="S", help="baseline (no long prompts) per round (seconds)")
-    a("--long-every", type=float, metavar="S", help="seconds between long prompts")
+    # the flags from --rounds to --seed set the LabSettings field named by their dest
+    a("--duration", dest="duration_s", type=float, metavar="S",
+      help="interference experiment per round (seconds)")  # fmt: skip
+    a("--baseline", dest="baseline_s", type=float, metavar="S",
+      help="baseline (no long prompts) per round (seconds)")  # fmt: skip
+    a("--long-every", dest="long_every_s", type=float, metavar="S",
+      help="seconds between long prompts")  # fmt: skip
     a("--long-prompt-tokens", type=int, metavar="N", help="long prompt length")
     a("--streams", type=int, metavar="N", help="steady chat streams")
     a("--chunk-size", type=int, metavar="N", help="chunked mode: longest prompt slice")
@@ -59,20 +64,9 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
         raise ConfigError(f"--modes takes {','.join(ALL_MODES)}; got {args.modes!r}")
-    s = settings_for(
-        args.preset,
-        args.quick,
-        rounds=args.rounds,
-        duration_s=args.duration,
-        baseline_s=args.baseline,
-        long_every_s=args.long_every,
-        long_prompt_tokens=args.long_prompt_tokens,
-        streams=args.streams,
-        chunk_size=args.chunk_size,
-        max_batched_tokens=args.max_batched_tokens,
-        threads=args.threads,
-        seed=args.seed,
-    )
+    overrides = pick(args, "rounds duration_s baseline_s long_every_s long_prompt_tokens streams "
+                           "chunk_size max_batched_tokens threads seed")  # fmt: skip
+    s = settings_for(args.preset, args.quick, **overrides)
     out = check_folder(args.out, "--out")  # before the minutes of running, not after
     outcome = run_lab(s, modes, out, overlap_batching=args.quick)
     summary = lab_summary(outcome, s)

@@ -78,9 +78,10 @@ def _cell(v: object) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlab.commands import read_said
     from loadlab.journal import journal_note, read_journal
     from loadlab.report.text import render_summary, render_verdict
-    from loadlab.results import read_results, write_results
+    from loadlab.results import write_results
     from loadlab.slo import evaluate, load_slo
 
     if (args.results is None) == (args.from_journal is None):
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(f"loadlab report: {args.from_journal}: {note}", file=sys.stderr)
     else:
-        results = read_results(args.results)
+        results = read_said(args.results, "report")
     if args.pricing:  # prices applied after the run (the file's own otherwise)
         from loadlab.analysis.cost import apply_pricing
 

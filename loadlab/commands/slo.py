@@ -56,13 +56,14 @@ def _write_outputs(args: argparse.Namespace, verdict: object, results: object) -
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlab.commands import read_said
     from loadlab.report.text import render_summary, render_verdict
-    from loadlab.results import ResultsError, read_results
+    from loadlab.results import ResultsError
     from loadlab.slo import Verdict, evaluate, load_slo
 
     spec = load_slo(args.slo)
     try:
-        results = read_results(args.results)
+        results = read_said(args.results, "slo")
     except ResultsError as exc:
         verdict = Verdict.unreadable(str(exc))
         print(render_verdict(verdict), end="")

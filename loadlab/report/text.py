@@ -13,8 +13,11 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from loadlab.analysis import metrics
+import numpy as np
+
+from loadlab.analysis import metrics, vectors
 from loadlab.analysis.batch_job import BatchJob, batch_jobs
+from loadlab.analysis.columns import NONE, columns_of
 from loadlab.analysis.generator import parser_fell_behind, worst_process
 from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
@@ -125,7 +128,7 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: st
 
 
 def is_open_loop(results: Results) -> bool:
-    return any(r.intended_ns is not None for r in results.records)
+    return bool((columns_of(results.records).ints["intended_ns"] != NONE).any())
 
 
 def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distribution]]:
@@ -133,7 +136,8 @@ def latency_rows(results: Results, summary: RunSummary) -> list[tuple[str, Distr
     open_loop = is_open_loop(results)
     same = summary.itl_per_token_ms == summary.itl_ms  # one token per chunk: nothing to add
     # embeddings / rerank only: nothing streamed, so only end-to-end latency applies
-    pooled = bool(results.records) and all(r.inputs is not None for r in results.records)
+    texts = columns_of(results.records).ints["inputs"]
+    pooled = bool(texts.size) and not (texts == NONE).any()
     return [
         (label, summary.latency(name))
         for label, name, ol in LATENCY_ROWS
@@ -171,14 +175,23 @@ def _saturation_banner(results: Results) -> str:
     return "\n".join([bar, text, why, bar])
 
 
+def _first_error(results: Results) -> str | None:
+    """The error of the first request that failed or was dropped and said why."""
+    cols = columns_of(results.records)
+    errors = cols.text["error"]
+    first = vectors.first_index(~cols.ok & errors.given())
+    return None if first is None else errors[first]
+
+
 def _longest_stall(results: Results) -> tuple[float | None, str]:
-    window = results.measurement_window_ns()
-    best: tuple[float | None, str] = (None, "")
-    for r in metrics.latency_records(results.records, window):
-        g = metrics.max_gap_ms(r)
-        if g is not None and (best[0] is None or g > best[0]):
-            best = (g, r.request_id)
-    return best
+    """The longest gap of any stream in the window, and its request (the first, on a tie)."""
+    cols = columns_of(results.records)
+    lat = vectors.latency_mask(cols, results.measurement_window_ns())
+    gaps = np.where(lat, vectors.per_request(cols, "max_gap_ms"), np.nan)
+    if np.isnan(gaps).all():
+        return None, ""
+    i = int(np.nanargmax(gaps))
+    return float(gaps[i]), str(cols.text["request_id"][i])
 
 
 def _token_kinds_line(s: RunSummary) -> str:
@@ -195,10 +208,14 @@ def _token_kinds_line(s: RunSummary) -> str:
 
 
 def slowest_requests(results: Results, n: int = 5) -> list[RequestRecord]:
-    """The ``n`` ok requests of the window with the longest E2E latency, slowest first."""
-    lat = metrics.latency_records(results.records, results.measurement_window_ns())
-    timed = [(e, r) for r in lat if (e := metrics.e2e_ms(r)) is not None]
-    return [r for _, r in sorted(timed, key=lambda p: -p[0])[:n]]
+    """The ``n`` ok requests of the window with the longest E2E latency, slowest first (in
+    record order on a tie)."""
+    cols = columns_of(results.records)
+    lat = vectors.latency_mask(cols, results.measurement_window_ns())
+    e2e = np.where(lat, vectors.per_request(cols, "e2e_ms"), np.nan)
+    timed = np.flatnonzero(~np.isnan(e2e))
+    order = timed[np.argsort(-e2e[timed], kind="stable")[:n]]
+    return [cols.record(int(i)) for i in order]
 
 
 def _slowest_table(results: Results, streamed: bool) -> str:
@@ -312,7 +329,7 @@ def render_summary(results: Results) -> str:
         if c.failed or c.dropped
         else f"{sent}failed 0  dropped 0  late {c.late:,}"
     )
-    first_error = next((r.error for r in results.records if not r.ok and r.error), None)
+    first_error = _first_error(results)
     if first_error:
         parts[-1] += f"\n            first error: {printable(short_error(first_error))}"
     lost = (results.extra.get("locust") or {}).get("lost_by_worker") or {}
@@ -338,7 +355,7 @@ def render_summary(results: Results) -> str:
         )
     if s.reasoning_or_tools:
         parts.append(_token_kinds_line(s))
-    if any(r.response_id for r in results.records):
+    if columns_of(results.records).text["response_id"].given().any():
         parts.append(_slowest_table(results, s.streamed))
     if s.token_count_disagreements:
         parts.append(

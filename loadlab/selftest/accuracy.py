@@ -42,7 +42,7 @@ from loadlab.analysis.generator import generator_parts
 from loadlab.analysis.metrics import distribution, itl_ms, throughput
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.records import RequestSpec
+from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, environment_info
 from loadlab.runner.run import run_specs
 
@@ -266,7 +266,7 @@ def run_selftest(sc: SelftestConfig, say: Callable[[str], None] = print) -> Resu
     from loadlab.selftest.fixed_server import FixedServerProcess
 
     levels: list[dict[str, Any]] = []
-    records = []
+    records: list[RequestRecord] = []
     truth_all: dict[str, Any] = {}
     base_t0: int | None = None
     with FixedServerProcess(ttft_ms=sc.ttft_ms, itl_ms=sc.itl_ms, tokens=sc.tokens) as url:

@@ -156,15 +156,11 @@ class SimCapacity:
         return "\n".join(lines + [f"   note: {n}" for n in self.notes])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **pick(
-                self,
-                "max_rate_rps binding_objective peak_rps replicas gpus_per_replica gpus "
-                "gpu_hour_price output_tokens_per_s cost_per_million_output_tokens",
-            ),
-            "sweep": self.sweep.to_dict(),
-            "notes": self.notes,
-        }
+        return pick(
+            self,
+            "max_rate_rps binding_objective peak_rps replicas gpus_per_replica gpus "
+            "gpu_hour_price output_tokens_per_s cost_per_million_output_tokens sweep notes",
+        )
 
 
 def plan_capacity(

@@ -557,6 +557,7 @@ class Simulator:
             req.end_s = t
             return
         own = spec.prompt_tokens if spec.prompt_tokens is not None else len(spec.prompt)
+        own += spec.image_tokens  # an image's tokens are prefilled as text is
         req.prompt_tokens = unit.history_tokens + own + 2 * unit.next_turn * self.join
         self._in_flight += 1
         req.deadline_s = t + self.cfg.timeout_s

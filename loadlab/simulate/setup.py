@@ -27,6 +27,7 @@ from loadlab.capacity.hardware import (
 )
 from loadlab.capacity.models import MODELS, REFERENCE_PREFIX, ModelSpec, get_model
 from loadlab.errors import TOO_DEEP, ConfigError
+from loadlab.records import pick
 from loadlab.simulate.server import FINISHED_SLOTS, MODES, ServerConfig
 from loadlab.simulate.steptime import (
     RooflineStepTime,
@@ -173,19 +174,14 @@ def server_from_args(args: argparse.Namespace, step_model: StepTimeModel) -> Ser
     if blocks is None:
         blocks = default_kv_blocks(m, args.block_size, args.max_model_len, gpu)
     return ServerConfig(
-        mode=args.mode,
+        **pick(
+            args,
+            "mode block_size max_num_seqs max_model_len chunk_size static_finished "
+            "max_queue prefill_workers decode_workers max_held",
+        ),
         num_kv_blocks=blocks,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_batched_tokens,
-        chunk_size=args.chunk_size,
-        static_finished=args.static_finished,
-        max_queue=args.max_queue,
         prefix_caching=args.prefix_caching == "on",
-        prefill_workers=args.prefill_workers,
-        decode_workers=args.decode_workers,
-        max_held=args.max_held,
         kv_bytes_per_token=m.kv_bytes_per_token,
         kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9,
         kv_transfer_latency_s=args.kv_transfer_latency_ms / 1e3,

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from loadlab.analysis import cost, metrics, telemetry
-from loadlab.errors import TOO_DEEP, SLOError, at_least
+from loadlab.errors import SLOError, at_least, read_toml
 
 __all__ = [
     "COST_METRICS",
@@ -248,14 +247,4 @@ def parse_slo(data: Mapping[str, Any], source: str = "<slo>") -> SLOSpec:
 def load_slo(path: str | Path) -> SLOSpec:
     """Read and validate an SLO file (TOML)."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SLOError(f"{p}: cannot read SLO file: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SLOError(f"{p}: not valid TOML: {exc}") from None
-    except RecursionError:
-        raise SLOError(f"{p}: {TOO_DEEP}") from None
-    except UnicodeDecodeError as exc:
-        raise SLOError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
-    return parse_slo(data, source=str(p))
+    return parse_slo(read_toml(p, SLOError, "SLO file"), source=str(p))

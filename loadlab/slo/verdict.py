@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loadlab.analysis import metrics
+from loadlab.analysis import metrics, vectors
+from loadlab.analysis.columns import NONE, RecordColumns, columns_of
 from loadlab.analysis.cost import pricing_of, run_cost
 from loadlab.analysis.summary import interrupted_note
 from loadlab.analysis.telemetry import energy_of
@@ -144,29 +145,24 @@ class Verdict:
         }
 
 
-def _good_records(records: Sequence[RequestRecord], spec: SLOSpec) -> list[RequestRecord]:
-    """Good requests, each judged by its own class's per-request limits."""
-    by_class: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        by_class.setdefault(r.request_class, []).append(r)
-    good: list[RequestRecord] = []
-    for cls, recs in by_class.items():
-        good.extend(metrics.good_requests(recs, spec.limits_for(cls)))
-    return good
+def _good(cols: RecordColumns, spec: SLOSpec) -> np.ndarray:
+    """bool [n]: good requests, each judged by its own class's per-request limits."""
+    classes = cols.coded["request_class"][1]
+    return vectors.good_mask(cols, {c: spec.limits_for(c) for c in classes})
 
 
 def _eval_distribution(
-    obj: Objective, recs: Sequence[RequestRecord], window: tuple[int, int], conf: float
+    obj: Objective, cols: RecordColumns, mine: np.ndarray, window: tuple[int, int], conf: float
 ) -> ObjectiveResult:
-    lat = metrics.latency_records(recs, window)
+    lat = vectors.latency_mask(cols, window) & mine
     if obj.metric == "itl_ms":
-        values = [g for r in lat for g in metrics.itl_ms(r)]
+        values = vectors.itl_ms(cols, lat)
     else:
-        fn = metrics.PER_REQUEST_METRICS[obj.metric]
-        values = [v for v in map(fn, lat) if v is not None]
-    if not values:
+        values = vectors.per_request(cols, obj.metric)[lat]
+        values = values[~np.isnan(values)]
+    if not values.size:
         return ObjectiveResult(obj, None, "fail", note="no measurements: no ok request in window")
-    x = np.sort(np.asarray(values, dtype=float))
+    x = np.sort(values)
     pct = float(obj.percentile or 0.0)
     measured = float(metrics.percentile(x, pct) or 0.0)  # x is not empty: never None
     lo, hi = percentile_ci(x, pct, conf)
@@ -177,7 +173,7 @@ def _eval_distribution(
         if big_n is None:
             note = "measured value sits at the threshold: more requests will not decide it"
         else:
-            per_request = x.size / max(len(lat), 1)  # ITL: gaps per request
+            per_request = x.size / max(int(lat.sum()), 1)  # ITL: gaps per request
             extra = max(1, math.ceil((big_n - x.size) / per_request))
     # Keep the point estimate honest: a pass needs the point to meet it too.
     if status == "pass" and not obj.holds(measured):
@@ -206,7 +202,7 @@ def _eval_cost(
 ) -> ObjectiveResult:
     """A cost figure at the run's prices, or an energy figure from its GPU power series: a
     point value over the window (no interval); a run without them fails and says why."""
-    n = metrics.count_outcomes(recs).sent
+    n = metrics.count_outcomes(recs).sent  # records one by one: only a cost objective asks
     if obj.metric.startswith("joules_"):
         e = energy_of(results)
         if e is None or e.missing:
@@ -230,35 +226,37 @@ def _eval_cost(
 
 
 def _eval_one(
-    obj: Objective, results: Results, spec: SLOSpec, window: tuple[int, int]
+    obj: Objective, results: Results, cols: RecordColumns, spec: SLOSpec, window: tuple[int, int]
 ) -> ObjectiveResult:
-    recs = results.records
+    mine = np.ones(cols.n, dtype=bool)
     if obj.request_class is not None:
-        recs = [r for r in recs if r.request_class == obj.request_class]
-        if not recs:
+        mine = cols.mask("request_class", [obj.request_class])
+        if not mine.any():
             note = f"no requests of class {obj.request_class!r} in this run"
             return ObjectiveResult(obj, None, "fail", note=note)
-    if obj.metric in metrics.STREAM_METRICS and not _streamed(recs):
+    if obj.metric in metrics.STREAM_METRICS and not _streamed(cols, mine):
         return ObjectiveResult(obj, None, "fail", note=NOT_STREAMED)
     if obj.metric in DIST_METRICS:
-        return _eval_distribution(obj, recs, window, spec.confidence)
+        return _eval_distribution(obj, cols, mine, window, spec.confidence)
     if obj.metric in COST_METRICS:
+        recs = [r for r in results.records if r.request_class == obj.request_class] if (
+            obj.request_class is not None) else results.records  # fmt: skip
         return _eval_cost(obj, results, recs, window)
-    counts = metrics.count_outcomes(recs)
+    counts = vectors.count_outcomes(cols, mask=mine)
     if obj.metric == "error_rate":
         return _eval_proportion(obj, counts.failed, counts.sent, spec.confidence)
     if obj.metric == "drop_rate":
         scheduled = counts.sent + counts.dropped
         return _eval_proportion(obj, counts.dropped, scheduled, spec.confidence)
     if obj.metric == "goodput_rps":
-        good = _good_records(recs, spec)
-        value = metrics.goodput_rps(good, window, {})
+        span_s = max((window[1] - window[0]) / 1e9, 1e-9)
+        value = vectors.goodput_count(cols, _good(cols, spec) & mine, window) / span_s
         limits = spec.limits_for(obj.request_class)
         note = "good = ok and " + (
             ", ".join(f"{k} <= {v:g}" for k, v in limits.items()) or "no per-request limits"
         )
     else:
-        rate = getattr(metrics.throughput(recs, window), obj.metric)
+        rate = getattr(vectors.throughput(cols, window, mask=mine), obj.metric)
         if rate is None:  # inputs_per_s of a run that sent no embeddings or rerank requests
             return ObjectiveResult(obj, None, "inconclusive", n=counts.sent,
                                    note="no embeddings or rerank requests in this run")  # fmt: skip
@@ -271,18 +269,19 @@ def _eval_one(
 NOT_STREAMED = "not measured: the requests were not streamed"
 
 
-def _streamed(records: Sequence[RequestRecord]) -> bool:
-    """Some ok request was streamed (an embedding or rerank request never is), or none was
-    ok (a failed run is judged as before)."""
-    ok = [r for r in records if r.ok]
-    return not ok or any(r.streamed and r.inputs is None for r in ok)
+def _streamed(cols: RecordColumns, mine: np.ndarray | None = None) -> bool:
+    """Some ok request (of ``mine``) was streamed (an embedding or rerank request never is),
+    or none was ok (a failed run is judged as before)."""
+    ok = cols.ok if mine is None else cols.ok & mine
+    streamed = (cols.ints["streamed"] != 0) & (cols.ints["inputs"] == NONE)
+    return not ok.any() or bool((ok & streamed).any())
 
 
-def _unmeasured(results: Results, spec: SLOSpec) -> str | None:
+def _unmeasured(cols: RecordColumns, spec: SLOSpec) -> str | None:
     """The reason a run is no evidence for ``spec`` when it names a metric only a stream has
     (TTFT, ITL, TPOT, as an objective or a per-request limit) and nothing was streamed: an
     absent metric passes nothing (before, a non-streamed TPOT of 0.0 passed any objective)."""
-    if _streamed(results.records):
+    if _streamed(cols):
         return None
     named = {o.metric for o in spec.objectives}
     named |= {m for limits in spec.request_limits.values() for m in limits}
@@ -294,7 +293,7 @@ def _unmeasured(results: Results, spec: SLOSpec) -> str | None:
             "(drop --no-stream, stream = true), or judge e2e_ms instead")  # fmt: skip
 
 
-def _window_reasons(results: Results, window: tuple[int, int]) -> list[str]:
+def _window_reasons(cols: RecordColumns, window: tuple[int, int]) -> list[str]:
     """Why a run has nothing to judge: no measurement window, or no request sent in it."""
     lo, hi = window
     if hi <= lo:
@@ -302,7 +301,8 @@ def _window_reasons(results: Results, window: tuple[int, int]) -> list[str]:
             f"the run has no measurement window ({lo / 1e9:g} to {hi / 1e9:g} s: the warm-up "
             "and cool-down cover the whole run): run longer than --warmup + --cooldown"
         ]
-    if not any(r.sent_ns is not None and lo <= r.sent_ns <= hi for r in results.records):
+    sent = cols.sent
+    if not ((sent != NONE) & (sent >= lo) & (sent <= hi)).any():
         return [
             f"no request was sent inside the measurement window ({lo / 1e9:g} to "
             f"{hi / 1e9:g} s): run longer than --warmup + --cooldown"
@@ -315,7 +315,8 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
     if inconclusive not in ("fail", "pass"):
         raise ValueError(f'inconclusive policy must be "fail" or "pass", got {inconclusive!r}')
     window = results.measurement_window_ns()
-    counts = metrics.count_outcomes(results.records, results.scheduled_count)
+    cols = columns_of(results.records)
+    counts = vectors.count_outcomes(cols, results.scheduled_count)
     reasons = []
     if results.saturated:
         lag = results.generator.get("loop_lag_ms_max")
@@ -324,7 +325,7 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"the load generator was saturated{lag_text}: its timings are not trustworthy; "
             "lower the load, use --workers, or a bigger client machine"
         )
-    unmeasured = _unmeasured(results, spec)
+    unmeasured = _unmeasured(cols, spec)
     if unmeasured is not None:
         reasons.append(unmeasured)
     stopped = interrupted_note(results.extra)
@@ -336,8 +337,8 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
             f"{spec.min_requests} (min_requests): run longer or at a higher rate"
         )
     if counts.sent:
-        reasons.extend(_window_reasons(results, window))
-    rows = tuple(_eval_one(o, results, spec, window) for o in spec.objectives)
+        reasons.extend(_window_reasons(cols, window))
+    rows = tuple(_eval_one(o, results, cols, spec, window) for o in spec.objectives)
     return Verdict(
         rows=rows,
         inconclusive_policy=inconclusive,
@@ -350,6 +351,5 @@ def evaluate(results: Results, spec: SLOSpec, *, inconclusive: Policy = "fail") 
 
 def good_in_window(results: Results, spec: SLOSpec) -> int:
     """Good requests (by the SLO's per-request limits) completed inside the window."""
-    lo, hi = results.measurement_window_ns()
-    good = _good_records(results.records, spec)
-    return sum(1 for r in good if r.chunk_ns and lo <= r.chunk_ns[-1] <= hi)
+    cols = columns_of(results.records)
+    return vectors.goodput_count(cols, _good(cols, spec), results.measurement_window_ns())

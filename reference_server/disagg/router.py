@@ -443,7 +443,8 @@ class DisaggregatedEngine:
             rank = min(load, key=lambda k: load[k])
             req.decode_rank, req.phase = rank, "offered"
             s = req.seq
-            offer = Sequence(s.seq_id, s.prompt_token_ids, s.params, s.arrival_ns, list(req.tokens))
+            offer = Sequence(s.seq_id, s.prompt_token_ids, s.params, s.arrival_ns,
+                             list(req.tokens), images=s.images)  # fmt: skip
             self.inboxes[rank].put(Offer(offer, req.prefill_rank))
 
 

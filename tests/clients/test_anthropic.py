@@ -11,14 +11,15 @@ import pytest
 
 from loadlab.clients import AnthropicClient, AnthropicStreamState
 from loadlab.clients.bodies import build_body
+from loadlab.clients.state import StreamState
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.selftest.fixed_server import FixedScheduleServer
 from tests.helpers.clients import (
     assert_faults_classified,
     assert_matches_truth,
-    assert_protocol_error,
     run_faults,
+    sse_state,
 )
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import FAULT_OUTCOMES as EXPECTED
@@ -41,10 +42,8 @@ def test_body_has_history_then_the_new_message_and_extra_fields() -> None:
     }
 
 
-def _state() -> AnthropicStreamState:
-    s = AnthropicStreamState(RequestRecord("r"), t0_ns=1000)
-    s.on_headers(200, {"Content-Type": "text/event-stream"}, 1100)
-    return s
+def _state() -> StreamState:
+    return sse_state("anthropic")
 
 
 def _ev(kind: str, data: str) -> bytes:
@@ -122,17 +121,8 @@ def test_stop_reason_without_message_stop_is_incomplete() -> None:
     assert (s.record.output_tokens, s.record.output_tokens_source) == (1, "usage")
 
 
-def test_odd_event_shapes_are_protocol_errors_not_exceptions() -> None:
-    for body in (
-        b"data: [1]\n\n",
-        b"data: not json\n\n",
-        b'data: {"type":"content_block_delta","delta":"x"}\n\n',
-        b'data: {"type":"content_block_delta"}\n\n',
-        b'data: {"type":"message_start","message":[]}\n\n',
-        b'data: {"type":"message_delta","delta":null}\n\n',
-    ):
-        assert_protocol_error(_state(), body)
-    s = _state()  # an "event: error" line is an error whatever the data says
+def test_an_error_event_is_a_stream_error_whatever_its_data_says() -> None:
+    s = _state()
     s.on_bytes(b'event: error\ndata: {"error":{"message":"busy"}}\n\n', 2000)
     s.finish(3000)
     assert (s.record.outcome, s.record.error) == ("stream_error", "error in stream: busy")

@@ -18,7 +18,7 @@ from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results
-from tests.helpers.clients import CANARY, assert_faults_classified, run_faults, send_one
+from tests.helpers.clients import CANARY, assert_faults_classified, run_faults, send_one, sse_state
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import FAULT_OUTCOMES, free_port
 
@@ -29,6 +29,23 @@ DIALECTS = [  # each dialect's client and its api
     pytest.param(AnthropicClient, "anthropic", id="anthropic"),
     pytest.param(ResponsesClient, "responses", id="responses"),
 ]
+# Streams of JSON events in shapes a dialect never sends (or not JSON at all), by dialect.
+ODD_SHAPES = {
+    "chat": [
+        b'data: {"choices": {"a": 1}}\n\n',
+        b'data: {"choices": ["x"]}\n\n',
+        b"data: [1, 2]\n\n",
+        b'data: {"choices": [{"delta": "x"}]}\n\n',
+    ],
+    "anthropic": [
+        b"data: [1]\n\n",
+        b"data: not json\n\n",
+        b'data: {"type":"content_block_delta","delta":"x"}\n\n',
+        b'data: {"type":"content_block_delta"}\n\n',
+        b'data: {"type":"message_start","message":[]}\n\n',
+        b'data: {"type":"message_delta","delta":null}\n\n',
+    ],
+}
 # The modes that mean something to a non-streamed request, and what each must become: a
 # stream's error event where JSON is expected is a protocol error, not a stream error.
 NON_STREAMING_FAULTS = {
@@ -37,6 +54,18 @@ NON_STREAMING_FAULTS = {
     "429": "http_429",
     "stream_error": "protocol_error",
 }
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"), [(kind, body) for kind, bodies in ODD_SHAPES.items() for body in bodies]
+)
+def test_odd_event_shapes_are_protocol_errors_not_exceptions(kind: str, body: bytes) -> None:
+    """The whole stream ``body`` ends the request as a protocol error, not an exception: the
+    state asks to stop reading, and the record's outcome says why."""
+    state = sse_state(kind)
+    assert state.on_bytes(body, 2000) is True
+    state.finish(3000)
+    assert state.record.outcome == "protocol_error"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -16,24 +16,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadlab.clients import AnthropicStreamState, OpenAIStreamState
+from loadlab.clients import OpenAIStreamState
 from loadlab.clients.http1 import Ended, ResponseReader
 from loadlab.clients.sse import SSEDecoder
 from loadlab.clients.state import StreamState
 from loadlab.clients.transports import settle
 from loadlab.records import RequestRecord
+from tests.helpers.clients import sse_state
 
 
 def _pair(kind: str) -> tuple[StreamState, StreamState]:
-    def make() -> StreamState:
-        if kind == "anthropic":
-            return AnthropicStreamState(RequestRecord("r"), t0_ns=1000)
-        return OpenAIStreamState(RequestRecord("r"), kind, t0_ns=1000)
-
-    fast, slow = make(), make()
+    fast, slow = sse_state(kind), sse_state(kind)
     slow._learn = 0
-    for s in (fast, slow):
-        s.on_headers(200, {"Content-Type": "text/event-stream"}, 1100)
     return fast, slow
 
 

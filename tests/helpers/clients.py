@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loadlab.clients import AnthropicStreamState, OpenAIStreamState
 from loadlab.clients.state import StreamState
 from loadlab.clients.streaming import StreamingClient
 from loadlab.config import EndpointConfig
@@ -18,9 +19,9 @@ __all__ = [
     "Sink",
     "assert_faults_classified",
     "assert_matches_truth",
-    "assert_protocol_error",
     "run_faults",
     "send_one",
+    "sse_state",
 ]
 
 CANARY = "sk-canary-7f3a9e1b2c4d"  # an API key that must never reach a record, log or file
@@ -85,12 +86,16 @@ def assert_faults_classified(records: Mapping[str, RequestRecord]) -> None:
         assert r.sent_ns is not None and r.end_ns is not None
 
 
-def assert_protocol_error(state: StreamState, body: bytes) -> None:
-    """``body``, the whole stream, ends ``state`` as a protocol error, not an exception: its
-    ``on_bytes`` asks to stop reading, and the record's outcome says why."""
-    assert state.on_bytes(body, 2000) is True, body
-    state.finish(3000)
-    assert state.record.outcome == "protocol_error", body
+def sse_state(kind: str) -> StreamState:
+    """A stream state of ``kind`` (``anthropic``, or an OpenAI kind: ``chat``, ``completions``)
+    for a request sent at 1000 ns whose 200 event-stream headers came at 1100 ns."""
+    record = RequestRecord("r")
+    if kind == "anthropic":
+        state: StreamState = AnthropicStreamState(record, t0_ns=1000)
+    else:
+        state = OpenAIStreamState(record, kind, t0_ns=1000)
+    state.on_headers(200, {"Content-Type": "text/event-stream"}, 1100)
+    return state
 
 
 def assert_matches_truth(r: RequestRecord, truth: dict[str, Any], t0: int, chunks: int) -> None:

@@ -53,8 +53,13 @@ def prompt_of(length: int, salt: int) -> list[int]:
 
 
 @torch.inference_mode()
-def dense_forward(runner: ModelRunner, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: one full causal forward over ``tokens`` with no cache.
+def dense_forward(
+    runner: ModelRunner,
+    tokens: list[int],
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: one full causal forward over ``tokens`` with no cache (``embeds``: input
+    vectors replacing the token embeddings at some rows, as ``Transformer.forward`` takes them).
 
     Returns logits [T, V] and K/V [n_layers, 2, T, KVH, hd] (export_kv's layout).
     """
@@ -65,7 +70,7 @@ def dense_forward(runner: ModelRunner, tokens: list[int]) -> tuple[torch.Tensor,
         return dense_attention(layer, q, k, v)
 
     t = torch.tensor(tokens, device=runner.device)
-    h = runner.model(t, torch.arange(len(tokens), device=runner.device), attend)
+    h = runner.model(t, torch.arange(len(tokens), device=runner.device), attend, embeds)
     return runner.model.logits(h), torch.stack(kv)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from loadlab.records import OUTCOME_OK, RequestRecord
 from loadlab.results import Results
 
-__all__ = ["MS", "make_results"]
+__all__ = ["MS", "make_results", "varied_records"]
 
 MS = 1_000_000  # nanoseconds per millisecond
 
@@ -86,3 +86,59 @@ def make_results(
         duration_ns=end,
         window_ns=(0, end),
     )
+
+
+_OUTCOMES = ("ok", "ok", "ok", "http_500", "timeout", "dropped", "incomplete")
+
+
+def _varied(i: int, rng: np.random.Generator) -> RequestRecord:
+    outcome = str(rng.choice(_OUTCOMES))
+    sent = None if outcome == "dropped" else int(rng.integers(0, 30_000)) * MS
+    n = 0 if sent is None or outcome == "http_500" else int(rng.choice([0, 1, 2, 3, 5, 8, 11, 20]))
+    chunks = sorted(int(x) for x in rng.integers(1, 5_000, n) * 997 + (sent or 0))
+    shape = int(rng.integers(0, 4))  # how the tokens per chunk are known
+    tokens = [int(x) for x in rng.integers(1, 5, n)]
+    chunk_tokens = tokens if shape == 1 else (tokens[:-1] if shape == 2 and n > 1 else [])
+    usage = None if shape == 3 else sum(tokens) + int(rng.integers(-2, 3)) * (shape == 0)
+    reasoning = n > 4 and rng.random() < 0.3
+    kind = rng.random()  # most streamed; some asked whole (one chunk), some embeddings
+    if kind < 0.08 and sent is not None:
+        chunks, chunk_tokens, n = ([sent + 5 * MS] if outcome == "ok" else []), [], 1
+    elif kind < 0.14 and sent is not None:
+        chunks, chunk_tokens, n = [], [], 0
+    reasoning = reasoning and kind >= 0.14
+    return RequestRecord(
+        request_id=f"r{i}",
+        outcome=outcome,
+        request_class=str(rng.choice(["chat", "batch"])),
+        turn=int(rng.integers(0, 2)),
+        intended_ns=None if sent is None or rng.random() < 0.5 else sent - int(rng.integers(0, 9)),
+        sent_ns=sent,
+        chunk_ns=chunks,
+        chunk_tokens=chunk_tokens,
+        end_ns=(chunks[-1] if chunks else (sent or 0)) + MS,
+        prompt_tokens_requested=None if rng.random() < 0.2 else 128,
+        prompt_tokens=None if rng.random() < 0.3 else int(rng.integers(0, 140)),
+        max_tokens=None if rng.random() < 0.2 else 40,
+        output_tokens=max(0, usage) if usage is not None else None,
+        finish_reason=str(rng.choice(["stop", "length"])) if n else None,
+        late=bool(rng.random() < 0.1),
+        output_tokens_disagree=bool(rng.random() < 0.1),
+        answer_ns=chunks[len(chunks) // 2] if reasoning else None,
+        reasoning_chunks=len(chunks) // 2 if reasoning else 0,
+        reasoning_start_ns=chunks[0] if reasoning else None,
+        reasoning_end_ns=chunks[len(chunks) // 2 - 1] if reasoning else None,
+        reasoning_tokens=None if not reasoning or rng.random() < 0.5 else int(rng.integers(0, 9)),
+        tool_calls=int(rng.random() < 0.05),
+        tool_call_chunks=int(rng.integers(0, 3)) if rng.random() < 0.1 else 0,
+        streamed=not kind < 0.14,
+        inputs=int(rng.integers(1, 9)) if 0.08 <= kind < 0.14 else None,
+    )
+
+
+def varied_records(n: int, seed: int = 0) -> list[RequestRecord]:
+    """``n`` records of every shape a run makes: no chunk, one, chunks of several tokens with
+    and without their counts, usage that disagrees, reasoning, tool calls, failures and drops,
+    open and closed loop (seeded)."""
+    rng = np.random.default_rng(seed)
+    return [_varied(i, rng) for i in range(n)]

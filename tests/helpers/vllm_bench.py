@@ -21,13 +21,14 @@ Usage::
     bench_figures(bench), loadlab_figures(res)
 
 (``run_round`` is ``run_vllm_bench``, ``write_lengths_trace`` and ``run_loadlab_on_trace`` in
-turn; call them one by one to look between the steps.) ``run_round_on_wire`` runs the same
-round with each tool's run captured (``loadlab.wire``; root or CAP_NET_RAW) and judges each
-tool's per-request figures against the wire's: loadlab's by the ``X-Request-Id`` it sends,
-vllm bench's by the ids it sends (``--request-id-prefix``; its saved lists are in request
-order). vllm bench starts TTFT at the first chunk with ``choices``, a role-only one included,
-and counts every such chunk in ITL: it is judged against the wire read its way
-(``vllm_bench``), and against the token events loadlab counts (``vllm_bench_tokens``).
+turn; call them one by one to look between the steps.) With ``around=OnWire(...)`` it runs
+the same round with each tool's run captured (``loadlab.wire``; root or CAP_NET_RAW), and
+``OnWire.judge`` judges each tool's per-request figures against the wire's: loadlab's by the
+``X-Request-Id`` it sends, vllm bench's by the ids it sends (``--request-id-prefix``; its
+saved lists are in request order). vllm bench starts TTFT at the first chunk with
+``choices``, a role-only one included, and counts every such chunk in ITL: it is judged
+against the wire read its way (``vllm_bench``), and against the token events loadlab counts
+(``vllm_bench_tokens``).
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ from tests.helpers.vllm_server import SERVED_MODEL
 __all__ = [
     "METRICS",
     "BenchLoad",
+    "OnWire",
     "WireRound",
     "bench_figures",
     "bench_timings",
     "loadlab_figures",
     "run_loadlab_on_trace",
     "run_round",
-    "run_round_on_wire",
     "run_vllm_bench",
     "text_token_ids",
     "write_lengths_trace",
@@ -256,32 +257,30 @@ class WireRound:
     dropped: int  # packets the kernel dropped in either capture (0: the wire is whole)
 
 
-def run_round_on_wire(
-    python: str | Path,
-    url: str,
-    model_dir: str | Path,
-    load: BenchLoad,
-    work: Path,
-    extra_body: dict[str, Any],
-    tag: str = "",
-    cpus: str | None = None,
-) -> WireRound:
-    """``run_round`` with each tool's run captured on the loopback (pcap files kept in
-    ``work``) and judged against the wire."""
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
-    caps: dict[str, Capture] = {}
+class OnWire:
+    """``run_round``'s ``around`` that captures each tool's run on the loopback (pcap files
+    kept in ``work``, named with ``tag``); ``judge`` then judges the round against the wire::
 
-    def capture(tool: str) -> Capture:
-        caps[tool] = Capture(port, "lo", work / f"{tool}{tag}.pcap")
-        return caps[tool]
+        wire = OnWire(url, work, tag)
+        rnd = wire.judge(*run_round(python, url, model_dir, load, work, extra, tag, around=wire))
+    """
 
-    bench, res = run_round(python, url, model_dir, load, work, extra_body, tag, cpus, capture)
-    _, on_wire = read_exchanges(caps["bench"].pcap, port)
-    _, ours = read_exchanges(caps["loadlab"].pcap, port)
-    figures = {
-        "loadlab": judge(record_timings(res.records), wire_timings(ours)),
-        "vllm_bench": judge(bench_timings(bench), wire_timings(on_wire, (TOKEN, CHOICE))),
-        "vllm_bench_tokens": judge(bench_timings(bench), wire_timings(on_wire)),
-    }
-    dropped = sum(c.result.dropped if c.result else 0 for c in caps.values())
-    return WireRound(bench, res, figures, dropped)
+    def __init__(self, url: str, work: Path, tag: str = "") -> None:
+        self.port = int(url.rsplit(":", 1)[1].split("/")[0])
+        self.work, self.tag = work, tag
+        self.caps: dict[str, Capture] = {}
+
+    def __call__(self, tool: str) -> Capture:
+        self.caps[tool] = Capture(self.port, "lo", self.work / f"{tool}{self.tag}.pcap")
+        return self.caps[tool]
+
+    def judge(self, bench: dict[str, Any], res: Results) -> WireRound:
+        _, on_wire = read_exchanges(self.caps["bench"].pcap, self.port)
+        _, ours = read_exchanges(self.caps["loadlab"].pcap, self.port)
+        figures = {
+            "loadlab": judge(record_timings(res.records), wire_timings(ours)),
+            "vllm_bench": judge(bench_timings(bench), wire_timings(on_wire, (TOKEN, CHOICE))),
+            "vllm_bench_tokens": judge(bench_timings(bench), wire_timings(on_wire)),
+        }
+        dropped = sum(c.result.dropped if c.result else 0 for c in self.caps.values())
+        return WireRound(bench, res, figures, dropped)

@@ -18,29 +18,31 @@ from loadlab.lab.machine import (
 )
 
 INF = float("inf")
+ROWS = [(0.01, 0), (0.02, 50), (0.04, 90), (INF, 100)]  # (upper bound s, steps at or under)
+
+
+def _buckets(metric: str, phase: str, rows: list[tuple[float, int]]) -> dict[str, float]:
+    """A histogram's ``(le, count)`` rows as the server's bucket counters by name."""
+    return {f'{metric}_bucket{{phase="{phase}",le="{"+Inf" if le == INF else le}"}}': float(n)
+            for le, n in rows}  # fmt: skip
 
 
 def test_histogram_quantile_interpolates_inside_a_bucket() -> None:
-    rows = [(0.01, 0), (0.02, 50), (0.04, 90), (INF, 100)]
-    assert histogram_quantile(rows, 0.5) == pytest.approx(0.02)
-    assert histogram_quantile(rows, 0.25) == pytest.approx(0.015)
-    assert histogram_quantile(rows, 0.7) == pytest.approx(0.03)
-    assert histogram_quantile(rows, 0.95) == pytest.approx(0.04)  # in +Inf: its lower bound
+    assert histogram_quantile(ROWS, 0.5) == pytest.approx(0.02)
+    assert histogram_quantile(ROWS, 0.25) == pytest.approx(0.015)
+    assert histogram_quantile(ROWS, 0.7) == pytest.approx(0.03)
+    assert histogram_quantile(ROWS, 0.95) == pytest.approx(0.04)  # in +Inf: its lower bound
     assert histogram_quantile([(1.0, 0)], 0.5) is None
 
 
 def test_step_jitter_from_counter_deltas() -> None:
-    d = {
-        'x_step_seconds_bucket{phase="decode",le="0.01"}': 0.0,
-        'x_step_seconds_bucket{phase="decode",le="0.02"}': 50.0,
-        'x_step_seconds_bucket{phase="decode",le="0.04"}': 90.0,
-        'x_step_seconds_bucket{phase="decode",le="+Inf"}': 100.0,
-        'x_step_seconds_bucket{phase="prefill",le="0.01"}': 7.0,
-    }
+    prefill = _buckets("x_step_seconds", "prefill", [(0.01, 7)])  # not counted: decode only
+    d = _buckets("x_step_seconds", "decode", ROWS) | prefill
+    assert d['x_step_seconds_bucket{phase="decode",le="+Inf"}'] == 100.0
     j = step_jitter(d)
     assert j["p50_s"] == pytest.approx(0.02) and j["ratio"] == pytest.approx(0.04 / 0.02)
     # every step inside the first bucket: the jitter cannot be read
-    first = {'s_step_seconds_bucket{phase="decode",le="0.001"}': 9.0}
+    first = _buckets("s_step_seconds", "decode", [(0.001, 9)])
     assert step_jitter(first)["ratio"] is None
 
 

@@ -16,6 +16,7 @@ from reference_server.fake_runner import FakeModelRunner
 from reference_server.kv_cache import BlockManager
 from reference_server.scheduler import Scheduler, make_scheduler
 from reference_server.sequence import SamplingParams, Sequence
+from reference_server.vision import Image
 
 
 def _seq(name: str, prompt: list[int], max_tokens: int = 2) -> Sequence:
@@ -74,6 +75,23 @@ def test_a_hash_that_names_other_tokens_is_a_miss() -> None:
     assert key is not None
     bm._key[block] = (key[0], (7, 7, 7, 7))
     assert bm.match_prefix(_seq("b", [*range(9)])) == []
+
+
+def _with_image(name: str, key: bytes | None) -> Sequence:
+    """Tokens 0..3, then 6 placeholder ids (an image keyed ``key``, or text), then 20, 21."""
+    s = _seq(name, [0, 1, 2, 3, *[33] * 6, 20, 21])
+    if key is not None:
+        s.images = [(4, Image(key, 56, 84, b"", "!" * 6))]
+    return s
+
+
+def test_image_blocks_are_keyed_by_the_image_s_content_not_only_its_placeholder_ids() -> None:
+    bm = BlockManager(16, 4, prefix_caching=True)
+    _run_alone(bm, _with_image("a", b"cat"))
+    assert len(bm.match_prefix(_with_image("again", b"cat"))) == 2  # the same image: a hit
+    # The same ids from another image, or spelt as text: only the text block before them.
+    assert len(bm.match_prefix(_with_image("other", b"dog"))) == 1
+    assert len(bm.match_prefix(_with_image("text", None))) == 1
 
 
 def test_freed_blocks_stay_cached_and_are_evicted_only_when_empty_ones_run_out() -> None:

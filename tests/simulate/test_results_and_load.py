@@ -49,6 +49,16 @@ def test_predicted_file_goes_through_the_same_metric_code(tmp_path: Path) -> Non
     assert summary == summarize(Results.from_dict(json.loads(path.read_text())))
 
 
+def test_image_tokens_are_prefilled_as_text_is() -> None:
+    """A request with 200 image tokens beside 100 text tokens costs the prefill of 300 (TTFT
+    10 ms + 300 x 0.1 ms), and its prompt counts them, as a server's usage does."""
+    cfg = RunConfig(rate_rps=1.0, requests=1)
+    spec = RequestSpec("a", "x" * 100, 3, intended_at_s=0.5, prompt_tokens=100, image_tokens=200)
+    rec = sim(cfg, [spec]).to_results().records[0]
+    assert metrics.ttft_ms(rec) == pytest.approx(40.0)
+    assert rec.prompt_tokens == 300
+
+
 def test_report_slo_and_compare_read_a_predicted_file(tmp_path: Path) -> None:
     cfg = RunConfig(rate_rps=5.0, requests=40, prompt_tokens=64, max_tokens=16)
     a = write_results(sim(cfg).to_results(), tmp_path / "a.json")

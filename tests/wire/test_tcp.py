@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.wire.tcp import Connection, read_pcap, reassemble
+from loadlab.wire.tcp import Connection, Stream, read_pcap, reassemble
 from tests.helpers.wire import Conversation, write_pcap
 
 
@@ -15,6 +15,16 @@ def _one(conv: Conversation) -> Connection:
     streams = reassemble(conv.packets, conv.server_port)
     assert len(streams.connections) == 1
     return streams.connections[0]
+
+
+def _to_client(*segments: tuple[bytes, int, int]) -> Stream:
+    """What one connection's server sent, from its segments ``(data, time, seq)`` in the
+    order they came."""
+    conv = Conversation()
+    conv.syn(0)
+    for data, t, seq in segments:
+        conv.server(data, t, seq=seq)
+    return _one(conv).to_client
 
 
 def test_in_order_bytes_keep_their_packet_times() -> None:
@@ -30,33 +40,21 @@ def test_in_order_bytes_keep_their_packet_times() -> None:
 
 
 def test_bytes_after_a_hole_are_readable_when_it_fills() -> None:
-    conv = Conversation()
-    conv.syn(0)
-    conv.server(b"def", 20, seq=3)  # arrives first
-    conv.server(b"abc", 30, seq=0)
-    conn = _one(conv)
-    assert conn.to_client.data == b"abcdef" and conn.to_client.complete
-    assert conn.to_client.time_at(0) == 30 and conn.to_client.time_at(5) == 30
+    got = _to_client((b"def", 20, 3), (b"abc", 30, 0))  # "def" arrives first
+    assert got.data == b"abcdef" and got.complete
+    assert got.time_at(0) == 30 and got.time_at(5) == 30
 
 
 def test_a_retransmission_keeps_the_first_copy_time() -> None:
-    conv = Conversation()
-    conv.syn(0)
-    conv.server(b"abc", 20, seq=0)
-    conv.server(b"abc", 25, seq=0)
-    conv.server(b"bcdef", 30, seq=1)  # overlaps what came, brings "def"
-    conn = _one(conv)
-    assert conn.to_client.data == b"abcdef"
-    assert conn.to_client.time_at(2) == 20 and conn.to_client.time_at(3) == 30
+    # the third overlaps what came and brings "def"
+    got = _to_client((b"abc", 20, 0), (b"abc", 25, 0), (b"bcdef", 30, 1))
+    assert got.data == b"abcdef"
+    assert got.time_at(2) == 20 and got.time_at(3) == 30
 
 
 def test_a_hole_never_filled_cuts_the_stream() -> None:
-    conv = Conversation()
-    conv.syn(0)
-    conv.server(b"abc", 20, seq=0)
-    conv.server(b"ghi", 40, seq=6)
-    conn = _one(conv)
-    assert conn.to_client.data == b"abc" and not conn.to_client.complete
+    got = _to_client((b"abc", 20, 0), (b"ghi", 40, 6))
+    assert got.data == b"abc" and not got.complete
 
 
 def test_sequence_numbers_wrap() -> None:
