@@ -5,7 +5,8 @@ The replay of ``tests/clients/test_hot_path_budget.py`` (a recorded stream throu
 ``send``, the connection's ``data_received`` and parse queue, the HTTP reader, the stream
 state, the record, the runner's bookkeeping and the journal line; no socket, no event loop)
 runs ``--reps`` times for streams of 64 and of 128 token chunks, in a process of its own under
-callgrind, which counts only inside the replay (``--toggle-collect``). The difference over
+callgrind, which counts only inside the replay (``--toggle-collect``), with the heap frozen
+as a run freezes it. The difference over
 64 chunks is the work of one more chunk; the rest is the work of a request.
 
     python3 benchmarks/hot_path_instructions.py                       # OpenAI chat, ~3 minutes
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib.util
 import os
 import re
@@ -46,6 +48,9 @@ def child(kind: str, tokens: int, reps: int) -> None:
     sys.modules[spec.name] = harness  # its dataclasses look their module up
     spec.loader.exec_module(harness)
     one = harness.replayer(kind, tokens, Path(tempfile.mkdtemp()))
+    # the run's collector policy (``loadlab.runner.runner``): the heap frozen, so a collection
+    # walks what the replays allocated, not every module, whenever the counts happen to call one
+    gc.freeze()
     functools.reduce(lambda _a, _b: one(), range(reps), None)
 
 

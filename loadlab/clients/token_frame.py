@@ -247,7 +247,7 @@ class TokenFrameState(StreamState):
                             self._tpl = (head, start, plain.fullmatch, plain.match, quoted.match)
                             self._chunk_tpl = (head, start, chunk.fullmatch, self._stamps.append,
                                                self._parts.append, self._t0, _json_text,
-                                               chunk.match)  # fmt: skip
+                                               chunk.match, {})  # fmt: skip
                         break
         self._idle_frame(dec.idle())
         return failed

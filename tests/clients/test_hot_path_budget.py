@@ -48,27 +48,27 @@ from loadlab.runner.runner import Runner
 BUDGETS: dict[tuple[int, int], dict[str, dict[str, float]]] = {
     (3, 11): {
         # one read per token chunk, the usual read of a stream that keeps up; counted
-        # 15.69 calls and 33.56 lines a chunk, 343 calls and 1,224 lines a request
+        # 14.64 calls and 33.52 lines a chunk, 384 calls and 1,274 lines a request
         "openai": {
-            "chunk_calls": 16.2,
-            "chunk_lines": 34.1,
-            "request_calls": 354,
-            "request_lines": 1261,
+            "chunk_calls": 15.1,
+            "chunk_lines": 34.0,
+            "request_calls": 396,
+            "request_lines": 1313,
         },
-        # counted 15.69 and 33.56 a chunk, 491 and 1,613 a request
+        # counted 14.69 and 33.56 a chunk, 529 and 1,660 a request
         "anthropic": {
-            "chunk_calls": 16.2,
+            "chunk_calls": 15.2,
             "chunk_lines": 34.1,
-            "request_calls": 506,
-            "request_lines": 1662,
+            "request_calls": 545,
+            "request_lines": 1710,
         },
         # three token chunks a read: a stream read behind its server; counted 12.81 calls
-        # and 25.08 lines a chunk, 366 and 1,333 a request
+        # and 25.73 lines a chunk, 387 and 1,356 a request
         "openai_behind": {
             "chunk_calls": 13.3,
-            "chunk_lines": 25.6,
-            "request_calls": 377,
-            "request_lines": 1373,
+            "chunk_lines": 26.2,
+            "request_calls": 399,
+            "request_lines": 1397,
         },
     }
 }
