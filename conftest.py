@@ -28,6 +28,8 @@ _IMPORTS_GEVENT = {
     "loadlab/locust/user.py",
     "loadlab/locust/hooks.py",
     "loadlab/locust/stream.py",
+    "loadlab/locust/openloop.py",
+    "loadlab/locust/sender.py",
 }
 
 

@@ -5,7 +5,9 @@ schedule (TTFT and ITL), so whatever loadlab measures beyond the direct run's fi
 proxy's own cost: TTFT and ITL at p50 / p99, direct and via the proxy, at each stream count.
 Runs alternate direct, proxy, proxy, direct (``--rounds`` times) so a machine whose speed
 drifts affects both alike. Timing figures: run it alone on the machine (the load average is
-printed before and after).
+printed before and after). The proxy's own CPU time per streamed token (user + system over its
+runs, request handling included) is printed too: a busy machine changes it far less than the
+latencies.
 
     python3 benchmarks/record_proxy.py --streams 64,256 --requests-per-stream 10 --rounds 2
 """
@@ -22,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from loadlab.analysis import metrics
 from loadlab.results import read_results
@@ -65,6 +68,8 @@ def main() -> int:
         )  # fmt: skip
         assert proxy.stdout is not None
         via = proxy.stdout.readline().split()[1]
+        cpu_s = {}  # streams -> the proxy's CPU seconds over its runs
+        proc = psutil.Process(proxy.pid)
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 for streams in map(int, args.streams.split(",")):
@@ -72,8 +77,12 @@ def main() -> int:
                     for rnd in range(args.rounds):
                         order = ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct")
                         for how in order:
+                            before = sum(proc.cpu_times()[:2])
                             fig = _run(url if how == "direct" else via, streams, n,
                                        Path(tmp) / f"{how}-{streams}-{rnd}.json")  # fmt: skip
+                            if how == "proxy":
+                                spent = sum(proc.cpu_times()[:2]) - before
+                                cpu_s[streams] = cpu_s.get(streams, 0.0) + spent
                             rows.append({"streams": streams, "round": rnd, "how": how, **fig})
                             print(json.dumps(rows[-1]), flush=True)
         finally:
@@ -95,8 +104,10 @@ def main() -> int:
                   f"{m['itl_p50']:7.2f}  {m['itl_p99']:7.2f}")  # fmt: skip
         d = {k: mean["proxy"][k] - mean["direct"][k] for k in mean["proxy"]}
         worst = max(worst, d["ttft_p99"], d["itl_p99"])
+        tokens = streams * args.requests_per_stream * args.rounds * args.tokens
         print(f"{streams:>7}  cost    {d['ttft_p50']:+8.2f}  {d['ttft_p99']:+8.2f}  "
-              f"{d['itl_p50']:+7.2f}  {d['itl_p99']:+7.2f}")  # fmt: skip
+              f"{d['itl_p50']:+7.2f}  {d['itl_p99']:+7.2f}   proxy CPU "
+              f"{1e6 * cpu_s[streams] / tokens:.1f} us/token")  # fmt: skip
     verdict = "within" if worst <= 1.0 else "NOT within"
     print(f"\nproxy cost at p99: {verdict} 1 ms (worst {worst:+.2f} ms); a busy machine inflates "
           "this figure: run it alone")  # fmt: skip

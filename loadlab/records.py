@@ -254,6 +254,8 @@ class RequestRecord:
     # False: asked without streaming; its one "chunk" is the whole body, so it has an E2E
     # latency but no TTFT, ITL or TPOT (those are absent, never zero)
     streamed: bool = True
+    # the sending machine's name, in a run spread over machines (``worker`` is its index)
+    host: str | None = None
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, **fields: Any) -> RequestRecord:
@@ -402,6 +404,7 @@ LEFT_OUT_AT_DEFAULT = (
     "images",
     "image_pixels",
     "streamed",
+    "host",
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RequestRecord)}
 _FIELD_NAMES = tuple(_DEFAULTS)
@@ -449,6 +452,7 @@ _FIELD_TYPES = {
     "images": "int?",
     "image_pixels": "int?",
     "streamed": "bool",
+    "host": "str?",
 }
 
 

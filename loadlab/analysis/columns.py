@@ -68,7 +68,7 @@ _OPT_INTS = (
 _INTS = ("turn", "worker", "output_tokens_chunks", "reasoning_chunks", "tool_call_chunks",
          "tool_calls")  # fmt: skip
 _BOOLS = ("output_tokens_disagree", "late", "streamed")
-_CODED = ("outcome", "request_class", "endpoint", "output_tokens_source", "finish_reason")
+_CODED = ("outcome", "request_class", "endpoint", "output_tokens_source", "finish_reason", "host")
 _TEXT = ("request_id", "session_id", "error", "response_id")
 _LISTS = ("chunk_ns", "chunk_tokens")
 _TYPES: dict[str, frozenset[type]] = {
@@ -77,7 +77,7 @@ _TYPES: dict[str, frozenset[type]] = {
     **{f: frozenset({bool}) for f in _BOOLS},
     **{f: frozenset({str}) for f in ("outcome", "request_class", "endpoint", "request_id")},
     "output_tokens_source": frozenset({str}),
-    **{f: frozenset({str, type(None)}) for f in ("finish_reason", "session_id", "error")},
+    **{f: frozenset({str, type(None)}) for f in ("finish_reason", "session_id", "error", "host")},
     "response_id": frozenset({str, type(None)}),
     **{f: frozenset({list}) for f in _LISTS},
     "server": frozenset({dict}),

@@ -21,7 +21,7 @@ from typing import Any
 from loadlab.errors import ConfigError
 from loadlab.results import Results, merge_results
 
-__all__ = ["merge_shards", "shard_of"]
+__all__ = ["merge_shards", "run_notes", "shard_of"]
 
 
 def shard_of(results: Results, name: str) -> dict[str, Any]:
@@ -66,3 +66,30 @@ def merge_shards(parts: Sequence[Results], names: Sequence[str] | None = None) -
         },
     }
     return merged
+
+
+def run_notes(extra: dict[str, Any]) -> list[str]:
+    """What a run spread over machines says beside its figures: senders lost, shards missing,
+    clocks too uncertain for its timing (``extra["distributed"]``, ``extra["shards"]``)."""
+    notes = []
+    fleet = extra.get("distributed")
+    if isinstance(fleet, dict):
+        if fleet.get("workers_lost"):
+            notes.append(
+                f"LOST SENDERS: shards {fleet['workers_lost']} of {fleet['count']} stopped before "
+                f"their part of the schedule ended: {fleet['records_lost']:,} requests counted "
+                "lost (failed, incomplete)"
+            )
+        for k, w in sorted(fleet.get("workers", {}).items()):
+            if w.get("clock_warning"):
+                notes.append(
+                    f"CLOCK: shard {k} ({w.get('host')}): {w['clock_warning']}; its intended "
+                    "times line up with the other shards' only that closely"
+                )
+    shards = extra.get("shards")
+    if isinstance(shards, dict) and shards.get("missing"):
+        notes.append(
+            f"MISSING SHARDS: {shards['missing']} of {shards['count']}: their part of the "
+            "schedule is not in this file"
+        )
+    return notes

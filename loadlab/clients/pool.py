@@ -144,6 +144,28 @@ class RawPool:
         self._sem = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._ssl: ssl.SSLContext | None = None
         self._deferred: _Deferred | None = None
+        self._opening: dict[Target, asyncio.Task[None]] = {}  # spare connections under way
+
+    def preconnect(self, target: Target, timeout_s: float) -> asyncio.Task[None] | None:
+        """Start opening a spare connection to ``target``, kept idle, when none is idle or
+        opening (the task that opens it, else None): a request due soon then goes out at its
+        time, not after a connect. Nothing for a capped pool (the spare would hold a place); a
+        failure is left to the request."""
+        if self._sem is not None or target in self._opening:
+            return None
+        if any(not c.lost for c in self._idle.get(target, ())):
+            return None
+        task = asyncio.get_running_loop().create_task(self._open_spare(target, timeout_s))
+        self._opening[target] = task
+        return task
+
+    async def _open_spare(self, target: Target, timeout_s: float) -> None:
+        try:
+            made = await self._connect(target, time.perf_counter_ns() + int(timeout_s * 1e9))
+        finally:
+            self._opening.pop(target, None)
+        if isinstance(made, _Conn):
+            self._idle.setdefault(target, []).append(made)
 
     async def request(
         self,
@@ -255,6 +277,9 @@ class RawPool:
         return result
 
     def close(self) -> None:
+        for task in self._opening.values():
+            task.cancel()
+        self._opening.clear()
         for conns in self._idle.values():
             for c in conns:
                 if c.transport is not None:

@@ -194,6 +194,13 @@ class StreamingClient:
             await self._transport.close()
             self._transport = None
 
+    def preconnect(self) -> asyncio.Task[None] | None:
+        """Start opening a spare connection for a request due soon (the open loop calls it
+        ahead of each one), where the transport keeps its own connections (``raw``): the task
+        that opens it, or None."""
+        spare = getattr(self._transport, "preconnect", None)
+        return spare() if spare is not None else None
+
     async def send(
         self,
         spec: RequestSpec,

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Mapping
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 TRANSPORTS = ("raw", "aiohttp")
+PRECONNECT_TIMEOUT_S = 2.0  # a spare connection not made by then is left to the request
 RAW_OUTCOMES = {  # RawResult.error -> outcome class (the Locust transport shares it)
     Failure.CONNECT: OUTCOME_CONNECT_ERROR,
     Failure.TIMEOUT: OUTCOME_TIMEOUT,
@@ -115,6 +117,9 @@ class RawTransport:
         if res.sent_ns is not None:
             state.on_sent(res.sent_ns)
         settle(state, res)
+
+    def preconnect(self) -> asyncio.Task[None] | None:
+        return self._pool.preconnect(self.target, min(self.timeout_s, PRECONNECT_TIMEOUT_S))
 
     async def close(self) -> None:
         self._pool.close()

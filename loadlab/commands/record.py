@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from datetime import UTC, datetime
@@ -114,6 +115,10 @@ async def _serve(args: argparse.Namespace, host: str, port: int, upstream: str, 
         bound = await proxy.start(host, port)
     except OSError as exc:
         raise ConfigError(f"--listen {host}:{port}: cannot listen ({exc.strerror})") from None
+    # what start-up made (modules, the event loop) lives as long as the process: moved out of
+    # the collector's sight, a full collection no longer pauses every stream to walk it
+    gc.collect()
+    gc.freeze()
     print(
         f"recording: http://{host}:{bound} -> {public_url(upstream)}; trace: {args.out}", flush=True
     )

@@ -48,7 +48,7 @@ from loadlab.records import RequestRecord
 from loadlab.results import Results, environment_info
 from loadlab.runner import signals
 
-__all__ = ["install", "next_user_seed", "record_done", "request_started", "t0_ns"]
+__all__ = ["JournalFeed", "install", "next_user_seed", "record_done", "request_started", "t0_ns"]
 
 log = logging.getLogger("loadlab.locust")
 
@@ -74,9 +74,7 @@ class _State:
         self.cpu = (0.0, 0.0)  # (process CPU s, monotonic s) at test_start
         self.cpu_percent = 0.0  # CPU used while users ran, % of one core
         self.out: Path | None = None  # the results file (master or local)
-        self.journal: JournalWriter | None = None
-        self.unjournaled: list[RequestRecord] = []  # taken in, not yet handed to the journal
-        self.journaling: gevent.Greenlet | None = None
+        self.journal: JournalFeed | None = None
 
 
 _S = _State()
@@ -304,23 +302,37 @@ def _start_journal(opts: Any) -> None:
     except UsageError as exc:
         print(f"locust: loadlab: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    _S.out, _S.journal = out, JournalWriter(journal)
+    _S.out, _S.journal = out, JournalFeed(JournalWriter(journal))
+
+
+class JournalFeed:
+    """Records handed to a journal from the gevent loop: one greenlet writes them, in order,
+    from a thread (the encoding and the fsync never hold up the loop that stamps tokens)."""
+
+    def __init__(self, writer: JournalWriter) -> None:
+        self.writer = writer
+        self.pending: list[RequestRecord] = []  # taken in, not yet handed to the journal
+        self.greenlet: gevent.Greenlet | None = None
+
+    def add(self, records: list[RequestRecord]) -> None:
+        self.pending += records
+        if records and (self.greenlet is None or self.greenlet.dead):
+            self.greenlet = gevent.spawn(self._write)
+
+    def join(self) -> None:
+        """Wait until every record handed over is in the journal."""
+        if self.greenlet is not None:
+            self.greenlet.join()
+
+    def _write(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, []
+            gevent.get_hub().threadpool.apply(self.writer.write, (batch,))
 
 
 def _journal(records: list[RequestRecord]) -> None:
-    """Hand records to the journal: one greenlet writes them, from a thread, in order."""
-    if _S.journal is None or not records:
-        return
-    _S.unjournaled += records
-    if _S.journaling is None or _S.journaling.dead:
-        _S.journaling = gevent.spawn(_write_journal, _S.journal)
-
-
-def _write_journal(writer: JournalWriter) -> None:
-    while _S.unjournaled:
-        batch, _S.unjournaled = _S.unjournaled, []
-        # a thread: the encoding and the fsync never hold up the loop that stamps tokens
-        gevent.get_hub().threadpool.apply(writer.write, (batch,))
+    if _S.journal is not None:
+        _S.journal.add(records)
 
 
 def _wrap_master_quit(environment: Any) -> None:
@@ -396,11 +408,11 @@ def _locust_version() -> str:
 
 def _finish(environment: Any, results: Results) -> None:
     """Write the file, print loadlab's summary, and turn an SLO verdict into the exit code."""
-    if _S.journaling is not None:
-        _S.journaling.join()  # every record in the journal before it is dropped
+    if _S.journal is not None:
+        _S.journal.join()  # every record in the journal before it is dropped
     info = results.extra["locust"]
     out = Path(info["out"])
-    path, note = save_results(results, out, _S.journal.journal if _S.journal else None)
+    path, note = save_results(results, out, _S.journal.writer.journal if _S.journal else None)
     if note:
         log.error("loadlab: %s", note)
     if path is not None:

@@ -6,7 +6,8 @@ the proxy reads its copy; nothing is buffered but a partial SSE event when the p
 usage itself and must take that one event out. Per traced request (OpenAI chat, completions,
 Responses and Anthropic messages; other paths pass through untraced) one trace line goes to a
 bounded queue that a writer task empties: a write that fails is counted and said once, and the
-traffic goes on.
+traffic goes on. The request's shape (``RequestShape``: block hashes, the tokenizer's counts) is
+read when its answer has ended, never on its way upstream.
 
 The proxy answers 502 only when the upstream could not be reached at all; an upstream answer,
 error statuses included, is passed on as it came.
@@ -25,8 +26,8 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -79,9 +80,11 @@ _HOP = frozenset(
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 
 
-@dataclass
-class _Turn:
-    index: int
+class _Turn(NamedTuple):
+    """A conversation's last request, remembered to find its next turn. A tuple of ints: the
+    collector stops tracking it, so a full collection never walks the remembered turns."""
+
+    line_id: int  # its trace line's ``id``
     session: int
     turn: int
     end_ns: int
@@ -143,12 +146,12 @@ class RecordingProxy:
         arrival_ns = time.perf_counter_ns()
         body = await request.read()
         api = api_of(request.path) if request.method == "POST" else None
-        shape, sent_body, watch = None, body, None
-        if api is not None:
-            shape, sent_body = self._shape(api, body)
-            if shape is not None:
-                drop = shape.stream and not shape.wants_usage and sent_body is not body
-                watch = StreamWatch(api, shape.stream, drop_usage_event=drop)
+        traced = _json_object(body) if api is not None else None
+        sent_body, watch = body, None
+        if api is not None and traced is not None:  # its shape is read after the answer
+            sent_body = self._ask_usage(api, traced) or body
+            stream = bool(traced.get("stream", False))
+            watch = StreamWatch(api, stream, drop_usage_event=sent_body is not body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         url = self.upstream + request.rel_url.path_qs
         if self._session is None:
@@ -160,8 +163,8 @@ class RecordingProxy:
             )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.upstream_failures += 1
-            if shape is not None:
-                self._trace(shape, arrival_ns, sent_ns, None, "upstream_error", 0)
+            if api is not None and traced is not None:
+                self._trace(api, traced, arrival_ns, sent_ns, None, "upstream_error", 0)
             return web.json_response(
                 {
                     "error": {
@@ -172,17 +175,20 @@ class RecordingProxy:
                 status=502,
             )
         async with upstream:
-            return await self._relay(request, upstream, shape, watch, arrival_ns, sent_ns)
+            resp, outcome = await self._relay(request, upstream, watch)
+        if api is not None and traced is not None and watch is not None:
+            if outcome == "ok" and watch.stream_error:
+                outcome = "stream_error"
+            self._trace(api, traced, arrival_ns, sent_ns, watch, outcome, upstream.status)
+        return resp
 
     async def _relay(
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
-        shape: RequestShape | None,
         watch: StreamWatch | None,
-        arrival_ns: int,
-        sent_ns: int,
-    ) -> web.StreamResponse:
+    ) -> tuple[web.StreamResponse, str]:
+        """Passes the upstream's answer on, each chunk as it comes; (response, outcome)."""
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in upstream.headers.items():
             if k.lower() not in _HOP:
@@ -213,48 +219,40 @@ class RecordingProxy:
             outcome = "incomplete"  # the upstream broke off; the client sees the stream end
         except (ConnectionResetError, ConnectionError):
             outcome = "client_disconnect"
-        if shape is not None and watch is not None:
-            if outcome == "ok" and watch.stream_error:
-                outcome = "stream_error"
-            self._trace(shape, arrival_ns, sent_ns, watch, outcome, upstream.status)
-        return resp
+        return resp, outcome
 
-    def _shape(self, api: str, body: bytes) -> tuple[RequestShape | None, bytes]:
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None, body
-        if not isinstance(obj, dict):
-            return None, body
-        try:
-            shape = RequestShape.of(
-                api, obj, salt=self.salt, block=self.block, tokenize=self.tokenize
-            )
-        except (TypeError, ValueError, AttributeError):
-            return None, body
+    def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
+        """The body to send instead, asking for usage, for a stream that did not; else None."""
+        options = body.get("stream_options")
         if (
-            self.ask_usage
-            and shape.stream
-            and not shape.wants_usage
-            and api in ("chat", "completions")
+            not self.ask_usage
+            or api not in ("chat", "completions")
+            or not body.get("stream", False)
+            or not isinstance(options, Mapping | None)
+            or (options or {}).get("include_usage")
         ):
-            asked = dict(obj)
-            options = dict(asked.get("stream_options") or {})
-            options["include_usage"] = True
-            asked["stream_options"] = options
-            return shape, orjson.dumps(asked)
-        return shape, body
+            return None
+        return orjson.dumps(body | {"stream_options": {**(options or {}), "include_usage": True}})
 
     def _trace(
         self,
-        shape: RequestShape,
+        api: str,
+        body: dict[str, Any],
         arrival_ns: int,
         sent_ns: int,
         watch: StreamWatch | None,
         outcome: str,
         status: int,
     ) -> None:
+        """Writes one request's trace line, its shape read now that its answer has ended (no
+        request waits for it); a body whose shape cannot be read is not traced."""
         end_ns = time.perf_counter_ns()
+        try:
+            shape = RequestShape.of(
+                api, body, salt=self.salt, block=self.block, tokenize=self.tokenize
+            )
+        except (TypeError, ValueError, AttributeError):
+            return
         if self._t0_ns is None:
             self._t0_ns = arrival_ns
         index = self._count
@@ -278,7 +276,7 @@ class RecordingProxy:
             timestamp=round((arrival_ns - self._t0_ns) / 1e6, 3),
             session=session,
             turn=turn,
-            continues=None if prev is None else prev[1].index,
+            continues=None if prev is None else prev[1].line_id,
             think_ms=None if prev is None else round((arrival_ns - prev[1].end_ns) / 1e6, 3),
             new_length=_new_length(shape, new_from),
             new_kind=_new_kind(shape, new_from),
@@ -295,6 +293,14 @@ class RecordingProxy:
             if found is not None:
                 return j, found
         return None
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _new_length(shape: RequestShape, start: int) -> int:

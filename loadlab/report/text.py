@@ -21,6 +21,7 @@ from loadlab.analysis.columns import NONE, columns_of
 from loadlab.analysis.generator import parser_fell_behind, worst_process
 from loadlab.analysis.metrics import Distribution
 from loadlab.analysis.prefix_cache import prefix_cache_summary
+from loadlab.analysis.shards import run_notes
 from loadlab.analysis.summary import ANSWER_METRICS, RunSummary, interrupted_note, summarize
 from loadlab.records import RequestRecord, printable
 from loadlab.report.cost import cost_lines
@@ -298,6 +299,7 @@ def render_summary(results: Results) -> str:
     stopped = interrupted_note(results.extra)
     if stopped is not None:
         parts.append(f"{stopped}: not valid evidence for an SLO gate.")
+    parts += run_notes(results.extra)
     if results.saturated:
         parts.append(_saturation_banner(results))
     failed = f"{c.failed:,} of {c.sent:,}" if c.failed else "0"

@@ -4,7 +4,9 @@ a ``Results``.
 Open loop (``cfg.rate_rps``): every request (or the first turn of a chat session) is sent at
 ``t0 + spec.intended_at_s``. The scheduler sleeps until about 1 ms before the due time, then
 yields to the event loop until the time has come (sub-millisecond precision without blocking
-the chunk readers). With ``cfg.max_in_flight`` a request due while the cap is full is recorded
+the chunk readers). ``PRECONNECT_AHEAD_NS`` before it (and once before t0) it asks the client
+for a spare connection (``preconnect``, where the client has one), so that a request needing
+a new connection is not late by a connect. With ``cfg.max_in_flight`` a request due while the cap is full is recorded
 ``dropped`` at once: it is never silently delayed. A request sent more than
 ``late_tolerance_ms`` after its intended time is marked ``late``.
 
@@ -71,6 +73,9 @@ __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
+# a spare connection is started this long before a due request (Client.preconnect), so that
+# the request is sent at its time instead of after a connect (a session's first turn, a rise)
+PRECONNECT_AHEAD_NS = 50_000_000
 # Closed loop against an endpoint that refuses connections: after k connect errors in a row
 # (run-wide; any answered request resets it) each worker waits min(MAX, BASE * 2**(k-1))
 # before its next request, instead of making ~10,000 failed records a second.
@@ -204,6 +209,14 @@ class Runner:
         while time.perf_counter_ns() < due_ns and not self._sending_over():
             await asyncio.sleep(0)  # yield: chunk readers keep running while we wait
 
+    async def _first_connection(self) -> None:
+        """Open loop: the first request's connection, made before t0 (its connect would make
+        the run's first request late, and every gap after it measured from a late start)."""
+        preconnect = getattr(self.client, "preconnect", None)
+        spare = preconnect() if preconnect is not None and self.cfg.rate_rps is not None else None
+        if spare is not None:
+            await asyncio.wait([spare])  # bounded by the transport's preconnect time limit
+
     # ------------------------------------------------------------------ run
 
     def prepare(self) -> None:
@@ -230,6 +243,7 @@ class Runner:
         freezer = loop.create_task(_freeze_every(_FREEZE_EVERY_S))
         journaling = loop.create_task(self.journal.run()) if self.journal is not None else None
         if self.t0_ns is None:
+            await self._first_connection()
             self.t0_ns = time.perf_counter_ns()
         monitor.start(self.t0_ns)
         deadline = None
@@ -307,6 +321,7 @@ class Runner:
     async def _open_loop(self) -> None:
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         cap = self.max_in_flight
+        preconnect = getattr(self.client, "preconnect", None)
         for unit in self._units:
             first = unit[0]
             if first.intended_at_s is None:
@@ -317,6 +332,11 @@ class Runner:
             if self.cfg.duration_s is not None and first.intended_at_s >= self.cfg.duration_s:
                 break
             due_ns = self.t0_ns + int(first.intended_at_s * NS_PER_S)
+            if preconnect is not None:
+                ahead_ns = due_ns - PRECONNECT_AHEAD_NS - time.perf_counter_ns()
+                await self._wait_or_stop(ahead_ns / NS_PER_S)
+                if not self._sending_over():
+                    preconnect()
             await self._sleep_until(due_ns)
             if self._sending_over():
                 break

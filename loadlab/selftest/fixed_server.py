@@ -93,6 +93,7 @@ class FixedScheduleServer:
         itl_ms: float,
         tokens: int | None = None,
         port: int = 0,
+        host: str = "127.0.0.1",
         model: str = "loadlab-fixed",
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -104,6 +105,7 @@ class FixedScheduleServer:
         self.itl_ns = int(itl_ms * 1e6)
         self.tokens = tokens
         self.port = port
+        self.host = host  # 127.0.0.1 unless a test serves a network namespace it made
         self.model = model
         self.ssl_context = ssl_context  # serve https (tests of the client's TLS path)
         self.truth: dict[str, dict[str, Any]] = {}
@@ -121,11 +123,11 @@ class FixedScheduleServer:
     async def __aenter__(self) -> FixedScheduleServer:
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
-            self._connection, "127.0.0.1", self.port, backlog=1024, ssl=self.ssl_context
+            self._connection, self.host, self.port, backlog=1024, ssl=self.ssl_context
         )
         self.port = self._server.sockets[0].getsockname()[1]
         scheme = "https" if self.ssl_context else "http"
-        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://{self.host}:{self.port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -356,9 +358,11 @@ class FixedServerProcess:
         ttft_ms: float,
         itl_ms: float,
         tokens: int | None = None,
+        host: str = "127.0.0.1",
         start_timeout_s: float = 20.0,
     ) -> None:
         self.args = ["--port", "0", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+        self.args += ["--host", host]
         if tokens is not None:
             self.args += ["--tokens", str(tokens)]
         self.start_timeout_s = start_timeout_s
@@ -399,7 +403,11 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with FixedScheduleServer(
-        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens, port=args.port
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        tokens=args.tokens,
+        port=args.port,
+        host=args.host,
     ) as srv:
         print(srv.url, flush=True)
         await stop.wait()
@@ -409,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python3 -m loadlab.selftest.fixed_server", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--port", type=int, default=0, help="TCP port (0: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--ttft-ms", type=float, default=100.0, help="request arrival to first token")
     p.add_argument("--itl-ms", type=float, default=20.0, help="gap between tokens")
     p.add_argument(

@@ -181,3 +181,47 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once_on_a_fresh_on
     errors, stale = asyncio.run(main())
     assert errors == [None, None] and stale == [False, False]
     assert seen == [1, 1, 2]  # the second request went out twice: on the stale and a fresh one
+
+
+def test_a_spare_connection_is_opened_ahead_and_the_next_request_goes_out_on_it() -> None:
+    """``preconnect`` opens one connection when none is idle (and only one while it opens);
+    the request that follows is sent on it without a connect of its own; a capped pool opens
+    no spare."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    accepted: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        while await reader.readuntil(b"\r\n\r\n"):
+            await reader.readexactly(2)
+            writer.write(ok)
+            await writer.drain()
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        target = Target("127.0.0.1", server.sockets[0].getsockname()[1], False, "/")
+        request = frame_request(target.request_head({}), "r", b"{}")
+        raw = pool.RawPool()
+        spare = raw.preconnect(target, 5.0)
+        assert spare is not None and raw.preconnect(target, 5.0) is None  # one at a time
+        await spare
+        assert raw.preconnect(target, 5.0) is None  # one is idle: nothing more
+        connects = 0
+        connect = raw._connect
+
+        async def counted(*args: object) -> object:
+            nonlocal connects
+            connects += 1
+            return await connect(*args)  # type: ignore[arg-type]
+
+        raw._connect = counted  # type: ignore[method-assign, assignment]
+        sink = Sink()
+        result = await raw.request(target, request, sink, timeout_s=5.0, read_timeout_s=5.0)
+        assert result.error is None and sink.body == b"ok" and connects == 0
+        assert pool.RawPool(max_connections=4).preconnect(target, 5.0) is None
+        raw.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+    assert len(accepted) == 1

@@ -198,3 +198,33 @@ def test_an_unreachable_upstream_is_502_and_a_full_disk_loses_lines_not_traffic(
         with recording(srv.url, Path("/dev/full")) as (url, logs):  # every write: ENOSPC
             assert [asyncio.run(post(url)) for _ in range(3)] == [200, 200, 200]
     assert "lost" in logs[-1] and "traffic still passes through" in logs[-1]
+
+
+def test_every_api_streams_through_byte_for_byte_with_its_figures(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    chat = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    bodies = {
+        "/v1/chat/completions": chat,
+        "/v1/completions": {"model": "m", "stream": True, "prompt": "hi"},
+        "/v1/messages": chat | {"max_tokens": 8},
+        "/v1/responses": {"model": "m", "stream": True, "input": "hi"},
+    }
+    odd = chat | {"stream_options": "yes"}  # not an object: sent as it came, never rewritten
+
+    async def send(url: str) -> list[bytes]:
+        async with aiohttp.ClientSession() as s:
+            out = []
+            for path, body in [*bodies.items(), ("/v1/chat/completions", odd)]:
+                async with s.post(url + path, json=body) as r:
+                    assert r.status == 200
+                    out.append(await r.read())
+            return out
+
+    for srv in serve_in_thread(FaultServer):
+        direct = asyncio.run(send(srv.url))
+        with recording(srv.url, trace) as (url, _logs):
+            via = asyncio.run(send(url))
+    assert via == direct
+    lines = [json.loads(x) for x in trace.read_text().splitlines()[1:]]
+    assert [x["api"] for x in lines] == ["chat", "completions", "anthropic", "responses", "chat"]
+    assert [(x["chunks"], x["output_length"], x["reply_length"]) for x in lines] == [(3, 3, 12)] * 5

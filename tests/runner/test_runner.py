@@ -227,3 +227,38 @@ def test_a_client_that_raises_is_recorded_and_the_run_goes_on() -> None:
     assert c.ok == 4 and c.by_outcome.get("protocol_error") == 1
     bad = next(r for r in res.records if r.request_id == "c1")
     assert "client bug" in (bad.error or "")
+
+
+def test_open_loop_opens_a_spare_connection_ahead_of_each_due_request() -> None:
+    """A client that can (``preconnect``) is asked for a spare connection before each request
+    of an open loop, ``PRECONNECT_AHEAD_NS`` ahead where the schedule leaves room, and once
+    before the run's zero, so that a session's first turn never waits for a connect; a closed
+    loop asks for none."""
+    from loadlab.runner.runner import PRECONNECT_AHEAD_NS
+
+    class Preconnecting(FakeClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked_ns: list[int] = []
+
+        def preconnect(self) -> None:
+            self.asked_ns.append(time.perf_counter_ns())
+
+    client = Preconnecting()
+    specs = [RequestSpec(f"r{i}", "p", 3, intended_at_s=0.2 * i) for i in range(3)]
+    res = _run(RunConfig(rate_rps=5, requests=3), specs, client)
+    t0 = res.extra["t0_ns"]
+    sent = sorted(t0 + r.sent_ns for r in res.records)  # type: ignore[operator]
+    first, *asked = client.asked_ns
+    assert first < t0  # the run's first connection is made before its zero
+    assert len(asked) == 3
+    for i, (ask, at) in enumerate(zip(asked, sent, strict=True)):
+        assert ask <= at  # asked before the send, and not before its time comes near
+        assert ask >= t0 + int(0.2 * i * 1e9) - PRECONNECT_AHEAD_NS
+    closed = Preconnecting()
+    _run(
+        RunConfig(concurrency=2, requests=4),
+        [RequestSpec(f"c{i}", "p", 3) for i in range(4)],
+        closed,
+    )
+    assert closed.asked_ns == []
