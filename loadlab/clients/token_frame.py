@@ -6,14 +6,17 @@ event (``_learn_frame``), checks it with a probe on a scratch copy of the state
 (``_frame_holds``), and from then on takes a read that is the frame around a plain JSON string
 without the SSE decode and the JSON parse (the top of ``on_bytes``). Anything else goes the full
 way: the SSE decoder and the dialect's ``_event``. Behaviour is the same either way (the tests
-compare both paths on every split of generated streams); only the cost differs.
+compare both paths on every split of generated streams); only the cost differs. The state
+also hands the frame to the HTTP reader as ``chunk_frame`` (while its decoder idles), with its
+own lists: the raw transport's reader takes a whole chunk in the frame itself, without a call
+into the state (``ResponseReader.feed``).
 
 The dialect states (``OpenAIStreamState``, ``AnthropicStreamState``) subclass ``TokenFrameState``
 and name where their token text starts (``TEXT_KEYS``). The dialects whose every event is a
 JSON object named by its ``type`` (Messages, Responses) subclass ``TypedEventState``, which
 checks that shape once for both and hands the dialect the object and its type. ``on_bytes``
-is one function, fast path and full way together, because it runs once per read: a call
-more would cost every chunk.
+is one function, fast path and full way together, because it runs once per read that the
+reader does not take: a call more would cost every such chunk.
 
 Example::
 
