@@ -21,6 +21,7 @@ import aiohttp
 import numpy as np
 
 from loadlab.clients import OpenAIClient, OpenAIStreamState
+from loadlab.clients.http1 import Ended, ResponseReader
 from loadlab.clients.sse import SSEDecoder
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
@@ -69,6 +70,21 @@ def micro(n: int) -> None:
         state.on_bytes(CHUNK, i)
     print(
         f"OpenAIStreamState.on_bytes (SSE+JSON+tokens):  {(cpu_s() - c0) / n * 1e6:6.2f} us/chunk"
+    )
+    # what a read of the raw transport goes through: the HTTP reader, then the stream's frame
+    state = OpenAIStreamState(RequestRecord("r"), "chat")
+    reader = ResponseReader()
+    reader.start(state, Ended())
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    reader.feed(head, 0)
+    framed = b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK)
+    c0 = cpu_s()
+    for i in range(n):
+        reader.feed(framed, i)
+    print(
+        f"ResponseReader.feed (HTTP chunk, then state):  {(cpu_s() - c0) / n * 1e6:6.2f} us/chunk"
     )
 
 

@@ -41,9 +41,11 @@ _clock = time.perf_counter_ns
 class _Conn(ResponseReader, asyncio.Protocol):
     """One connection: the asyncio protocol around its ``ResponseReader``."""
 
-    def __init__(self, deferred: _Deferred | None = None) -> None:
+    def __init__(self, deferred: _Deferred) -> None:
         super().__init__()
-        self.deferred = deferred  # None: parse in data_received
+        self.deferred = deferred
+        self._items = deferred.items  # looked up once, not on every read
+        self._call_soon, self._turn = deferred.loop.call_soon, deferred.turn
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -51,18 +53,14 @@ class _Conn(ResponseReader, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         t = _clock()  # first: this is the chunk's arrival time
-        deferred = self.deferred
-        if deferred is None:
-            self.feed(data, t)
-            return
+        items = self._items
+        if not items:  # the first read since the queue's last turn: a turn is due
+            self._call_soon(self._turn)
+        items.append((self, data, t))
         self.last_ns = t
-        deferred.items.append((self, data, t))  # deferred.add, inline: this runs for every read
-        if not deferred.scheduled:
-            deferred.schedule()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.deferred is not None:
-            self.deferred.flush()  # this connection's last bytes first
+        self.deferred.flush()  # this connection's last bytes first
         super().connection_lost(exc)
 
 
@@ -92,16 +90,13 @@ class _Deferred:
         self.slice_ns = slice_ns
         self.max_lag_ns = max_lag_ns
         self.clock_every = clock_every
+        # what was read and not parsed yet; while it holds anything, a turn is due (a read
+        # that finds it empty asks for one, a turn that leaves reads asks for the next)
         self.items: list[tuple[_Conn, bytes, int]] = []
-        self.scheduled = False
         _QUEUES.add(self)  # for parse_backlog_ms; the queue lives as long as its pool
 
-    def schedule(self) -> None:
-        self.scheduled = True
-        self.loop.call_soon(self._turn)
-
-    def _turn(self) -> None:
-        self.scheduled = False
+    def turn(self) -> None:
+        """One turn of the loop's parsing: at most a slice."""
         self.flush(_clock() + self.slice_ns)
 
     def flush(self, until_ns: int | None = None) -> None:
@@ -122,11 +117,11 @@ class _Deferred:
                     and (now := _clock()) >= until_ns
                     and now - items[i][2] < self.max_lag_ns
                 ):  # the slice is used up, and what is left was read recently: next turn
-                    if not self.scheduled:
-                        self.schedule()
                     return
         finally:
             del items[:i]
+            if items:  # what is left is parsed in a later turn
+                self.loop.call_soon(self.turn)
 
 
 _QUEUES: weakref.WeakSet[_Deferred] = weakref.WeakSet()  # every live parse queue

@@ -6,14 +6,17 @@ event (``_learn_frame``), checks it with a probe on a scratch copy of the state
 (``_frame_holds``), and from then on takes a read that is the frame around a plain JSON string
 without the SSE decode and the JSON parse (the top of ``on_bytes``). Anything else goes the full
 way: the SSE decoder and the dialect's ``_event``. Behaviour is the same either way (the tests
-compare both paths on every split of generated streams); only the cost differs.
+compare both paths on every split of generated streams); only the cost differs. The state
+also hands the frame to the HTTP reader as ``chunk_frame`` (while its decoder idles), with its
+own lists: the raw transport's reader takes a whole chunk in the frame itself, without a call
+into the state (``ResponseReader.feed``).
 
 The dialect states (``OpenAIStreamState``, ``AnthropicStreamState``) subclass ``TokenFrameState``
 and name where their token text starts (``TEXT_KEYS``). The dialects whose every event is a
 JSON object named by its ``type`` (Messages, Responses) subclass ``TypedEventState``, which
 checks that shape once for both and hands the dialect the object and its type. ``on_bytes``
-is one function, fast path and full way together, because it runs once per read: a call
-more would cost every chunk.
+is one function, fast path and full way together, because it runs once per read that the
+reader does not take: a call more would cost every such chunk.
 
 Example::
 
@@ -25,10 +28,14 @@ Example::
 from __future__ import annotations
 
 import functools
+import operator
 import re
+from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
+from loadlab.clients.http1 import ChunkFrame
 from loadlab.clients.sse import RawEvent, SSEDecoder, SSELimitError
 from loadlab.clients.state import StreamState, loads
 from loadlab.records import OUTCOME_PROTOCOL_ERROR, RequestRecord
@@ -44,7 +51,7 @@ _Frame = tuple[bytes, int, _MatchAt, _MatchAt, _MatchAt]  # TokenFrameState._tpl
 
 
 @functools.lru_cache(maxsize=256)
-def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes], re.Pattern[bytes]]:
     """A JSON string body, then ``tail``: one call matches a token event's text and the rest
     of its frame. Streams of one server share their tails.
 
@@ -57,34 +64,43 @@ def _text_then(tail: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     the JSON parser, which refuses a bad escape (the read then goes the full way). The
     quantifiers are possessive: giving bytes back could never let ``tail`` match (the byte
     after a body is a quote, or the match is lost), and a body that does not end in ``tail``
-    is given up at once, not retried over every split of its text."""
+    is given up at once, not retried over every split of its text. The third is the first
+    with the CRLF that closes an HTTP chunk after ``tail`` (``ResponseReader.feed``)."""
     escaped_tail = re.escape(tail)
     return (
         re.compile(rb'([^"\x00-\x1f]++)' + escaped_tail),
         re.compile(rb'((?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f])++)' + escaped_tail),
+        re.compile(rb'([^"\x00-\x1f]++)' + escaped_tail + rb"\r\n"),
     )
+
+
+def _json_text(raw: bytes) -> str:
+    """A JSON string's body, unescaped (ValueError for a bad escape or bytes not UTF-8)."""
+    text: str = loads(b'"' + raw + b'"')
+    return text
 
 
 # ``in`` with an int: ``b"\\" in raw`` first tries the bytes as an integer, and makes and drops
 # a TypeError (its message formatted) on every chunk
 _BACKSLASH = ord("\\")
-_SLOTS: dict[type, tuple[str, ...]] = {}
+_SLOTS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
 
 
-def _slot_names(cls: type) -> tuple[str, ...]:
-    """Every attribute slot of ``cls`` and its bases (the state classes have no ``__dict__``)."""
-    names = _SLOTS.get(cls)
-    if names is None:
+def _slots(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """Every attribute slot of ``cls`` and its bases (the state classes have no ``__dict__``),
+    and a getter of all their values at once."""
+    found = _SLOTS.get(cls)
+    if found is None:
         names = tuple(n for k in cls.__mro__ for n in k.__dict__.get("__slots__", ()))
-        _SLOTS[cls] = names
-    return names
+        found = _SLOTS[cls] = (names, operator.attrgetter(*names) if names else lambda _: ())
+    return found
 
 
 class TokenFrameState(StreamState):
     """``StreamState`` with its per-read path: the learned token frame first, then the full way
     (SSE decode, the dialect's ``_event``)."""
 
-    __slots__ = ("_fast", "_keys", "_learn", "_tpl")
+    __slots__ = ("_chunk_tpl", "_fast", "_keys", "_learn", "_tpl", "chunk_frame")
 
     # how the dialect's token text starts in a raw event (compact and spaced JSON)
     TEXT_KEYS: tuple[bytes, ...] = (b'"content":"', b'"content": "')
@@ -95,6 +111,10 @@ class TokenFrameState(StreamState):
         # the text-then-tail pattern's fullmatch and match
         self._tpl: _Frame | None = None
         self._fast: _Frame | None = None  # _tpl while the decoder idles
+        # the frame as the HTTP reader takes it, whole chunks (ResponseReader.feed), and
+        # chunk_frame: _chunk_tpl while the decoder idles (when _fast is set)
+        self._chunk_tpl: ChunkFrame | None = None
+        self.chunk_frame: ChunkFrame | None = None
         self._learn = _LEARN_TRIES
         self._keys = self.TEXT_KEYS
 
@@ -153,8 +173,16 @@ class TokenFrameState(StreamState):
             for ev_data, ev_type, _, _ in events:
                 if self._event(ev_data, ev_type, t_rel):
                     return True
-        self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        self._idle_frame(dec.idle())
         return False
+
+    def _idle_frame(self, idle: bool) -> None:
+        """The fast paths' frames, set while the decoder idles (the next read starts an
+        event) and the frame is learned, else cleared."""
+        if idle and self._tpl is not None:
+            self._fast, self.chunk_frame = self._tpl, self._chunk_tpl
+        else:
+            self._fast = self.chunk_frame = None
 
     def _learn_each(self, data: bytes, events: list[RawEvent], t_rel: int) -> bool:
         """A read of several whole events, while the frame is not learned yet: each is
@@ -172,7 +200,7 @@ class TokenFrameState(StreamState):
                 failed = self._event(event[0], event[1], t_rel)
             if failed:
                 return True
-        self._fast = self._tpl if self._tpl is not None and self._decoder.idle() else None
+        self._idle_frame(self._decoder.idle())
         return False
 
     def _learn_frame(self, data: bytes, event: RawEvent, t_rel: int) -> bool:
@@ -218,10 +246,13 @@ class TokenFrameState(StreamState):
                         end = start + len(raw)
                         head, tail = data[:start], data[end:]
                         if self._frame_holds(head, tail, event[1]):
-                            plain, quoted = _text_then(tail)
+                            plain, quoted, chunk = _text_then(tail)
                             self._tpl = (head, start, plain.fullmatch, plain.match, quoted.match)
+                            self._chunk_tpl = (head, start, chunk.fullmatch, self._stamps.append,
+                                               self._parts.append, self._t0, _json_text,
+                                               chunk.match, {})  # fmt: skip
                         break
-        self._fast = self._tpl if self._tpl is not None and dec.idle() else None
+        self._idle_frame(dec.idle())
         return failed
 
     def _frame_holds(self, head: bytes, tail: bytes, event_type: str) -> bool:
@@ -233,11 +264,13 @@ class TokenFrameState(StreamState):
             return False
         cls = type(self)
         scratch = cls.__new__(cls)  # a shallow copy (copy.copy costs twice as much)
-        for name in _slot_names(cls):
-            try:
-                setattr(scratch, name, getattr(self, name))
-            except AttributeError:  # a slot this state never set
-                pass
+        names, values = _slots(cls)
+        try:  # every slot in one pass of C (a loop here cost a hundred lines a stream)
+            deque(map(setattr, repeat(scratch), names, values(self)), maxlen=0)
+        except AttributeError:  # a slot this state never set
+            for name in names:
+                if hasattr(self, name):
+                    setattr(scratch, name, getattr(self, name))
         if hasattr(self, "__dict__"):  # a subclass without __slots__
             scratch.__dict__.update(self.__dict__)
         scratch.record = RequestRecord(self.record.request_id)

@@ -80,7 +80,7 @@ def test_parsing_is_sliced_so_the_loop_polls_between_slices() -> None:
             [b"0", b"1", b"2"],
             [b"0x", b"1", b"2"],
         ]
-        assert not deferred.items and not deferred.scheduled
+        assert not deferred.items
 
         old = _Deferred(
             loop, slice_ns=0, max_lag_ns=0, clock_every=1

@@ -12,12 +12,15 @@ import json
 import time
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadlab.clients import OpenAIStreamState
+from loadlab.clients.http1 import Ended, ResponseReader
 from loadlab.clients.sse import SSEDecoder
 from loadlab.clients.state import StreamState
+from loadlab.clients.transports import settle
 from loadlab.records import RequestRecord
 from tests.helpers.clients import sse_state
 
@@ -249,3 +252,88 @@ def test_a_long_text_that_is_not_the_frame_is_given_up_in_linear_time() -> None:
     fast, _ = _feed([_chat("x"), _chat("y"), event, b"data: [DONE]\n\n"])
     assert time.monotonic() - started < 5.0  # linear: milliseconds; backtracking: forever
     assert fast.text.endswith('ab"c')  # each escaped pair, unescaped
+
+
+class _ReaderWithoutFrame(ResponseReader):
+    """A reader that never takes the sink's chunk frame: every read goes to ``on_bytes``."""
+
+    @property  # type: ignore[override]
+    def frame(self) -> None:
+        return None
+
+    @frame.setter
+    def frame(self, _value: object) -> None:
+        pass
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _through_reader(reader: ResponseReader, reads: list[bytes]) -> tuple[Any, ...]:
+    state = OpenAIStreamState(RequestRecord("r"), "chat", t0_ns=1000)
+    result = reader.start(state, Ended())
+    for i, data in enumerate(reads):
+        reader.feed(data, 2000 + 10 * i)
+    if reader.sink is not None:
+        reader.connection_lost(None)
+    settle(state, result)
+    return _outcome(state)
+
+
+def _chunk(event: bytes, size_line: bytes | None = None) -> bytes:
+    return (size_line or b"%x" % len(event)) + b"\r\n" + event + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        _chunk(_chat(" tok"), b"%X" % len(_chat(" tok"))),  # upper-case hex, a valid size line
+        _chunk(_chat(" tok"), b"0%x" % len(_chat(" tok"))),  # a leading zero, valid too
+        _chunk(_chat(" tok"))[:-2] + b"\r\n" + _chunk(_chat(" x")),  # two whole chunks
+        _chunk(_chat(' "a\\nb"')),  # escapes, unescaped by the JSON parser
+        _chunk(_chat(" tok")).replace(b" tok", b" t\xffk"),  # not UTF-8
+        _chunk(_chat(" tok"), b"%x" % (len(_chat(" tok")) + 1)),  # a size that lies: too long
+        _chunk(_chat(" tok"), b"%x" % (len(_chat(" tok")) - 1)),  # too short
+        _chunk(_chat(" tok")) + b"0\r\n\r\n",  # the last chunk in the same read
+        _chunk(_chat(" tok"))[:-1],  # a chunk cut short
+        _chunk(_chat(" a")) + _chunk(_chat(" b")) + _chunk(_chat(" c"))[:9],  # a backlog, cut
+        _chunk(_chat(" a")) + _chunk(_chat(None, "stop")) + _chunk(_chat(" c")),
+        _chunk(_chat(" a")) + _chunk(_chat(" b"), b"%x" % (len(_chat(" b")) + 2)) + b"\r\n",
+        _chunk(_chat(" a")) + _chunk(_chat(' "b"')) + _chunk(_chat(" c\xff")),
+        _chunk(_chat(" a" * 3000)) + _chunk(_chat(" b")),  # a chunk over the table's sizes
+    ],
+)
+def test_the_readers_chunk_frame_changes_nothing_but_speed(odd: bytes) -> None:
+    """The HTTP reader takes a whole chunk in the stream's learned frame itself
+    (``ResponseReader.feed``); for any read, the record is the one ``on_bytes`` makes."""
+    tokens = [_chunk(_chat(f" t{i}")) for i in range(6)]
+    reads = [_HEAD + _chunk(_chat(None)), *tokens, odd, *tokens, _chunk(_chat(None, "stop"))]
+    reads += [_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+    framed, plain = ResponseReader(), _ReaderWithoutFrame()
+    assert _through_reader(framed, reads) == _through_reader(plain, reads)
+
+
+def test_the_reader_takes_token_chunks_without_calling_the_sink() -> None:
+    tokens = [_chunk(_chat(f" t{i}")) for i in range(20)]
+    reads = [_HEAD + _chunk(_chat(None)), *tokens, _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+    state = OpenAIStreamState(RequestRecord("r"), "chat", t0_ns=1000)
+    reader = ResponseReader()
+    reader.start(state, Ended())
+    seen = []
+    on_bytes = state.on_bytes
+
+    class Spy:  # counts the reads that reach the state
+        def __getattr__(self, name: str) -> Any:
+            return getattr(state, name)
+
+        def on_bytes(self, data: bytes, t_ns: int) -> bool:
+            seen.append(data)
+            return on_bytes(data, t_ns)
+
+    reader.sink = Spy()  # type: ignore[assignment]
+    for i, data in enumerate(reads):
+        reader.feed(data, 2000 + 10 * i)
+    state.finish(9_000)
+    assert state.text == "".join(f" t{i}" for i in range(20))
+    assert state.record.chunk_ns == [1000 + 10 * i for i in range(1, 21)]
+    assert len(seen) < 6  # the role chunk and the frame's learning, then the end
