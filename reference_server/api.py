@@ -70,7 +70,7 @@ from reference_server.vision import (
     prompt_pieces,
 )
 
-__all__ = ["ServerSettings", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "ServerSettings", "create_app"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -88,13 +88,17 @@ class AnswerStream(Protocol):
     def whole(self, ev: TokenEvent) -> dict[str, Any]: ...
 
 
+MAX_BODY_BYTES = 32 << 20  # larger bodies get 413 request_too_large
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "loadlab-ref"
     max_model_len: int = 2048
     max_queue: int = 1024  # requests beyond the running batch that may wait; more get 429
     api_key: str | None = None
-    max_body_bytes: int = 1 << 20
+    # a request's body: room for a few images or minutes of WAV audio as data URLs
+    max_body_bytes: int = MAX_BODY_BYTES
     info: dict[str, Any] = field(default_factory=dict)  # served at /v1/server_info
     encode: Callable[[str], list[int]] = lambda s: list(s.encode("utf-8"))
     # ids outside the byte range are dropped; a cut UTF-8 character becomes U+FFFD

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from reference_server.api import MAX_BODY_BYTES
 from tests.helpers.server import label, metrics, post, session, wait_idle
 
 MODEL = "loadlab-ref"
@@ -135,7 +136,7 @@ def test_unknown_model_route_and_method(continuous_server: Any) -> None:
 
 
 def test_oversized_bodies_get_413_with_or_without_content_length(continuous_server: Any) -> None:
-    big = b'{"model": "loadlab-ref", "prompt": "' + b"x" * (2 << 20) + b'"}'
+    big = b'{"model": "loadlab-ref", "prompt": "' + b"x" * (MAX_BODY_BYTES + 1) + b'"}'
     status, got = asyncio.run(_raw(continuous_server.url + COMPLETIONS, big))
     assert status == 413 and _assert_openai_error(got)["code"] == "request_too_large"
 

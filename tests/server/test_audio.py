@@ -49,6 +49,15 @@ def test_usage_counts_every_audio_token(
     assert audio_tokens(frames, rate) == {16000: 25, 8000: 26, 44100: 3}[rate]
 
 
+def test_bodies_of_a_few_megabytes_of_audio_are_served(reasoning_server: Any) -> None:
+    """Bodies over a megabyte are served: two 10 s clips at 44.1 kHz are 2.4 MB of base64
+    (scenarios/audio.toml sends up to two 20 s clips at 16 kHz, 1.7 MB)."""
+    clips = [_wav(10 * 44100, 44100, shade=0.01 * (i + 1)) for i in range(2)]
+    assert sum(map(len, clips)) > 2 << 20
+    out = _chat(reasoning_server, clips)
+    assert out["usage"]["prompt_tokens"] == len("hi") + 2 * audio_tokens(10 * 44100, 44100)
+
+
 def test_a_repeated_clip_is_a_prefix_cache_hit(reasoning_server: Any) -> None:
     clip = _wav(16000, shade=0.33)  # 25 audio tokens: one whole block of 16
     first = _chat(reasoning_server, [clip], "first question")
