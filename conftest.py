@@ -2,7 +2,7 @@
 
 - Modules that import Locust are never imported here: Locust's gevent monkey-patches the
   interpreter, which breaks every asyncio test after it. Their tests, and the examples of
-  loadlab/locust/user.py, run in processes of their own (tests/locust/).
+  loadlab/locust/_user.py, run in processes of their own (tests/locust/).
 - Under tests/, only ``test_*.py`` files are test modules; helpers, drivers and locustfiles are
   imported by the tests that need them (or run by Locust), never collected on their own.
 - In CI (``CI`` set), Hypothesis draws the same examples every run and keeps no database: a
@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parent
 
 # Relative to ROOT.
 _IMPORTS_GEVENT = {
-    "loadlab/locust/user.py",
-    "loadlab/locust/hooks.py",
-    "loadlab/locust/stream.py",
-    "loadlab/locust/openloop.py",
-    "loadlab/locust/sender.py",
+    "loadlab/locust/_user.py",
+    "loadlab/locust/_hooks.py",
+    "loadlab/locust/_stream.py",
+    "loadlab/locust/_openloop.py",
+    "loadlab/locust/_sender.py",
 }
 
 

@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from loadlab.clients.bodies import build_body
-from loadlab.clients.counting import post_json
-from loadlab.clients.state import dumps
+from loadlab.clients._bodies import build_body
+from loadlab.clients._counting import post_json
+from loadlab.clients._state import dumps
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
-from loadlab.workloads.audio import AudioMaker
+from loadlab.workloads._audio import AudioMaker
 
 
 def _median_ms(fn: Callable[[int], object], repeats: int) -> float:

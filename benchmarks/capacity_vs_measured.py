@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadlab.capacity.measured import format_table, measure_reference
+from loadlab._capacity.measured import format_table, measure_reference
 
 
 def main() -> int:

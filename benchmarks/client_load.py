@@ -21,7 +21,7 @@ import numpy as np
 from loadlab.clients import OpenAIClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest import FixedServerProcess
 
 
 async def drive(

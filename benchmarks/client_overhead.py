@@ -21,11 +21,11 @@ import aiohttp
 import numpy as np
 
 from loadlab.clients import OpenAIClient, OpenAIStreamState
-from loadlab.clients.http1 import Ended, ResponseReader
-from loadlab.clients.sse import SSEDecoder
+from loadlab.clients._http1 import Ended, ResponseReader
+from loadlab.clients._sse import SSEDecoder
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest import FixedServerProcess
 
 CHUNK = (
     b'data: {"id":"cmpl-q1","object":"chat.completion.chunk","created":1796028737,'

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadlab.analysis.compare import compare  # noqa: E402
+from loadlab._analysis.compare import compare  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402

@@ -18,7 +18,7 @@ import os
 import time
 
 from loadlab.clients import AnthropicStreamState, OpenAIStreamState, ResponsesStreamState
-from loadlab.clients.state import StreamState
+from loadlab.clients._state import StreamState
 from loadlab.records import RequestRecord
 
 OPENAI = (

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from loadlab.results import Results, read_results  # noqa: E402
-from loadlab.selftest.fixed_server import FixedServerProcess  # noqa: E402
+from loadlab.selftest import FixedServerProcess  # noqa: E402
 
 LOCUSTFILE = str(ROOT / "examples" / "locust_openloop.py")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

@@ -46,8 +46,8 @@ def check_gpu() -> str | None:
         return "torch is not installed"
     if not torch.cuda.is_available():
         return "torch.cuda.is_available() is False"
+    from loadlab._runner.telemetry import open_nvml
     from loadlab.errors import ConfigError
-    from loadlab.runner.telemetry import open_nvml
 
     try:
         open_nvml().nvmlShutdown()
@@ -73,11 +73,11 @@ def main() -> int:
     if why is not None:
         return no_gpu(why)
 
-    from loadlab.analysis import metrics
-    from loadlab.analysis.telemetry import energy_of, telemetry_of
+    from loadlab._analysis import metrics
+    from loadlab._analysis.telemetry import energy_of, telemetry_of
+    from loadlab._runner.run import run
     from loadlab.config import EndpointConfig, RunConfig
     from loadlab.results import write_results
-    from loadlab.runner.run import run
     from reference_server.bench import weight_bytes
     from reference_server.config import ServerConfig
     from reference_server.launch import start_server

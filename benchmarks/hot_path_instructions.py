@@ -48,7 +48,7 @@ def child(kind: str, tokens: int, reps: int) -> None:
     sys.modules[spec.name] = harness  # its dataclasses look their module up
     spec.loader.exec_module(harness)
     one = harness.replayer(kind, tokens, Path(tempfile.mkdtemp()))
-    # the run's collector policy (``loadlab.runner.runner``): the heap frozen, so a collection
+    # the run's collector policy (``loadlab._runner.runner``): the heap frozen, so a collection
     # walks what the replays allocated, not every module, whenever the counts happen to call one
     gc.freeze()
     functools.reduce(lambda _a, _b: one(), range(reps), None)

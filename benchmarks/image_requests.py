@@ -23,13 +23,13 @@ import time
 
 import numpy as np
 
-from loadlab.clients.bodies import build_body
-from loadlab.clients.counting import post_json
-from loadlab.clients.state import dumps
+from loadlab.clients._bodies import build_body
+from loadlab.clients._counting import post_json
+from loadlab.clients._state import dumps
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
-from loadlab.simulate.fit import read_step_log
-from loadlab.workloads.images import ImageMaker, image_tokens
+from loadlab.simulate._fit import read_step_log
+from loadlab.workloads._images import ImageMaker, image_tokens
 
 
 def _ttft_ms(url: str, body: dict) -> tuple[float, float]:

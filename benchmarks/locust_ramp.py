@@ -72,7 +72,7 @@ def main() -> int:
     )
     p.add_argument("--rounds", type=int, default=1, help="runs of each tree")
     args = p.parse_args()
-    from loadlab.selftest.fixed_server import FixedServerProcess
+    from loadlab.selftest import FixedServerProcess
 
     print(f"machine: {os.cpu_count()} CPUs, loadavg {_loadavg()} at start")
     trees = [("this tree", ROOT)]

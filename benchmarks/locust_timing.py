@@ -1,6 +1,6 @@
 """How exact is loadlab's Locust user? Its TTFT and token times against a server's own truth.
 
-Two parts, both against the fixed-schedule server (``loadlab.selftest.fixed_server``: TTFT
+Two parts, both against the fixed-schedule server (``python -m loadlab.selftest``: TTFT
 100 ms, one token every 20 ms, each write time logged with ``perf_counter_ns``, which is
 ``CLOCK_MONOTONIC`` and so comparable with the client's times on one machine):
 
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadlab.analysis.metrics import percentile
+from loadlab._analysis.metrics import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -97,7 +97,7 @@ def client_probe(mode: str, url: str, users: int, duration_s: float, tokens: int
         return b'"content":"' in line and b'"content":""' not in line
 
     from loadlab.config import EndpointConfig
-    from loadlab.locust.stream import StreamConnection
+    from loadlab.locust._stream import StreamConnection
     from loadlab.records import RequestSpec
 
     ep = EndpointConfig(url, model="m")
@@ -290,7 +290,7 @@ def main() -> int:
     if args.probe:
         client_probe(args.probe, args.url, args.probe_users, args.duration, args.tokens)
         return 0
-    from loadlab.selftest.fixed_server import FixedServerProcess
+    from loadlab.selftest import FixedServerProcess
 
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     with FixedServerProcess(ttft_ms=100, itl_ms=20) as url:

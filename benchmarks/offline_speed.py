@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadlab.analysis.compare import compare
-from loadlab.report.html import render_html
+from loadlab._analysis.compare import compare
+from loadlab._report.html import render_html
+from loadlab._slo import evaluate, load_slo
 from loadlab.results import read_results, write_results
-from loadlab.slo import evaluate, load_slo
 from tests.helpers.synth import make_results
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """What ``loadlab record`` costs: the same load direct and through the proxy, alternating.
 
-The fixed-schedule server (``loadlab.selftest.fixed_server``) answers every request on a fixed
+The fixed-schedule server (``python -m loadlab.selftest``) answers every request on a fixed
 schedule (TTFT and ITL), so whatever loadlab measures beyond the direct run's figures is the
 proxy's own cost: TTFT and ITL at p50 / p99, direct and via the proxy, at each stream count.
 Runs alternate direct, proxy, proxy, direct (``--rounds`` times) so a machine whose speed
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from loadlab.analysis import metrics
+from loadlab._analysis import metrics
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest import FixedServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 

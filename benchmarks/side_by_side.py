@@ -5,7 +5,7 @@ alternating order, against one fixed-schedule server that logs its own truth.
     python3 benchmarks/side_by_side.py OLD NEW --rounds 3 --streams 256 --requests 2560
     python3 benchmarks/side_by_side.py OLD NEW --streams 8 --requests 32 --tokens 16  # a check
 
-The server is this checkout's ``loadlab.selftest.fixed_server`` in its own process (one for
+The server is this checkout's ``python -m loadlab.selftest`` in its own process (one for
 every run, so both trees meet the same server): each request's first token ``--ttft-ms`` after
 the kernel stamped its arrival, then one every ``--itl-ms``, each write's time logged before
 the bytes go out. Each tree runs as ``python -m loadlab run`` from its own folder (its own
@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadlab.selftest.fixed_server import FixedServerProcess  # noqa: E402
+from loadlab.selftest import FixedServerProcess  # noqa: E402
 
 
 def _http_json(url: str, method: str = "GET") -> Any:

@@ -41,13 +41,13 @@ sys.path.insert(0, str(ROOT))
 
 from simulate_vs_sweep import _scrape, _sim_server, add_setup_arguments  # noqa: E402 - this folder
 
-from loadlab.analysis.metrics import itl_ms, ttft_ms  # noqa: E402
-from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
-from loadlab.commands import run as run_command  # noqa: E402
+from loadlab._analysis.metrics import itl_ms, ttft_ms  # noqa: E402
+from loadlab._capacity.vs_run import fetch_server_info  # noqa: E402
+from loadlab._commands import run as run_command  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
-from loadlab.simulate.engine import Simulator  # noqa: E402
-from loadlab.simulate.fit import fit_reference, points_from_step_log  # noqa: E402
-from loadlab.simulate.steptime import StepTimeModel, model_from_dict  # noqa: E402
+from loadlab.simulate._engine import Simulator  # noqa: E402
+from loadlab.simulate._fit import fit_reference, points_from_step_log  # noqa: E402
+from loadlab.simulate._steptime import StepTimeModel, model_from_dict  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadlab.capacity.hardware import get_hardware
-from loadlab.capacity.models import get_model
+from loadlab._capacity.hardware import get_hardware
+from loadlab._capacity.models import get_model
 from loadlab.config import RunConfig
 from loadlab.simulate import RooflineStepTime, ServerConfig, Simulator
-from loadlab.simulate.setup import default_kv_blocks
+from loadlab.simulate._setup import default_kv_blocks
 
 
 def main() -> None:

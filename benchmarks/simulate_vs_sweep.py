@@ -59,16 +59,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadlab.analysis.server_metrics import parse_prometheus_text  # noqa: E402
-from loadlab.capacity.vs_run import fetch_server_info  # noqa: E402
-from loadlab.commands import run as run_command  # noqa: E402
-from loadlab.runner.sweep import level_config  # noqa: E402
-from loadlab.simulate import fit  # noqa: E402
-from loadlab.simulate.capacity import predicted_sweep  # noqa: E402
-from loadlab.simulate.engine import Simulator  # noqa: E402
-from loadlab.simulate.server import ServerConfig as SimServer  # noqa: E402
-from loadlab.simulate.versus import curves_of  # noqa: E402
-from loadlab.slo import load_slo  # noqa: E402
+from loadlab._analysis.server_metrics import parse_prometheus_text  # noqa: E402
+from loadlab._capacity.vs_run import fetch_server_info  # noqa: E402
+from loadlab._commands import run as run_command  # noqa: E402
+from loadlab._runner.sweep import level_config  # noqa: E402
+from loadlab._slo import load_slo  # noqa: E402
+from loadlab.simulate import _fit as fit  # noqa: E402
+from loadlab.simulate._capacity import predicted_sweep  # noqa: E402
+from loadlab.simulate._engine import Simulator  # noqa: E402
+from loadlab.simulate._server import ServerConfig as SimServer  # noqa: E402
+from loadlab.simulate._versus import curves_of  # noqa: E402
 from loadlab.workloads import build_requests  # noqa: E402
 from reference_server.config import ServerConfig  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
@@ -337,7 +337,7 @@ def _remeasure(url: str, args: argparse.Namespace, mode: str, sweep_dir: Path, f
     if args.remeasure <= 0 or not (sweep_dir / "predicted.json").is_file():
         return {}
     from loadlab.results import read_results
-    from loadlab.simulate.steptime import model_from_dict
+    from loadlab.simulate._steptime import model_from_dict
 
     measured = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
     curve = json.loads((sweep_dir / "predicted.json").read_text(encoding="utf-8"))["curves"]
@@ -422,7 +422,7 @@ def _predict_with(url: str, sweep_dir: Path, model_path: Path, args: argparse.Na
     ``jitter=False``: every step at its shape's median (``--step-jitter off``)."""
     if not (sweep_dir / "sweep.json").is_file():
         return {}
-    from loadlab.simulate.steptime import model_from_dict, without_jitter
+    from loadlab.simulate._steptime import model_from_dict, without_jitter
 
     model = model_from_dict(json.loads(model_path.read_text(encoding="utf-8")))
     if not jitter:

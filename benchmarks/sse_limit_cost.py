@@ -24,7 +24,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loadlab.clients import sse as current  # noqa: E402
+from loadlab.clients import _sse as current  # noqa: E402
 
 EVENT = (
     b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
@@ -43,7 +43,7 @@ SHAPES = {
 
 def _decoder_at(rev: str) -> ModuleType:
     src = subprocess.run(
-        ["git", "show", f"{rev}:loadlab/clients/sse.py"],
+        ["git", "show", f"{rev}:loadlab/clients/_sse.py"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     path = Path(tempfile.mkdtemp()) / "sse_base.py"

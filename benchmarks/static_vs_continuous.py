@@ -35,9 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loadlab.clients.openai import OpenAIClient  # noqa: E402
+from loadlab._lab.batchjob import expected_max  # noqa: E402
+from loadlab.clients._openai import OpenAIClient  # noqa: E402
 from loadlab.config import EndpointConfig  # noqa: E402
-from loadlab.lab.batchjob import expected_max  # noqa: E402
 from loadlab.records import RequestSpec  # noqa: E402
 from reference_server.launch import start_server  # noqa: E402
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadlab._runner.run import Prepared, prepare
+from loadlab._runner.sweep import find_max_load, run_level
+from loadlab._slo import parse_slo
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.run import Prepared, prepare
-from loadlab.runner.sweep import find_max_load, run_level
-from loadlab.slo import parse_slo
 
 
 def pin(pid: int, cpus: set[int]) -> None:

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from loadlab.results import read_results  # noqa: E402
-from loadlab.workloads.replay import trace_source  # noqa: E402
-from loadlab.workloads.trace import iter_trace, replay_fidelity  # noqa: E402
+from loadlab.workloads._replay import trace_source  # noqa: E402
+from loadlab.workloads._trace import iter_trace, replay_fidelity  # noqa: E402
 
 
 def toml_value(v: Any) -> str:

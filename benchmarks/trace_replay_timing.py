@@ -1,7 +1,7 @@
 """Open-loop schedule under big prompts: the Azure code trace replayed against a server that
 stamps each request's arrival with the kernel's clock.
 
-Starts the fixed-schedule server (``loadlab.selftest.fixed_server``, its own process: it logs
+Starts the fixed-schedule server (``python -m loadlab.selftest``, its own process: it logs
 ``perf_counter_ns``, CLOCK_MONOTONIC, when each whole request had arrived), optionally a
 process that burns one core (``--burn``), then runs the user-facing command::
 
@@ -44,9 +44,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loadlab.analysis.metrics import distribution  # noqa: E402
+from loadlab._analysis.metrics import distribution  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
-from loadlab.selftest.fixed_server import FixedServerProcess  # noqa: E402
+from loadlab.selftest import FixedServerProcess  # noqa: E402
 
 BURN = "while True:\n    pass\n"  # one core, at the same priority as the rest
 

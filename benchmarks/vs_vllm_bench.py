@@ -7,7 +7,7 @@ a packet capture.
 The workload is vllm bench's random dataset, 256 tokens in and 64 out, EOS ignored; loadlab
 replays exactly the per-request lengths vLLM counted for it (how, and why both send
 ``allowed_token_ids``: ``tests/helpers/vllm_bench.py``). At each concurrency, vllm bench runs
-and then loadlab, each while ``loadlab.wire`` captures the loopback (root or CAP_NET_RAW):
+and then loadlab, each while ``loadlab._wire`` captures the loopback (root or CAP_NET_RAW):
 each tool's TTFT, ITL and E2E are held against the wire's for the same requests (joined by
 the ``X-Request-Id`` each tool sends), so the server's speed, which drifts between runs by
 more than the tools differ, drops out: each tool is judged against its own run's packets.
@@ -57,8 +57,8 @@ from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadlab.wire.capture import check_capture
-from loadlab.wire.judge import CLAIM_MS
+from loadlab._wire.capture import check_capture
+from loadlab._wire.judge import CLAIM_MS
 from tests.helpers.peers_wire import (
     aiperf_requests,
     guidellm_requests,

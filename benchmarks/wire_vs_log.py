@@ -2,9 +2,9 @@
 
     sudo python3 benchmarks/wire_vs_log.py [--levels 1,16,64] [--requests-per-stream 4]
 
-``loadlab.selftest.fixed_server`` stamps ``perf_counter_ns`` just before it hands each chunk
+``python -m loadlab.selftest`` stamps ``perf_counter_ns`` just before it hands each chunk
 to the socket. At each level (concurrent streams) a fresh server runs in its own process and
-``loadlab selftest --wire``'s machinery (``loadlab.wire.check.run_wire_check``) drives it while
+``loadlab selftest --wire``'s machinery (``loadlab._wire.check.run_wire_check``) drives it while
 capturing the loopback; every token event on the wire is then held against the server's stamp
 for the same chunk (the capture's CLOCK_REALTIME mapped onto CLOCK_MONOTONIC). The wire can
 only be later than the stamp (the write follows it); how much later is the capture's error
@@ -27,11 +27,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadlab.analysis.metrics import distribution
+from loadlab._analysis.metrics import distribution
+from loadlab._wire.capture import check_capture
+from loadlab._wire.check import run_wire_check
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.selftest.fixed_server import FixedServerProcess
-from loadlab.wire.capture import check_capture
-from loadlab.wire.check import run_wire_check
+from loadlab.selftest import FixedServerProcess
 
 TARGET_P99_MS = 0.2
 

@@ -1,6 +1,6 @@
 """Time from the start of ``loadlab run`` to its first load request, with 1 and with N workers.
 
-The fixed-schedule server (``loadlab.selftest.fixed_server``) stamps every request's arrival
+The fixed-schedule server (``python -m loadlab.selftest``) stamps every request's arrival
 with ``perf_counter_ns`` (CLOCK_MONOTONIC, one clock for every process of the machine); this
 script takes the same clock just before it starts the command, so the difference is process
 start, imports, prompt sizing (calibration against this server: it has no tokenizer route),
@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest import FixedServerProcess
 
 
 def first_request_s(url: str, workers: int, args: argparse.Namespace, out: Path) -> float:

@@ -8,6 +8,6 @@
 See docs/distributed.md.
 """
 
-from loadlab.locust.openloop import OpenLoopUser
+from loadlab.locust import OpenLoopUser
 
 __all__ = ["OpenLoopUser"]

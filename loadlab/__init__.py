@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from loadlab._version import __version__
 
 if TYPE_CHECKING:  # "X as X": re-exported, for type checkers and editors
+    from loadlab._analysis.compare import compare as compare
+    from loadlab._report.text import render_summary as render_summary
+    from loadlab._report.text import render_verdict as render_verdict
     from loadlab.api import evaluate as evaluate
     from loadlab.api import run as run
     from loadlab.api import run_sync as run_sync
@@ -39,6 +42,9 @@ _HOMES = {
     "run": "loadlab.api",
     "run_sync": "loadlab.api",
     "summarize": "loadlab.api",
+    "compare": "loadlab._analysis.compare",
+    "render_summary": "loadlab._report.text",
+    "render_verdict": "loadlab._report.text",
 }
 __all__ = ["__version__", *_HOMES]
 

@@ -33,15 +33,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadlab.analysis.metrics import DEFAULT_PERCENTILES
+from loadlab._analysis.metrics import DEFAULT_PERCENTILES
 from loadlab.config import RunConfig
 from loadlab.errors import ConfigError
 from loadlab.results import Results
 
 if TYPE_CHECKING:
-    from loadlab.analysis.summary import RunSummary
-    from loadlab.slo import SLOSpec, Verdict
-    from loadlab.slo.spec import Policy
+    from loadlab._analysis.summary import RunSummary
+    from loadlab._slo import SLOSpec, Verdict
+    from loadlab._slo.spec import Policy
 
 __all__ = ["evaluate", "run", "run_sync", "summarize"]
 
@@ -49,7 +49,7 @@ __all__ = ["evaluate", "run", "run_sync", "summarize"]
 def summarize(results: Results, percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> RunSummary:
     """The run's summary (counts, latency percentiles in ms, throughput) as frozen dataclasses:
     the figures of ``loadlab report``; ``.to_dict()`` is the results file's ``summary``."""
-    from loadlab.analysis.summary import summarize as _summarize
+    from loadlab._analysis.summary import summarize as _summarize
 
     return _summarize(results, percentiles)
 
@@ -65,8 +65,8 @@ def evaluate(
 
     ``verdict.passed`` and ``verdict.exit_code`` (0 pass, 1 fail, 2 not valid evidence) are
     what ``loadlab slo`` reports; docs/slo-and-reports.md explains the verdicts."""
-    from loadlab.slo import SLOSpec, load_slo, parse_slo
-    from loadlab.slo import evaluate as _evaluate
+    from loadlab._slo import SLOSpec, load_slo, parse_slo
+    from loadlab._slo import evaluate as _evaluate
 
     if isinstance(slo, SLOSpec):
         spec = slo
@@ -98,10 +98,10 @@ async def run(config: RunConfig, *, endpoint: str | None = None) -> Results:
     """Run ``config``'s load against one endpoint in the running event loop and return the
     results; written to ``config.out`` when it is set. One process: ``workers`` must be 1.
 
-    The same run as ``loadlab run`` with the same settings (``loadlab.runner.run``): prompts
+    The same run as ``loadlab run`` with the same settings (``loadlab._runner.run``): prompts
     sized for the endpoint, a fresh seed unless ``config.seed`` is set (``results.config``
     records the one used)."""
-    from loadlab.runner.run import run_here
+    from loadlab._runner.run import run_here
 
     cfg = _one_endpoint(config, endpoint)
     return (await run_here(cfg, write=cfg.out is not None)).runs[0].results
@@ -110,7 +110,7 @@ async def run(config: RunConfig, *, endpoint: str | None = None) -> Results:
 def run_sync(config: RunConfig, *, endpoint: str | None = None) -> Results:
     """``run`` for code without an event loop (a script); it also spreads the load over
     ``config.workers`` processes. Not from inside a running loop: there, ``await run()``."""
-    from loadlab.runner.run import run as run_config
+    from loadlab._runner.run import run as run_config
 
     cfg = _one_endpoint(config, endpoint)
     return run_config(cfg, write=cfg.out is not None).runs[0].results

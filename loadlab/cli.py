@@ -1,6 +1,6 @@
 """The ``loadlab`` command: one entry point, one module per subcommand.
 
-Each subcommand lives in ``loadlab/commands/<name>.py`` and defines::
+Each subcommand lives in ``loadlab/_commands/<name>.py`` and defines::
 
     def add_arguments(parser: argparse.ArgumentParser) -> None: ...
     def run(args: argparse.Namespace) -> int: ...   # the process exit code
@@ -12,7 +12,7 @@ only when their command runs (the server's torch and Locust's gevent never load 
 Exit codes: what the command returns; 2 for any ``loadlab.errors.LoadlabError`` (bad input,
 printed as one line, mapped here and nowhere else), a bad flag or an input file nested too
 deeply to parse (``RecursionError``); 128 + the signal's number when a stop signal ends it (130 on Ctrl-C,
-143 on SIGTERM, 129 on SIGHUP: ``loadlab.runner.signals``). Any other
+143 on SIGTERM, 129 on SIGHUP: ``loadlab._runner.signals``). Any other
 exception is a bug: its traceback is printed and the exit code is 1.
 """
 
@@ -29,24 +29,24 @@ __all__ = ["COMMANDS", "main"]
 
 # name -> (module, one-line help). Order is the order of --help.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("loadlab.commands.run", "run a load test and write a results file"),
-    "report": ("loadlab.commands.report", "summarise a results file (text; --html, --csv, --slo)"),
+    "run": ("loadlab._commands.run", "run a load test and write a results file"),
+    "report": ("loadlab._commands.report", "summarise a results file (text; --html, --csv, --slo)"),
     "slo": (
-        "loadlab.commands.slo",
+        "loadlab._commands.slo",
         "judge a results file against an SLO file (CI gate): exit 0 pass, 1 fail, 2 invalid",
     ),
     "compare": (
-        "loadlab.commands.compare",
+        "loadlab._commands.compare",
         "compare results files side by side (first = baseline); gate on significant regressions",
     ),
-    "sweep": ("loadlab.commands.sweep", "find the highest load that meets the SLOs"),
-    "merge": ("loadlab.commands.merge", "join the results files of one run's --shard parts"),
-    "capacity": ("loadlab.commands.capacity", "estimate GPUs needed; hold estimates against runs"),
-    "simulate": ("loadlab.commands.simulate", "predict a run by simulation; write a results file"),
-    "selftest": ("loadlab.commands.selftest", "measure this generator's own timing error"),
-    "lab": ("loadlab.commands.lab", "the reference server's four modes side by side"),
+    "sweep": ("loadlab._commands.sweep", "find the highest load that meets the SLOs"),
+    "merge": ("loadlab._commands.merge", "join the results files of one run's --shard parts"),
+    "capacity": ("loadlab._commands.capacity", "estimate GPUs needed; hold estimates against runs"),
+    "simulate": ("loadlab._commands.simulate", "predict a run by simulation; write a results file"),
+    "selftest": ("loadlab._commands.selftest", "measure this generator's own timing error"),
+    "lab": ("loadlab._commands.lab", "the reference server's four modes side by side"),
     "record": (
-        "loadlab.commands.record",
+        "loadlab._commands.record",
         "a proxy that records the shape of real traffic (no text) for replay",
     ),
 }
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the process is this command (not cli.main([...]) inside a program)
-        from loadlab.runner import signals
+        from loadlab._runner import signals
 
         signals.owns_process()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loadlab {name}: an input file is {TOO_DEEP}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP where a command installed signals
-        from loadlab.runner import signals
+        from loadlab._runner import signals
 
         print(f"loadlab {name}: interrupted", file=sys.stderr)
         return signals.exit_code()

@@ -7,7 +7,7 @@ given leaves the field's default below, which is also what ``--help`` shows. A s
 file's top-level keys are these field names; ``[workload]`` is passed to
 ``loadlab.workloads.build_requests`` and interpreted there (kind = "synthetic" | "chat" |
 "batch" | "trace" | ..., with that kind's parameters). ``[[endpoints]]`` lists named endpoints
-for a side-by-side run. ``loadlab.runner.run`` runs one, whoever asks.
+for a side-by-side run. ``loadlab._runner.run`` runs one, whoever asks.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadlab.errors import ConfigError, parse_json
-from loadlab.headers import (
+from loadlab._headers import (
     check_header,
     check_no_proxy,
     check_url,
@@ -29,7 +28,8 @@ from loadlab.headers import (
     redact_headers,
     split_userinfo,
 )
-from loadlab.limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
+from loadlab._limits import MAX_DURATION_S, MAX_TOKENS, MAX_WORKERS, machine_limits
+from loadlab.errors import ConfigError, parse_json
 
 __all__ = ["DEMO", "EndpointConfig", "RunConfig", "extra_body_from_flag"]
 
@@ -62,7 +62,7 @@ class EndpointConfig:
     User-info in ``url`` (``http://user:pass@host``) is moved at once into an
     ``Authorization: Basic`` header (unless ``headers`` has one), so the URL is safe to print
     and store and both transports send the credentials; every header is checked for CR, LF
-    and NUL (``loadlab.headers``).
+    and NUL (``loadlab._headers``).
     """
 
     url: str
@@ -118,7 +118,7 @@ class RunConfig:
     # (the endpoint's tokenizer route, else a calibration, else an estimate with a warning),
     # "server", "calibrate", a tokenizer folder, tokenizer.json, tiktoken file or cached model
     # id, "byte" (the reference server's), or "none" (a characters-per-token estimate); a
-    # workload's ``chars_per_token`` also means an estimate (``loadlab.runner.prompt_sizing``)
+    # workload's ``chars_per_token`` also means an estimate (``loadlab._runner.prompt_sizing``)
     tokenizer: str = "auto"
     out: str | None = None  # results file; default reports/<timestamp>.json
     slo: str | None = None  # SLO file; the run's exit code follows the verdict
@@ -160,8 +160,8 @@ class RunConfig:
         self._check_cost()
 
     def _check_cost(self) -> None:
-        """Price tables valid (``loadlab.analysis.cost``), GPU sampling periods in range."""
-        from loadlab.analysis.cost import check_tables
+        """Price tables valid (``loadlab._analysis.cost``), GPU sampling periods in range."""
+        from loadlab._analysis.cost import check_tables
 
         check_tables(self.pricing, "pricing")
         _number("--gpu-interval", self.gpu_interval_s, 0.0, 3600.0, "s", "give seconds",
@@ -169,7 +169,7 @@ class RunConfig:
         _number("--gpu-baseline", self.gpu_baseline_s, 0.0, 3600.0, "s", "give seconds")
 
     def _check_numbers(self) -> None:
-        """Every number finite, of its type and within its range (``loadlab.limits``)."""
+        """Every number finite, of its type and within its range (``loadlab._limits``)."""
         lim = machine_limits()
         _integer("--workers", self.workers, 1, MAX_WORKERS, "fewer processes")
         if self.shard is not None:

@@ -1,7 +1,7 @@
 """The one record type that flows through the harness.
 
 ``RequestSpec`` is what a workload asks for; ``RequestRecord`` is what happened. Every metric
-is a pure function of records (``loadlab.analysis.metrics``). Timestamps are raw integers from
+is a pure function of records (``loadlab._analysis.metrics``). Timestamps are raw integers from
 ``time.perf_counter_ns()`` made relative to the run's ``t0_ns`` (so the results file is
 portable); durations are differences of them. Wall-clock time is only a label
 (``Results.started_at``).
@@ -157,18 +157,18 @@ class RequestSpec:
     tool_turn: bool = False
     tool_results: tuple[Mapping[str, Any], ...] = ()
     reasoning_effort: str | None = None  # "low" | "medium" | "high", passed to the API
-    # Embeddings and rerank (``loadlab.workloads.pooling``): the texts to embed, or the
+    # Embeddings and rerank (``loadlab.workloads._pooling``): the texts to embed, or the
     # documents to rank against ``prompt`` (the query); nothing is generated
     inputs: tuple[str, ...] = ()
     # Images sent with the new user message: ``data:`` URLs (or http URLs) and each one's
-    # (width, height) in pixels, when known (``loadlab.workloads.images``)
+    # (width, height) in pixels, when known (``loadlab.workloads._images``)
     images: tuple[str, ...] = ()
     image_sizes: tuple[tuple[int, int], ...] = ()
     image_tokens: int = (
         0  # what the images add to ``prompt_tokens`` (the text's) as the target counts
     )
     # Audio clips sent with it as (format, base64 data), each one's length in seconds and
-    # their tokens as the target counts them (``loadlab.workloads.audio``)
+    # their tokens as the target counts them (``loadlab.workloads._audio``)
     audio: tuple[tuple[str, str], ...] = ()
     audio_s: tuple[float, ...] = ()
     audio_tokens: int = 0

@@ -14,7 +14,7 @@ Layout (schema ``loadlab.results``, version ``SCHEMA_VERSION``)::
       "records":    [RequestRecord.to_dict(), ...],
       "server_samples": [{"t_ns": int, "metrics": {"name{labels}": value}}, ...],
       "extra":      free-form sections (selftest truth, lab modes, capacity, ...),
-      "summary":    loadlab.analysis.summary.summarize() at write time (informative; recomputed on read)
+      "summary":    loadlab._analysis.summary.summarize() at write time (informative; recomputed on read)
     }
 
 Example::
@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from loadlab._analysis import metrics
+from loadlab._analysis.columns import RecordColumns, RecordView, Unparsed, columns_of
+from loadlab._analysis.generator import merge_parts
+from loadlab._analysis.summary import has_reasoning_or_tools, summarize
+from loadlab._headers import REDACTED, public_url, redact_headers
 from loadlab._version import __version__
-from loadlab.analysis import metrics
-from loadlab.analysis.columns import RecordColumns, RecordView, Unparsed, columns_of
-from loadlab.analysis.generator import merge_parts
-from loadlab.analysis.summary import has_reasoning_or_tools, summarize
 from loadlab.errors import ResultsError, parse_json
-from loadlab.headers import REDACTED, public_url, redact_headers
 from loadlab.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ __all__ = [
 
 SCHEMA = "loadlab.results"
 SCHEMA_VERSION = 1
-MAX_RUN_NS = 31 * 86_400 * 10**9  # a run lasts at most 30 days (loadlab.limits), and a day more
+MAX_RUN_NS = 31 * 86_400 * 10**9  # a run lasts at most 30 days (loadlab._limits), and a day more
 RUN_SLACK_NS = 3_600 * 10**9  # records' times may lie this far outside their run
 
 # Config keys whose values are secrets. Values are replaced, keys kept (so a reader sees that
@@ -235,7 +235,7 @@ def _section(data: Mapping[str, Any], key: str, kind: type, source: str) -> Any:
 
 def redact(config: Any) -> Any:
     """Copy of ``config`` with every secret-looking value replaced by ``***``: keys named like
-    a secret, credential-like ``headers`` (``loadlab.headers``), and URL user-info anywhere.
+    a secret, credential-like ``headers`` (``loadlab._headers``), and URL user-info anywhere.
 
     >>> redact({"api_key": "sk-1", "api_key_env": "OPENAI_API_KEY", "max_tokens": 5})
     {'api_key': '***', 'api_key_env': 'OPENAI_API_KEY', 'max_tokens': 5}

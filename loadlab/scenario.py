@@ -28,13 +28,13 @@ from typing import Any
 
 import pydantic
 
+from loadlab._headers import public_url
 from loadlab.config import APIS, EndpointConfig, RunConfig
 from loadlab.errors import ScenarioError, read_toml
-from loadlab.headers import public_url
 from loadlab.workloads import resolve_workload_paths, validate_workload
-from loadlab.workloads.arrivals import PROCESSES
-from loadlab.workloads.params import WorkloadError, closest
-from loadlab.workloads.tokenizers import resolve_tokenizer
+from loadlab.workloads._arrivals import PROCESSES
+from loadlab.workloads._params import WorkloadError, closest
+from loadlab.workloads._tokenizers import resolve_tokenizer
 
 __all__ = ["ScenarioError", "load_scenario", "scenario_from_dict"]
 

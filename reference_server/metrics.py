@@ -40,7 +40,7 @@ left out)::
 Besides ``/metrics``: the step log (``GET /v1/step_log``), the last ``STEP_LOG_SIZE`` steps
 each with its wall time from the engine loop's start of the step (inbox drained, batch
 scheduled) to its tokens handed to the API, and its shape in the simulator's step features
-(``loadlab.simulate.steptime``): what a step-time model is fitted on (``loadlab simulate
+(``loadlab.simulate._steptime``): what a step-time model is fitted on (``loadlab simulate
 --fit-steps``). The histogram above times only the forward pass and postprocess.
 
 Usage::

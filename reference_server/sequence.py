@@ -129,7 +129,7 @@ class ScheduledBatch:
 
     def step_shape(self) -> tuple[int, int, int, int]:
         """(prefill tokens of slices n > 1, single-token rows, causal attention pairs, cached
-        tokens read): ``loadlab.simulate.steptime``'s step features, for the step log. Call it
+        tokens read): ``loadlab.simulate._steptime``'s step features, for the step log. Call it
         before the step runs (it reads ``num_computed_tokens``)."""
         prefill = rows = pairs = kv = 0
         for i in self.items:

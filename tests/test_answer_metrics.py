@@ -3,13 +3,13 @@ the summary, the report and the SLO verdict (hand-computed values)."""
 
 from __future__ import annotations
 
-from loadlab.analysis import metrics
-from loadlab.analysis.compare import compare
-from loadlab.analysis.summary import summarize
+from loadlab._analysis import metrics
+from loadlab._analysis.compare import compare
+from loadlab._analysis.summary import summarize
+from loadlab._report.text import render_summary
+from loadlab._slo import evaluate, parse_slo
 from loadlab.records import RequestRecord
-from loadlab.report.text import render_summary
 from loadlab.results import Results, to_dataframe
-from loadlab.slo import evaluate, parse_slo
 
 MS = 1_000_000
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import loadlab
+from loadlab._slo import load_slo
 from loadlab.errors import ConfigError, SLOError
-from loadlab.selftest.fixed_server import FixedScheduleServer
-from loadlab.slo import load_slo
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.synth import make_results
 
 ROOT = Path(__file__).resolve().parent.parent

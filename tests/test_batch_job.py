@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis import metrics
-from loadlab.analysis.batch_job import batch_classes, batch_jobs
+from loadlab._analysis import metrics
+from loadlab._analysis.batch_job import batch_classes, batch_jobs
+from loadlab._report.html import render_html
 from loadlab.cli import main
 from loadlab.records import RequestRecord
-from loadlab.report.html import render_html
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 
 SCENARIO = """
 concurrency = 4

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadlab.analysis.compare import _boot_quantile, _Resampler, compare
+from loadlab._analysis.compare import _boot_quantile, _Resampler, compare
+from loadlab._slo import parse_slo
 from loadlab.cli import main
 from loadlab.results import read_results, write_results
-from loadlab.slo import parse_slo
 from tests.helpers.synth import make_results
 
 
@@ -166,7 +166,7 @@ def test_runs_that_did_not_start_equally_cold_are_said_so_and_every_column_has_a
 ) -> None:
     """Two runs of one server, the second finding the first's prompts cached: the comparison
     says their hit rates differ (the gate is left as it is); alike runs get no such line."""
-    from loadlab.report.comparison import _header
+    from loadlab._report.comparison import _header
 
     def with_cache(seed: int, cached: int) -> Path:
         res = make_results(300, seed=seed, tokens=4)
@@ -220,7 +220,7 @@ def test_a_gate_never_passes_a_change_it_cannot_judge() -> None:
 
 def test_crossing_counts_running_totals_below_the_target() -> None:
     """The block-wise search finds what a full running sum finds, row by row."""
-    from loadlab.analysis.compare import _crossing
+    from loadlab._analysis.compare import _crossing
 
     rng = np.random.default_rng(3)
     for width in (1, 5, 256, 257, 1000):
@@ -240,7 +240,7 @@ def test_poisson_bootstrap_has_the_distribution_of_the_full_one(
     """The windowed, grouped Poisson bootstrap of a quantile against the Poisson bootstrap
     done in full (a weight for every request of every replicate), over the same data: the
     replicates' spread and centre agree."""
-    from loadlab.analysis.compare import _poisson_quantile
+    from loadlab._analysis.compare import _poisson_quantile
 
     rng = np.random.default_rng(11)
     k = 3000
@@ -264,7 +264,7 @@ def test_poisson_bootstrap_has_the_distribution_of_the_full_one(
 def test_large_setups_take_the_poisson_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past EXACT_CELLS the comparison draws Poisson weights over a window: it finds the
     30 % regression and no change where there is none, as the full bootstrap does."""
-    import loadlab.analysis.compare as cmp_module
+    import loadlab._analysis.compare as cmp_module
 
     monkeypatch.setattr(cmp_module, "EXACT_CELLS", 1000)
     base, slow = _run(1), _run(3, ttft_scale=1.3)

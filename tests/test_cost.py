@@ -1,4 +1,4 @@
-"""Prices and a run's bill (``loadlab.analysis.cost``), checked against hand-computed values."""
+"""Prices and a run's bill (``loadlab._analysis.cost``), checked against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadlab.analysis.cost import (
+from loadlab._analysis.cost import (
     Pricing,
     cost_of,
     cost_units,

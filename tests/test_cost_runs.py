@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._report.cost import usd
 from loadlab.cli import main
-from loadlab.report.cost import usd
 from loadlab.results import Results, read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 
 pytestmark = pytest.mark.slow  # real servers and runs
 S = 1_000_000_000

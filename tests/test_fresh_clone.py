@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.conftest import ROOT
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadlab.analysis.generator import generator_parts, merge_parts, saturation_warning
+from loadlab._analysis.generator import generator_parts, merge_parts, saturation_warning
 
 
 def test_a_merged_runs_warning_reads_its_worst_process() -> None:

@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loadlab.analysis.server_metrics import parse_prometheus_text
-from loadlab.analysis.telemetry import energy_of, gpu_series
+from loadlab._analysis.server_metrics import parse_prometheus_text
+from loadlab._analysis.telemetry import energy_of, gpu_series
+from loadlab._report.text import render_summary
+from loadlab._runner.telemetry import nvml_sample
 from loadlab.cli import main
 from loadlab.records import RequestRecord
-from loadlab.report.text import render_summary
 from loadlab.results import Results, read_results
-from loadlab.runner.telemetry import nvml_sample
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.dcgm import PAGE, DcgmReplay
 
 S = 1_000_000_000

@@ -1,4 +1,4 @@
-"""loadlab.headers: injection refused, credentials redacted, URL user-info moved to a header."""
+"""loadlab._headers: injection refused, credentials redacted, URL user-info moved to a header."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
+from loadlab._headers import check_header, is_credential, public_url, redact_headers, split_userinfo
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.headers import check_header, is_credential, public_url, redact_headers, split_userinfo
 from loadlab.results import redact
 
 

@@ -3,7 +3,7 @@
 Every ``import`` statement counts, wherever it stands (module level, inside a function, under
 ``if TYPE_CHECKING``): a lazy import hides a cycle from the interpreter, not from a reader.
 An import names the most specific module it loads (``from loadlab.workloads import base`` is an
-edge to ``loadlab.workloads.base``; ``from loadlab.workloads import build_requests`` one to the
+edge to ``loadlab.workloads._base``; ``from loadlab.workloads import build_requests`` one to the
 package ``loadlab.workloads``). The parent packages an import also runs are left out: counting
 them would make every package ``__init__`` that re-exports a submodule a cycle.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("loadlab", "reference_server")
 
-DATA_LAYERS = ("loadlab.workloads", "loadlab.records", "loadlab.results", "loadlab.analysis")
-DRIVING_LAYERS = ("loadlab.runner", "loadlab.clients", "loadlab.commands")
+DATA_LAYERS = ("loadlab.workloads", "loadlab.records", "loadlab.results", "loadlab._analysis")
+DRIVING_LAYERS = ("loadlab._runner", "loadlab.clients", "loadlab._commands")
 
 
 def _module_files() -> dict[str, Path]:
@@ -140,11 +140,11 @@ def _within(module: str, layers: tuple[str, ...]) -> bool:
 
 def test_the_walk_sees_lazy_and_relative_imports() -> None:
     graph = import_graph()
-    assert "loadlab.records" in graph["loadlab.analysis.metrics"]
-    assert "loadlab.runner.runner" in graph
+    assert "loadlab.records" in graph["loadlab._analysis.metrics"]
+    assert "loadlab._runner.runner" in graph
     assert "reference_server.engine" in graph
     # a function-level import is an edge (commands/run.py loads the runner when it runs)
-    assert any(_within(m, ("loadlab.runner",)) for m in graph["loadlab.commands.run"])
+    assert any(_within(m, ("loadlab._runner",)) for m in graph["loadlab._commands.run"])
 
 
 def test_the_finder_reports_a_cycle() -> None:
@@ -181,7 +181,7 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_no_module_imports_the_package_it_belongs_to() -> None:
     """A package ``__init__`` re-exports its modules (``loadlab``'s is the public API), so a
     module importing it closes a cycle as soon as that ``__init__`` imports the module.
-    ``from loadlab.analysis import metrics`` names the module, not the package, and is fine."""
+    ``from loadlab._analysis import metrics`` names the module, not the package, and is fine."""
     graph = import_graph()
     bad = sorted(
         f"{module} imports {package}"
@@ -194,5 +194,5 @@ def test_no_module_imports_the_package_it_belongs_to() -> None:
 
 def test_the_offline_report_loads_neither_runner_nor_client() -> None:
     """``loadlab report`` reads a file: it needs no HTTP client and no run machinery."""
-    loaded = _reachable(import_graph(), "loadlab.commands.report")
-    assert not sorted(m for m in loaded if _within(m, ("loadlab.runner", "loadlab.clients")))
+    loaded = _reachable(import_graph(), "loadlab._commands.report")
+    assert not sorted(m for m in loaded if _within(m, ("loadlab._runner", "loadlab.clients")))

@@ -31,7 +31,7 @@ from loadlab.journal import (
 )
 from loadlab.records import RequestRecord
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 
 # --tokenizer none: the fixed server's truth lists every request it saw, and the default

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from loadlab import cli
+from loadlab._limits import machine_limits
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
-from loadlab.limits import machine_limits
 from tests.helpers.loopback import ROOT
 
 EP = ["--endpoint", "http://127.0.0.1:9", "--model", "m"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadlab.analysis import metrics
-from loadlab.analysis.summary import summarize
+from loadlab._analysis import metrics
+from loadlab._analysis.summary import summarize
 from loadlab.records import RequestRecord
 from loadlab.results import Results
 

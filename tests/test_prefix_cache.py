@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadlab.analysis.prefix_cache import (
+from loadlab._analysis.prefix_cache import (
     expected_cached_tokens,
     expected_hit_rate,
     server_hit_rate,
@@ -72,8 +72,8 @@ def test_cached_and_uncached_ttft_are_compared_only_over_prompts_of_like_length(
     """A chat run's cached requests are later turns with longer prompts: their raw TTFT is no
     measure of the cache. The like-for-like figures keep only prompt-length bands holding
     both groups; none such, and the rows say so instead of a comparison."""
-    from loadlab.analysis.prefix_cache import PrefixCacheSummary, ttft_split
-    from loadlab.report.prefix_cache import prefix_cache_rows
+    from loadlab._analysis.prefix_cache import PrefixCacheSummary, ttft_split
+    from loadlab._report.prefix_cache import prefix_cache_rows
 
     first = [timed(64, 0, 30.0 + i) for i in range(6)]  # turn 0: short, uncached
     later = [timed(162, 96, 48.0 + i, turn=1) for i in range(6)]  # turn 1: long, cached

@@ -1,8 +1,10 @@
-"""What a user may rely on is pinned here: ``loadlab.__all__`` and ``loadlab.locust.__all__``.
+"""What a user may rely on is pinned here: ``loadlab.__all__`` and the ``__all__`` of each public
+subpackage (``locust``, ``clients``, ``workloads``, ``simulate``, ``selftest``).
 
-Everything else in the package is internal and may change between releases
-(docs/python-api.md). A change to either list is a change to the public API: it fails this
-test, and the same commit updates the list below and the docs.
+Everything else in the package is internal and may change between releases, and its name says
+so: a module or package whose name starts with an underscore (docs/python-api.md). A change to
+a list is a change to the public API: it fails this test, and the same commit updates the list
+below and the docs.
 """
 
 from __future__ import annotations
@@ -20,14 +22,64 @@ PUBLIC = {
         "Results",
         "RunConfig",
         "__version__",
+        "compare",
         "evaluate",
         "read_results",
+        "render_summary",
+        "render_verdict",
         "run",
         "run_sync",
         "summarize",
         "write_results",
     ],
-    "loadlab.locust": ["LLMUser", "StreamFailure", "bucket_response_time", "workload_specs"],
+    "loadlab.locust": [
+        "LLMUser",
+        "OpenLoopUser",
+        "StreamFailure",
+        "bucket_response_time",
+        "workload_specs",
+    ],
+    "loadlab.clients": [
+        "AnthropicClient",
+        "AnthropicStreamState",
+        "Client",
+        "Completion",
+        "Message",
+        "OpenAIClient",
+        "OpenAIStreamState",
+        "PoolingClient",
+        "ResponsesClient",
+        "ResponsesStreamState",
+        "SSEDecoder",
+        "SSEEvent",
+        "StreamingClient",
+        "build_body",
+        "make_client",
+    ],
+    "loadlab.workloads": [
+        "KINDS",
+        "RequestStream",
+        "WorkloadError",
+        "build_requests",
+        "rate_unit",
+        "resolve_workload_paths",
+        "validate_workload",
+        "workload_extra",
+    ],
+    "loadlab.simulate": [
+        "LinearStepTime",
+        "MODES",
+        "RoleStepTime",
+        "RooflineStepTime",
+        "ServerConfig",
+        "SimOutput",
+        "Simulator",
+        "StepTimeModel",
+        "is_predicted",
+        "simulate",
+        "to_results",
+    ],
+    "loadlab.selftest": ["FixedServerProcess"],
 }
 
 # The package root holds these modules and no others (subpackages hold the rest).
@@ -38,10 +90,10 @@ ROOT_MODULES = {
     "api",
     "cli",
     "config",
+    "_headers",
+    "_limits",
     "errors",
-    "headers",
     "journal",
-    "limits",
     "records",
     "results",
     "scenario",
@@ -71,7 +123,24 @@ def test_every_public_name_resolves() -> None:
 def test_package_root_is_small() -> None:
     found = {p.stem for p in (ROOT / "loadlab").glob("*.py")}
     assert found == ROOT_MODULES, sorted(found ^ ROOT_MODULES)
-    assert len(found - {"__init__", "__main__", "_version"}) <= 10
+    assert len({m for m in found if not m.startswith("_")}) <= 10
+
+
+def test_internal_modules_are_private() -> None:
+    """Outside the public root modules and the public subpackages' ``__init__`` (and
+    ``__main__``), every module's path has a part that starts with an underscore."""
+    public_packages = {m.split(".")[1] for m in PUBLIC if m != "loadlab"}
+    exposed = []
+    for path in sorted((ROOT / "loadlab").rglob("*.py")):
+        parts = path.relative_to(ROOT / "loadlab").with_suffix("").parts
+        if any(p.startswith("_") and p not in ("__init__", "__main__") for p in parts):
+            continue
+        if len(parts) == 1 or (
+            parts[0] in public_packages and len(parts) == 2 and parts[1] in ("__init__", "__main__")
+        ):
+            continue
+        exposed.append("/".join(parts))
+    assert not exposed, exposed
 
 
 def test_test_helpers_are_not_in_the_package() -> None:

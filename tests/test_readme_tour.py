@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from reference_server.config import ServerConfig
 from reference_server.launch import RunningServer
 from tests.helpers.loopback import ROOT

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import loadlab.results as results_module
-from loadlab.analysis.summary import summarize
+from loadlab._analysis.summary import summarize
 from loadlab.cli import main
 from loadlab.errors import ResultsError
 from loadlab.records import RequestRecord

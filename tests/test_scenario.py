@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._slo import load_slo
 from loadlab.config import RunConfig
 from loadlab.scenario import ScenarioError, load_scenario
-from loadlab.slo import load_slo
 from loadlab.workloads import build_requests
-from loadlab.workloads.params import TRACES
+from loadlab.workloads._params import TRACES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from loadlab.analysis.server_metrics import parse_prometheus_text, server_series
-from loadlab.runner.scrape import PrometheusScraper
+from loadlab._analysis.server_metrics import parse_prometheus_text, server_series
+from loadlab._runner.scrape import PrometheusScraper
 from tests.helpers.loopback import free_port
 
 # Shaped like vLLM's /metrics (0.6-0.8): HELP/TYPE comments, labels, a histogram, a timestamp.

@@ -6,7 +6,7 @@ import pytest
 
 from loadlab.records import RequestRecord
 from loadlab.results import Results
-from loadlab.selftest.accuracy import PRESETS, SelftestConfig, compare_level, judge, render_levels
+from loadlab.selftest._accuracy import PRESETS, SelftestConfig, compare_level, judge, render_levels
 
 MS = 1_000_000
 T0 = 5_000 * MS  # absolute perf_counter_ns of the run start
@@ -70,7 +70,7 @@ def test_presets_are_the_documented_loads() -> None:
 def test_earlier_preset_names_still_run_but_are_not_offered() -> None:
     import argparse
 
-    from loadlab.commands import selftest
+    from loadlab._commands import selftest
 
     parser = argparse.ArgumentParser(prog="loadlab selftest")
     selftest.add_arguments(parser)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.commands.sweep import parse_levels
-from loadlab.runner.sweep import Level, find_max_load, knee
+from loadlab._commands.sweep import parse_levels
+from loadlab._runner.sweep import Level, find_max_load, knee
 
 
 def fake(limit: float, calls: list[float]):  # type: ignore[no-untyped-def]
@@ -78,7 +78,7 @@ def test_levels_are_validated() -> None:
 
 
 def test_html_page_escapes_and_embeds_the_plot() -> None:
-    from loadlab.runner.sweep import render_html
+    from loadlab._runner.sweep import render_html
 
     r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
     r.note = "<script>alert(1)</script>"
@@ -91,11 +91,11 @@ def test_html_page_escapes_and_embeds_the_plot() -> None:
 def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_path) -> None:
     """A chat workload's rate counts sessions; at 4 sessions/s of two-turn
     sessions about 8 requests/s go out, and the text says both."""
+    from loadlab._runner.run import prepare
+    from loadlab._runner.sweep import run_level
+    from loadlab._slo import parse_slo
     from loadlab.config import EndpointConfig, RunConfig
-    from loadlab.runner.run import prepare
-    from loadlab.runner.sweep import run_level
-    from loadlab.selftest.fixed_server import FixedServerProcess
-    from loadlab.slo import parse_slo
+    from loadlab.selftest._fixed_server import FixedServerProcess
     from loadlab.workloads import rate_unit
 
     workload = {"kind": "chat", "turns": 2, "think_time_s": 0.1, "prompt_tokens": 8,
@@ -123,9 +123,9 @@ def test_a_chat_sweep_says_sessions_per_second_with_the_request_rate_beside(tmp_
 def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeypatch) -> None:
     """The endpoint is asked how it counts tokens once for the whole sweep; each level
     reuses that answer (it asked again before every level)."""
+    from loadlab._runner import prompt_sizing as sizing
     from loadlab.cli import main
-    from loadlab.runner import prompt_sizing as sizing
-    from loadlab.selftest.fixed_server import FixedServerProcess
+    from loadlab.selftest._fixed_server import FixedServerProcess
 
     asked: list[str] = []
     real = sizing.ask_endpoint
@@ -149,8 +149,8 @@ def test_a_sweep_sizes_its_prompts_once_not_before_every_level(tmp_path, monkeyp
 def test_each_level_has_its_own_seed_and_prompts() -> None:
     """Levels of one sweep draw different prompts (a prefix cache would otherwise serve each
     level from the one before); the same sweep seed and load give the same level."""
+    from loadlab._runner.sweep import level_config
     from loadlab.config import RunConfig
-    from loadlab.runner.sweep import level_config
     from loadlab.workloads import build_requests
 
     base = RunConfig(rate_rps=1.0, duration_s=4.0, prompt_tokens=64, max_tokens=4)
@@ -209,7 +209,7 @@ def test_a_sweep_sets_throughput_floors_aside_and_judges_them_at_its_answer(
     ``capacity --simulate`` does), then says how the highest passing level did on the floors;
     a level with too few requests for the SLO asks for longer levels."""
     from loadlab.cli import main
-    from loadlab.selftest.fixed_server import FixedServerProcess
+    from loadlab.selftest._fixed_server import FixedServerProcess
 
     slo = tmp_path / "slo.toml"
     slo.write_text('objectives = ["ttft_ms.p90 <= 60000", "output_tokens_per_s >= 1e9"]\n'
@@ -240,8 +240,8 @@ def test_the_sweep_page_has_the_reports_style_and_the_slo_thresholds() -> None:
     import base64
     import re
 
-    from loadlab.runner.sweep import render_html
-    from loadlab.slo import parse_slo
+    from loadlab._runner.sweep import render_html
+    from loadlab._slo import parse_slo
 
     r = find_max_load(fake(5.0, []), [1, 2, 4, 8], bisect_steps=1)
     spec = parse_slo({"name": "chat", "objectives": ["ttft_ms.p95 <= 500", "e2e_ms.p99 <= 300",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadlab.analysis.token_checks import is_short, prompt_match, prompt_warning, short_outputs
+from loadlab._analysis.token_checks import is_short, prompt_match, prompt_warning, short_outputs
 from loadlab.records import RequestRecord
 
 

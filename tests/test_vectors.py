@@ -1,4 +1,4 @@
-"""The column forms of the metrics (``loadlab.analysis.vectors``) give the per-request
+"""The column forms of the metrics (``loadlab._analysis.vectors``) give the per-request
 functions' values bit for bit, over records of every shape: no chunk, one chunk, chunks of
 several tokens with and without their counts, usage that disagrees, reasoning, tool calls,
 failures, open and closed loop."""
@@ -10,10 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from loadlab.analysis import metrics, vectors
-from loadlab.analysis.columns import RecordColumns, RecordView
-from loadlab.analysis.summary import has_reasoning_or_tools
-from loadlab.analysis.token_checks import prompt_match, short_outputs
+from loadlab._analysis import metrics, vectors
+from loadlab._analysis.columns import RecordColumns, RecordView
+from loadlab._analysis.summary import has_reasoning_or_tools
+from loadlab._analysis.token_checks import prompt_match, short_outputs
 from loadlab.records import RequestRecord
 from tests.helpers.synth import MS, varied_records
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from loadlab.clients.anthropic import AnthropicClient, AnthropicStreamState
-from loadlab.clients.base import Client, Completion, Message
-from loadlab.clients.bodies import build_body
-from loadlab.clients.openai import OpenAIClient, OpenAIStreamState
-from loadlab.clients.pooling import PoolingClient
-from loadlab.clients.responses import ResponsesClient, ResponsesStreamState
-from loadlab.clients.sse import SSEDecoder, SSEEvent
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients._anthropic import AnthropicClient, AnthropicStreamState
+from loadlab.clients._base import Client, Completion, Message
+from loadlab.clients._bodies import build_body
+from loadlab.clients._openai import OpenAIClient, OpenAIStreamState
+from loadlab.clients._pooling import PoolingClient
+from loadlab.clients._responses import ResponsesClient, ResponsesStreamState
+from loadlab.clients._sse import SSEDecoder, SSEEvent
+from loadlab.clients._streaming import StreamingClient
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 

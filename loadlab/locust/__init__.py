@@ -14,7 +14,7 @@ The modules, from the socket up::
 
 Importing ``locust`` monkey-patches the interpreter with gevent, so this package imports
 ``user`` only when one of its names is asked for (a module ``__getattr__``):
-``import loadlab.locust.collect`` or ``loadlab.locust.options`` never loads Locust or gevent.
+``import loadlab.locust._collect`` or ``loadlab.locust._options`` never loads Locust or gevent.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loadlab.locust.user import LLMUser, StreamFailure, bucket_response_time, workload_specs
+    from loadlab.locust._openloop import OpenLoopUser
+    from loadlab.locust._user import LLMUser, StreamFailure, bucket_response_time, workload_specs
 
-__all__ = ["LLMUser", "StreamFailure", "bucket_response_time", "workload_specs"]
+__all__ = ["LLMUser", "OpenLoopUser", "StreamFailure", "bucket_response_time", "workload_specs"]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,5 +34,6 @@ def __getattr__(name: str) -> Any:
         from loadlab.errors import require
 
         require("locust", f"loadlab.locust.{name}")  # a clear line, not gevent's traceback
-        return getattr(importlib.import_module("loadlab.locust.user"), name)
+        home = "loadlab.locust._openloop" if name == "OpenLoopUser" else "loadlab.locust._user"
+        return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,10 +16,10 @@ Example::
 
 from __future__ import annotations
 
-from loadlab.simulate.engine import SimOutput, Simulator, simulate
-from loadlab.simulate.output import is_predicted, to_results
-from loadlab.simulate.server import MODES, ServerConfig
-from loadlab.simulate.steptime import (
+from loadlab.simulate._engine import SimOutput, Simulator, simulate
+from loadlab.simulate._output import is_predicted, to_results
+from loadlab.simulate._server import MODES, ServerConfig
+from loadlab.simulate._steptime import (
     LinearStepTime,
     RoleStepTime,
     RooflineStepTime,

@@ -2,14 +2,14 @@
 
 ``cfg.workload["kind"]`` picks the generator::
 
-    synthetic   independent requests, fixed or drawn lengths     (loadlab.workloads.synthetic)
-    chat        multi-turn sessions with think times             (loadlab.workloads.chat)
-    batch       a job of N documents at once or under a cap      (loadlab.workloads.batch)
-    trace       Azure / Mooncake / BurstGPT replay               (loadlab.workloads.replay)
-    agent       tool-calling sessions (tool results after a think time)  (loadlab.workloads.agent)
-    mix         several of these in one run, one request class each      (loadlab.workloads.mix)
-    prefix      shared system prompt or prefix pools, cache-busting (loadlab.workloads.prefix)
-    dataset     real text: ShareGPT, JSONL, local HF datasets    (loadlab.workloads.dataset)
+    synthetic   independent requests, fixed or drawn lengths     (loadlab.workloads._synthetic)
+    chat        multi-turn sessions with think times             (loadlab.workloads._chat)
+    batch       a job of N documents at once or under a cap      (loadlab.workloads._batch)
+    trace       Azure / Mooncake / BurstGPT replay               (loadlab.workloads._replay)
+    agent       tool-calling sessions (tool results after a think time)  (loadlab.workloads._agent)
+    mix         several of these in one run, one request class each      (loadlab.workloads._mix)
+    prefix      shared system prompt or prefix pools, cache-busting (loadlab.workloads._prefix)
+    dataset     real text: ShareGPT, JSONL, local HF datasets    (loadlab.workloads._dataset)
 
 Every kind also takes ``reasoning_effort`` ("low", "medium", "high"): passed to the API
 (chat ``reasoning_effort``, Responses ``reasoning.effort``) on every request.
@@ -46,22 +46,38 @@ from typing import Any
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import (
-    agent,
-    batch,
-    chat,
-    dataset,
-    mix,
-    pooling,
-    prefix,
-    replay,
-    synthetic,
+    _agent as agent,
 )
-from loadlab.workloads.base import PREFETCH_SPECS, RequestStream, run_salt, with_reasoning_effort
-from loadlab.workloads.exact import Sizing, exact_prompts
-from loadlab.workloads.lengths import DATASETS
-from loadlab.workloads.params import TRACES, WorkloadError, closest, resolve_path
-from loadlab.workloads.prompts import salted
-from loadlab.workloads.tokenizers import check_tokenizer
+from loadlab.workloads import (
+    _batch as batch,
+)
+from loadlab.workloads import (
+    _chat as chat,
+)
+from loadlab.workloads import (
+    _dataset as dataset,
+)
+from loadlab.workloads import (
+    _mix as mix,
+)
+from loadlab.workloads import (
+    _pooling as pooling,
+)
+from loadlab.workloads import (
+    _prefix as prefix,
+)
+from loadlab.workloads import (
+    _replay as replay,
+)
+from loadlab.workloads import (
+    _synthetic as synthetic,
+)
+from loadlab.workloads._base import PREFETCH_SPECS, RequestStream, run_salt, with_reasoning_effort
+from loadlab.workloads._exact import Sizing, exact_prompts
+from loadlab.workloads._lengths import DATASETS
+from loadlab.workloads._params import TRACES, WorkloadError, closest, resolve_path
+from loadlab.workloads._prompts import salted
+from loadlab.workloads._tokenizers import check_tokenizer
 
 __all__ = [
     "KINDS",
@@ -126,8 +142,8 @@ def build_requests(
     first ``read_ahead`` built now (``RequestStream.read_ahead``; 0 builds each when asked).
 
     ``sizing`` makes every prompt exactly its requested length as one endpoint counts it
-    (``loadlab.workloads.exact``; the run makes it from ``cfg.tokenizer``, once per endpoint:
-    ``loadlab.runner.prompt_sizing``). Without one, prompts are drafts at the workload's
+    (``loadlab.workloads._exact``; the run makes it from ``cfg.tokenizer``, once per endpoint:
+    ``loadlab._runner.prompt_sizing``). Without one, prompts are drafts at the workload's
     ``chars_per_token`` (1.0, the reference server's byte tokenizer, when it has none).
 
     A config without a seed (``seed = None``: a run draws one first, ``RunConfig.seeded``)
@@ -147,7 +163,7 @@ def build_requests(
 
 def _salted(stream: RequestStream, salt: str) -> RequestStream:
     """Every prompt with the run's salt (``cache_bust``, ``salt``): unseen by the server's
-    prefix cache, the same lengths and shape (``loadlab.workloads.prompts.salted``)."""
+    prefix cache, the same lengths and shape (``loadlab.workloads._prompts.salted``)."""
     specs = (dataclasses.replace(s, prompt=salted(s.prompt, salt)) for s in stream)
     return RequestStream(specs, lambda: {**stream.extra(), "cache_bust": True, "salt": salt})
 

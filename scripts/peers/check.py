@@ -41,8 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from loadlab._runner.scrape import parse_prometheus_text  # noqa: E402
 from loadlab.results import read_results  # noqa: E402 - after the path
-from loadlab.runner.scrape import parse_prometheus_text  # noqa: E402
 from reference_server.tokenizer import write_hf_tokenizer  # noqa: E402
 
 MODEL = "loadlab-ref"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.capacity.calibrate import best_time_s, cache_path, load_or_calibrate
-from loadlab.capacity.hardware import Hardware
-from loadlab.capacity.measured import Comparison, format_table
+from loadlab._capacity.calibrate import best_time_s, cache_path, load_or_calibrate
+from loadlab._capacity.hardware import Hardware
+from loadlab._capacity.measured import Comparison, format_table
 from loadlab.cli import main
 
 
@@ -57,9 +57,9 @@ def test_sweep_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_pat
 
 
 def test_results_file_capacity_section() -> None:
-    from loadlab.capacity.hardware import get_hardware
-    from loadlab.capacity.models import get_model
-    from loadlab.capacity.vs_run import compare_run
+    from loadlab._capacity.hardware import get_hardware
+    from loadlab._capacity.models import get_model
+    from loadlab._capacity.vs_run import compare_run
     from loadlab.records import RequestRecord
     from loadlab.results import Results
 
@@ -81,9 +81,9 @@ def test_results_file_capacity_section() -> None:
 
 
 def test_a_cached_request_is_compared_with_the_prefill_of_its_uncached_tokens() -> None:
-    from loadlab.capacity.hardware import get_hardware
-    from loadlab.capacity.models import get_model
-    from loadlab.capacity.vs_run import compare_run, format_run_table
+    from loadlab._capacity.hardware import get_hardware
+    from loadlab._capacity.models import get_model
+    from loadlab._capacity.vs_run import compare_run, format_run_table
     from loadlab.records import RequestRecord
     from loadlab.results import Results
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.capacity import roofline
-from loadlab.capacity.hardware import get_hardware
-from loadlab.capacity.models import get_model
+from loadlab._capacity import roofline
+from loadlab._capacity.hardware import get_hardware
+from loadlab._capacity.models import get_model
 from loadlab.errors import ConfigError
 
 # Llama-3-8B (config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads, head dim 128,

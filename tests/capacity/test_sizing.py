@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.capacity.hardware import get_hardware
-from loadlab.capacity.models import get_model
-from loadlab.capacity.sizing import MemoryCheck, Plan, size_first_principles, size_from_figures
+from loadlab._capacity.hardware import get_hardware
+from loadlab._capacity.models import get_model
+from loadlab._capacity.sizing import MemoryCheck, Plan, size_first_principles, size_from_figures
 from loadlab.cli import main
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import serve_in_thread
 

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from loadlab.clients import AnthropicClient, AnthropicStreamState
-from loadlab.clients.bodies import build_body
-from loadlab.clients.state import StreamState
+from loadlab.clients._bodies import build_body
+from loadlab.clients._state import StreamState
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.clients import (
     assert_faults_classified,
     assert_matches_truth,
@@ -208,7 +208,7 @@ def test_headers_and_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sse_event_plus_data_fast_path_matches_the_spec() -> None:
-    from loadlab.clients.sse import SSEDecoder, SSEEvent
+    from loadlab.clients._sse import SSEDecoder, SSEEvent
 
     body = (
         b"event: a\ndata: x\n\nevent:\ndata:y\n\nevent: b\ndata\n\nevent: c\ndata:\n\n"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from loadlab.analysis.metrics import (
+from loadlab._analysis.metrics import (
     chunk_token_counts,
     itl_ms,
     itl_per_token_ms,
@@ -17,7 +17,7 @@ from loadlab.analysis.metrics import (
 from loadlab.clients import OpenAIStreamState, make_client
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord
-from loadlab.workloads.tokenizers import ByteTokens
+from loadlab.workloads._tokenizers import ByteTokens
 
 
 def _chunk(text: str, usage: int | None = None, finish: str | None = None) -> bytes:
@@ -89,8 +89,8 @@ def test_a_tokenizer_that_disagrees_with_usage_keeps_the_usage_total() -> None:
 
 
 def test_the_runs_local_tokenizer_reaches_the_client() -> None:
-    from loadlab.runner.prompt_sizing import ask_endpoint, size_prompts
-    from loadlab.runner.run import Prepared
+    from loadlab._runner.prompt_sizing import ask_endpoint, size_prompts
+    from loadlab._runner.run import Prepared
 
     ep = EndpointConfig("http://127.0.0.1:1")
     cfg = RunConfig(concurrency=1, requests=1, tokenizer="byte")

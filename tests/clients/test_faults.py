@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from loadlab.clients import AnthropicClient, OpenAIClient, ResponsesClient
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients._streaming import StreamingClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, write_results

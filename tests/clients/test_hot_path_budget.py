@@ -32,16 +32,16 @@ from typing import Any
 
 import pytest
 
+from loadlab._runner.runner import Runner
 from loadlab.clients import AnthropicClient, OpenAIClient
-from loadlab.clients.http1 import Ended, ResponseReader, frame_request
-from loadlab.clients.pool import _Conn, _Deferred
-from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient
-from loadlab.clients.transports import settle
+from loadlab.clients._http1 import Ended, ResponseReader, frame_request
+from loadlab.clients._pool import _Conn, _Deferred
+from loadlab.clients._state import StreamState
+from loadlab.clients._streaming import StreamingClient
+from loadlab.clients._transports import settle
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.journal import JournalWriter, _line
 from loadlab.records import RequestSpec
-from loadlab.runner.runner import Runner
 
 # (calls, lines) per token chunk and per request, on the CPython these were counted with.
 # Raise a budget only with a commit that says what the new work buys (module docstring).

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from loadlab.clients.http1 import Done, Ended, Failure, ResponseReader, Target
+from loadlab.clients._http1 import Done, Ended, Failure, ResponseReader, Target
 from tests.helpers.clients import Sink
 
 

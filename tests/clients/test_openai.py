@@ -14,11 +14,11 @@ from loadlab.clients import (
     build_body,
     make_client,
 )
-from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import api_url
+from loadlab.clients._state import StreamState
+from loadlab.clients._streaming import api_url
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.clients import assert_matches_truth, sse_state
 
 SPEC = RequestSpec("r1", "hello there", 4, prompt_tokens=2, extra_body={"ignore_eos": True})

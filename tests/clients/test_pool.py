@@ -7,10 +7,10 @@ import asyncio
 import gc
 import time
 
-from loadlab.clients import pool
-from loadlab.clients.gate import SendGate
-from loadlab.clients.http1 import Failure, Target, frame_request
-from loadlab.clients.pool import _Conn, _Deferred
+from loadlab.clients import _pool as pool
+from loadlab.clients._gate import SendGate
+from loadlab.clients._http1 import Failure, Target, frame_request
+from loadlab.clients._pool import _Conn, _Deferred
 from tests.helpers.clients import Sink
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from loadlab.analysis import metrics
-from loadlab.clients.anthropic import AnthropicStreamState
-from loadlab.clients.bodies import build_body
-from loadlab.clients.openai import OpenAIStreamState
-from loadlab.clients.responses import ResponsesStreamState
-from loadlab.clients.state import StreamState
-from loadlab.clients.tools import assistant_turn, tool_result
+from loadlab._analysis import metrics
+from loadlab.clients._anthropic import AnthropicStreamState
+from loadlab.clients._bodies import build_body
+from loadlab.clients._openai import OpenAIStreamState
+from loadlab.clients._responses import ResponsesStreamState
+from loadlab.clients._state import StreamState
+from loadlab.clients._tools import assistant_turn, tool_result
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 

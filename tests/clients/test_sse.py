@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadlab.clients.sse import SSEDecoder, SSEEvent, SSELimitError
+from loadlab.clients._sse import SSEDecoder, SSEEvent, SSELimitError
 
 
 def decode(*parts: bytes) -> list[SSEEvent]:

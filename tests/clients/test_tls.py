@@ -13,7 +13,7 @@ import pytest
 from loadlab.clients import OpenAIClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.loopback import self_signed_cert
 
 

@@ -1,4 +1,4 @@
-"""The token-frame fast path (``loadlab.clients.token_frame``) must change nothing but speed.
+"""The token-frame fast path (``loadlab.clients._token_frame``) must change nothing but speed.
 
 Every test here feeds one stream to two states, one that may learn the stream's token frame and
 one that never does (``_learn = 0``, the full SSE decode and JSON parse for every event), and
@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadlab.clients import OpenAIStreamState
-from loadlab.clients.http1 import Ended, ResponseReader
-from loadlab.clients.sse import SSEDecoder
-from loadlab.clients.state import StreamState
-from loadlab.clients.transports import settle
+from loadlab.clients._http1 import Ended, ResponseReader
+from loadlab.clients._sse import SSEDecoder
+from loadlab.clients._state import StreamState
+from loadlab.clients._transports import settle
 from loadlab.records import RequestRecord
 from tests.helpers.clients import sse_state
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from loadlab.clients.http1 import Failure, RawResult
-from loadlab.clients.openai import OpenAIStreamState
-from loadlab.clients.transports import RAW_OUTCOMES, settle
+from loadlab.clients._http1 import Failure, RawResult
+from loadlab.clients._openai import OpenAIStreamState
+from loadlab.clients._transports import RAW_OUTCOMES, settle
 from loadlab.records import RequestRecord
 
 

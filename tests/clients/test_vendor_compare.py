@@ -14,19 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._commands.run import add_arguments, config_from_args
 from loadlab.cli import main
-from loadlab.commands.run import add_arguments, config_from_args
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 
 launch = pytest.importorskip("reference_server.launch")
 
 
 @pytest.fixture(scope="module")
 def reference_url() -> Iterator[str]:
-    # scipy (loadlab.analysis.compare) takes seconds to import on a busy machine: do it while the
+    # scipy (loadlab._analysis.compare) takes seconds to import on a busy machine: do it while the
     # server process loads torch, instead of after
-    mods = ("loadlab.analysis.compare", "loadlab.report.comparison", "loadlab.runner.runner")
+    mods = ("loadlab._analysis.compare", "loadlab._report.comparison", "loadlab._runner.runner")
     warm = threading.Thread(target=lambda: [importlib.import_module(m) for m in mods])
     warm.start()
     try:

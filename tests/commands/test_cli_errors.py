@@ -32,8 +32,8 @@ def test_every_error_is_in_the_tree_and_input_errors_stay_value_errors() -> None
         CalibrationError, UsageError
     )
     # the old homes still export the same classes
+    from loadlab._slo import SLOError
     from loadlab.results import ResultsError
-    from loadlab.slo import SLOError
 
     assert ResultsError is errors.ResultsError and SLOError is errors.SLOError
 
@@ -69,7 +69,7 @@ def test_an_error_of_the_tree_raised_mid_run_is_exit_code_2(
     def calibration_fails(*_a: object, **_k: object) -> None:
         raise CalibrationError("the endpoint reported no prompt tokens; give --chars-per-token")
 
-    monkeypatch.setattr("loadlab.runner.run.run_prepared", calibration_fails)
+    monkeypatch.setattr("loadlab._runner.run.run_prepared", calibration_fails)
     argv = ["run", *ENDPOINT, "--requests", "1", "--out", str(tmp_path / "r.json")]
     assert cli.main(argv) == 2
     assert "loadlab run: the endpoint reported no prompt tokens" in capsys.readouterr().err
@@ -81,7 +81,7 @@ def test_a_bug_raising_value_error_mid_run_propagates(
     def bug(*_a: object, **_k: object) -> None:
         raise ValueError("a bug, not bad input")
 
-    monkeypatch.setattr("loadlab.runner.run.run_prepared", bug)
+    monkeypatch.setattr("loadlab._runner.run.run_prepared", bug)
     argv = ["run", *ENDPOINT, "--requests", "1", "--out", str(tmp_path / "r.json")]
     with pytest.raises(ValueError, match="a bug, not bad input"):
         cli.main(argv)
@@ -92,7 +92,7 @@ def test_a_bug_mid_run_is_a_traceback_and_exit_code_1(tmp_path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        import loadlab.runner.run as run_path
+        import loadlab._runner.run as run_path
         from loadlab.cli import main
 
         def bug(*args, **kwargs):

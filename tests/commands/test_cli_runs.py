@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.metrics import count_outcomes
+from loadlab._analysis.metrics import count_outcomes
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 
 
@@ -122,7 +122,7 @@ def test_interleave_sends_the_same_requests_to_each_endpoint_at_once(
 ) -> None:
     import argparse
 
-    from loadlab.commands import run as run_cmd
+    from loadlab._commands import run as run_cmd
 
     p = argparse.ArgumentParser()
     run_cmd.add_arguments(p)

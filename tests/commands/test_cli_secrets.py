@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 
 SECRETS = ("pa55word", "s3cretvalue", "blueteam")

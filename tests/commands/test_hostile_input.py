@@ -12,7 +12,7 @@ import pytest
 
 from loadlab.cli import main
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.canned import CannedServer, response, sse_response
 from tests.helpers.proxy import ForwardProxy
 

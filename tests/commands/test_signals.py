@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.metrics import count_outcomes
+from loadlab._analysis.metrics import count_outcomes
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 
 pytestmark = pytest.mark.slow

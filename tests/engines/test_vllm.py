@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.server_metrics import server_series
-from loadlab.report.html import render_html
+from loadlab._analysis.server_metrics import server_series
+from loadlab._report.html import render_html
 from loadlab.results import read_results
 from tests.engines.conftest import Engine, loadlab_run
 

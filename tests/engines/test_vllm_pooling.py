@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
+from loadlab._runner.prompt_sizing import size_prompts
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.results import read_results
-from loadlab.runner.prompt_sizing import size_prompts
 from loadlab.workloads import build_requests
 from tests.engines.conftest import ROOT, START_TIMEOUT_S, Engine, loadlab_env, loadlab_run
 from tests.helpers.vllm_server import ENV_PYTHON, SERVED_MODEL, VllmServer

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.prefix_cache import prefix_cache_summary
+from loadlab._analysis.prefix_cache import prefix_cache_summary
 from loadlab.results import read_results
 from tests.engines.conftest import Engine, loadlab_run
 

@@ -36,7 +36,7 @@ def make_tokenizer_dir(folder: Path, vocab_size: int = 600) -> Path:
     """Train and save the tokenizer into ``folder``; returns ``folder``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from loadlab.workloads.prompts import corpus
+    from loadlab.workloads._prompts import corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadlab.clients import AnthropicStreamState, OpenAIStreamState
-from loadlab.clients.state import StreamState
-from loadlab.clients.streaming import StreamingClient
+from loadlab.clients._state import StreamState
+from loadlab.clients._streaming import StreamingClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestRecord, RequestSpec
 from tests.helpers.loopback import FAULT_OUTCOMES

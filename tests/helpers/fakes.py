@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any, Unpack
 
-from loadlab.clients.base import Completion, SendOptions
+from loadlab.clients._base import Completion, SendOptions
 from loadlab.records import OUTCOME_OK, RequestRecord, RequestSpec
 
 

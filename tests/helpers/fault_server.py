@@ -44,7 +44,7 @@ import struct
 import time
 from typing import Any
 
-from loadlab.selftest.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
+from loadlab.selftest._http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
 
 __all__ = ["MODES", "FaultServer"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadlab.lab import LabOutcome, lab_summary, settings_for
+from loadlab._lab import LabOutcome, lab_summary, settings_for
 from loadlab.records import RequestRecord
 from loadlab.results import Results
 

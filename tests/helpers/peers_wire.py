@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadlab.wire.http import Exchange, read_exchanges
-from loadlab.wire.judge import NS_PER_MS, Timings, answered, judge
+from loadlab._wire.http import Exchange, read_exchanges
+from loadlab._wire.judge import NS_PER_MS, Timings, answered, judge
 from tests.helpers.vllm_bench import BenchLoad, pinned
 from tests.helpers.vllm_server import SERVED_MODEL
 
@@ -161,7 +161,7 @@ def wire_mean_timings(joined: dict[str, Exchange]) -> Timings:
 
 
 def judge_peer(pcap: Path, port: int, sent: dict[str, Sent]) -> dict[str, Any]:
-    """``loadlab.wire.judge.judge``'s answer for a tool's requests against its run's capture,
+    """``loadlab._wire.judge.judge``'s answer for a tool's requests against its run's capture,
     joined by the ids it sent when the wire carries them (AIPerf's ``X-Request-ID``), else by
     time, with the tool's own token totals (``input_tokens``, ``output_tokens``)."""
     _, exchanges = read_exchanges(pcap, port)

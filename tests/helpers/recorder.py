@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loadlab.selftest.http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
+from loadlab.selftest._http import HTTPConnection, Request, chunk_frame, json_bytes, parse_json_body
 from tests.helpers.fault_server import FaultServer
 
 __all__ = ["RecordingServer"]

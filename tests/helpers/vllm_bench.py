@@ -22,7 +22,7 @@ Usage::
 
 (``run_round`` is ``run_vllm_bench``, ``write_lengths_trace`` and ``run_loadlab_on_trace`` in
 turn; call them one by one to look between the steps.) With ``around=OnWire(...)`` it runs
-the same round with each tool's run captured (``loadlab.wire``; root or CAP_NET_RAW), and
+the same round with each tool's run captured (``loadlab._wire``; root or CAP_NET_RAW), and
 ``OnWire.judge`` judges each tool's per-request figures against the wire's: loadlab's by the
 ``X-Request-Id`` it sends, vllm bench's by the ids it sends (``--request-id-prefix``; its
 saved lists are in request order). vllm bench starts TTFT at the first chunk with
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadlab._wire.capture import Capture
+from loadlab._wire.http import CHOICE, TOKEN, read_exchanges
+from loadlab._wire.judge import Timings, judge, record_timings, wire_timings
 from loadlab.results import Results, read_results
-from loadlab.wire.capture import Capture
-from loadlab.wire.http import CHOICE, TOKEN, read_exchanges
-from loadlab.wire.judge import Timings, judge, record_timings, wire_timings
 from tests.helpers.vllm_server import SERVED_MODEL
 
 __all__ = [
@@ -248,7 +248,7 @@ def run_round(
 
 @dataclass
 class WireRound:
-    """One round with each tool's run captured; ``figures``: ``loadlab.wire.judge.judge``'s
+    """One round with each tool's run captured; ``figures``: ``loadlab._wire.judge.judge``'s
     answer per tool (``loadlab``, ``vllm_bench``, ``vllm_bench_tokens``)."""
 
     bench: dict[str, Any]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.wire.capture import LINKTYPE_RAW, PCAP_MAGIC_NS, SNAP_BYTES, open_socket
+from loadlab._wire.capture import LINKTYPE_RAW, PCAP_MAGIC_NS, SNAP_BYTES, open_socket
 
 __all__ = ["Conversation", "capture_missing", "needs_capture", "tcp_packet", "write_pcap"]
 
@@ -86,7 +86,7 @@ class Conversation:
 
 
 def write_pcap(path: Path, packets: list[tuple[int, bytes]]) -> Path:
-    """A nanosecond pcap of raw IP packets, as ``loadlab.wire.capture`` writes one."""
+    """A nanosecond pcap of raw IP packets, as ``loadlab._wire.capture`` writes one."""
     out = [struct.pack("<IHHiIII", PCAP_MAGIC_NS, 2, 4, 0, 0, SNAP_BYTES, LINKTYPE_RAW)]
     for t, raw in packets:
         out.append(struct.pack("<IIII", t // 1_000_000_000, t % 1_000_000_000, len(raw), len(raw)))

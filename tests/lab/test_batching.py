@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadlab.lab.batching import speedups
+from loadlab._lab.batching import speedups
 
 
 def test_speedups() -> None:

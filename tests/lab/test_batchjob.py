@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from loadlab.lab import settings_for
-from loadlab.lab.batchjob import (
+from loadlab._lab import settings_for
+from loadlab._lab.batchjob import (
     azure_output_lengths,
     expected_max,
     job_lengths,

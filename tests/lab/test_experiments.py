@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.lab import experiments, settings_for
-from loadlab.lab.batchjob import job_lengths
-from loadlab.runner.run import Prepared
+from loadlab._lab import experiments, settings_for
+from loadlab._lab.batchjob import job_lengths
+from loadlab._runner.run import Prepared
 
 
 def test_unavailable_mode_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from loadlab.lab.machine import (
+from loadlab._lab.machine import (
     MachineWatch,
     busy_reasons,
     histogram_quantile,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.lab.prefix import hit_rate_workload, prefix_lab, prefix_settings
+from loadlab._lab.prefix import hit_rate_workload, prefix_lab, prefix_settings
 
 pytest.importorskip("reference_server.launch")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadlab.lab.render import render_html, render_markdown, sections
+from loadlab._lab.render import render_html, render_markdown, sections
 from tests.helpers.lab import summary_of, two_streams
 
 

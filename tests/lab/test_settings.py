@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.lab.machine import plan_placement
-from loadlab.lab.settings import LabSettings, settings_for
+from loadlab._lab.machine import plan_placement
+from loadlab._lab.settings import LabSettings, settings_for
 
 
 def test_settings_validate() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.lab.stalls import (
+from loadlab._lab.stalls import (
     in_flight,
     longest_stall_ms,
     merge_windows,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadlab.lab import settings_for
-from loadlab.lab.batchjob import batch_job_summary, expected_max, job_lengths, schedule_rows
-from loadlab.lab.claims import judge
-from loadlab.lab.experiments import counter_deltas
-from loadlab.lab.summary import (
+from loadlab._lab import settings_for
+from loadlab._lab.batchjob import batch_job_summary, expected_max, job_lengths, schedule_rows
+from loadlab._lab.claims import judge
+from loadlab._lab.experiments import counter_deltas
+from loadlab._lab.summary import (
     batch_stats,
     class_stats,
     interference_stats,
@@ -140,8 +140,8 @@ def test_batch_job_summary_bound_replay_and_curve() -> None:
 
 
 def test_run_summary_shows_stalls_beside_itl() -> None:
-    from loadlab.report.html import render_html as run_html
-    from loadlab.report.text import render_summary
+    from loadlab._report.html import render_html as run_html
+    from loadlab._report.text import render_summary
 
     text = render_summary(two_streams())
     lines = text.splitlines()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.locust import get_json, post
 
 

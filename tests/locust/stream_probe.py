@@ -18,7 +18,7 @@ import time  # noqa: E402
 import gevent  # noqa: E402
 
 from loadlab.config import EndpointConfig  # noqa: E402
-from loadlab.locust.stream import StreamConnection  # noqa: E402
+from loadlab.locust._stream import StreamConnection  # noqa: E402
 from loadlab.records import RequestSpec  # noqa: E402
 from tests.helpers.fault_server import MODES  # noqa: E402
 

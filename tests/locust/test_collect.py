@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from loadlab.analysis.metrics import count_outcomes
-from loadlab.locust.collect import RecordCollector, RecordShipper, shift_record
+from loadlab._analysis.metrics import count_outcomes
+from loadlab._report.text import render_summary
+from loadlab.locust._collect import RecordCollector, RecordShipper, shift_record
 from loadlab.records import RequestRecord
-from loadlab.report.text import render_summary
 
 
 def rec(rid: str, sent: int, chunks: list[int]) -> RequestRecord:

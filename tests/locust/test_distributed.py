@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadlab.analysis import metrics
-from loadlab.analysis.summary import summarize
+from loadlab._analysis import metrics
+from loadlab._analysis.summary import summarize
 from loadlab.results import read_results
 from tests.helpers.locust import finish, locust_cmd, spawn
 from tests.helpers.loopback import free_port

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.locust.fleet import JournalTail, ShardRun, assemble, clock_offset, clock_verdict
+from loadlab.locust._fleet import JournalTail, ShardRun, assemble, clock_offset, clock_verdict
 from loadlab.records import RequestRecord
 
 
@@ -72,7 +72,7 @@ def test_a_lost_worker_leaves_its_unreported_requests_counted() -> None:
     assert info["workers_lost"] == [1] and info["records_lost"] == 2
     assert info["workers"]["1"]["clock_warning"] and not info["clock_ok"]
     assert info["workers"]["0"]["lost"] == 0 and info["workers"]["0"]["records"] == 3
-    from loadlab.report.text import render_summary
+    from loadlab._report.text import render_summary
 
     text = render_summary(res)
     assert "LOST SENDERS: shards [1] of 2" in text and "2 requests counted lost" in text

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loadlab.commands.flags import add_run_arguments, config_from_args
+from loadlab._commands.flags import add_run_arguments, config_from_args
 from loadlab.results import Results, read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from loadlab.workloads import build_requests
 from tests.helpers.locust import finish, get_json, post
 from tests.helpers.loopback import ROOT, free_port

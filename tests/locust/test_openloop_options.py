@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadlab.commands.flags import add_run_arguments, config_from_args
+from loadlab._commands.flags import add_run_arguments, config_from_args
 from tests.helpers.loopback import ROOT, free_port
 
 pytestmark = pytest.mark.locust

@@ -29,7 +29,7 @@ def _fresh(code: str) -> Any:
 def test_pure_modules_never_import_locust_or_gevent() -> None:
     loaded = _fresh(
         "import json, sys\n"
-        "import loadlab.locust, loadlab.locust.collect, loadlab.locust.options\n"
+        "import loadlab.locust, loadlab.locust._collect, loadlab.locust._options\n"
         "print(json.dumps(sorted(m for m in ('gevent', 'locust') if m in sys.modules)))\n"
     )
     assert loaded == []
@@ -39,7 +39,7 @@ def test_llmuser_is_imported_on_demand() -> None:
     out = _fresh(
         "import json, sys\n"
         "from loadlab.locust import LLMUser, workload_specs\n"
-        "import loadlab.locust, loadlab.locust.user as user\n"
+        "import loadlab.locust, loadlab.locust._user as user\n"
         "try:\n"
         "    loadlab.locust.no_such_name\n"
         "    missing = 'no error'\n"

@@ -19,7 +19,7 @@ from tests.helpers.loopback import ROOT
 
 pytestmark = pytest.mark.locust
 
-SHIP_S = 1.0  # a worker ships its records every second (loadlab.locust.hooks.FLUSH_INTERVAL_S)
+SHIP_S = 1.0  # a worker ships its records every second (loadlab.locust._hooks.FLUSH_INTERVAL_S)
 
 
 def _children(pid: int) -> list[int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import (
     FAULT_OUTCOMES,

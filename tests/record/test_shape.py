@@ -7,8 +7,8 @@ import json
 import struct
 import zlib
 
-from loadlab.record.shape import RequestShape, block_ids, image_size
-from loadlab.record.stream import StreamWatch
+from loadlab._record.shape import RequestShape, block_ids, image_size
+from loadlab._record.stream import StreamWatch
 
 SALT = b"0123456789abcdef0123456789abcdef"
 

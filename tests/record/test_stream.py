@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadlab.record.stream import StreamWatch
+from loadlab._record.stream import StreamWatch
 
 TEXTS = [" tok", 'a"b', "line\n", "é", "😀 ok", "x\\", "", " tok", "\u2028", " done"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.server_metrics import server_series
+from loadlab._analysis.server_metrics import server_series
 from loadlab.cli import main
 from loadlab.results import read_results
 

@@ -173,8 +173,8 @@ def test_report_command_text_slo_and_csv(
 
 
 def test_comparison_page_escapes_labels() -> None:
-    from loadlab.analysis.compare import compare
-    from loadlab.report.html import render_comparison_html
+    from loadlab._analysis.compare import compare
+    from loadlab._report.html import render_comparison_html
 
     runs = [make_results(40, seed=1, tokens=4), make_results(40, seed=2, tokens=4)]
     cmp = compare(runs, ["base", EVIL], n_boot=100)
@@ -191,7 +191,7 @@ def test_log_axes_label_plain_numbers() -> None:
     import numpy as np
     from matplotlib.figure import Figure
 
-    from loadlab.report import plots
+    from loadlab._report import plots
 
     fig = Figure()
     ax = fig.subplots()
@@ -203,7 +203,7 @@ def test_log_axes_label_plain_numbers() -> None:
 
 
 def test_numbers_in_the_page_are_rounded_not_raw_floats() -> None:
-    from loadlab.report.html import render_html
+    from loadlab._report.html import render_html
 
     res = make_results(20, seed=1)
     res.config = {"rate_rps": 2.9413063599999996, "shares": [0.1 + 0.2, 0.7], "requests": 500}

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.prefix_cache import prefix_cache_summary
+from loadlab._analysis.prefix_cache import prefix_cache_summary
+from loadlab._report.html import render_html
+from loadlab._report.markdown import render_verdict_markdown
+from loadlab._slo import evaluate, parse_slo
 from loadlab.cli import main
-from loadlab.report.html import render_html
-from loadlab.report.markdown import render_verdict_markdown
 from loadlab.results import read_results
-from loadlab.slo import evaluate, parse_slo
 
 launch = pytest.importorskip("reference_server.launch")
 pytestmark = pytest.mark.slow  # a server and five runs

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loadlab._report.text import fmt_num, render_summary
 from loadlab.cli import main
 from loadlab.records import RequestRecord
-from loadlab.report.text import fmt_num, render_summary
 from loadlab.results import Results, write_results
 
 MS = 1_000_000

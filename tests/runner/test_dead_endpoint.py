@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.metrics import throughput
+from loadlab._analysis.metrics import throughput
+from loadlab._runner.runner import CONNECT_BACKOFF_MAX_S
 from loadlab.records import RequestRecord
 from loadlab.results import read_results
-from loadlab.runner.runner import CONNECT_BACKOFF_MAX_S
 from tests.helpers.loopback import ROOT, free_port
 
 

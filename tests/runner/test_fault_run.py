@@ -12,13 +12,13 @@ from typing import Unpack
 
 import pytest
 
-from loadlab.analysis.metrics import count_outcomes
+from loadlab._analysis.metrics import count_outcomes
+from loadlab._runner.runner import Runner
 from loadlab.clients import OpenAIClient
-from loadlab.clients.base import Completion, SendOptions
+from loadlab.clients._base import Completion, SendOptions
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.results import read_results, write_results
-from loadlab.runner.runner import Runner
 from tests.helpers.fault_server import FaultServer
 
 EXPECTED = {

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis.generator import saturation_warning
-from loadlab.analysis.metrics import count_outcomes
-from loadlab.clients import pool
-from loadlab.commands import run as run_cmd
+from loadlab._analysis.generator import saturation_warning
+from loadlab._analysis.metrics import count_outcomes
+from loadlab._commands import run as run_cmd
+from loadlab._runner.fanout import partition, run_processes, share
+from loadlab._runner.monitor import LoopMonitor
+from loadlab._runner.outputs import out_paths
+from loadlab._runner.progress import Progress, format_line
+from loadlab._runner.prompt_sizing import size_prompts
+from loadlab._runner.runner import LiveStats
+from loadlab.clients import _pool as pool
 from loadlab.config import DEMO, EndpointConfig, RunConfig
 from loadlab.errors import ConfigError
 from loadlab.records import RequestSpec
-from loadlab.runner.fanout import partition, run_processes, share
-from loadlab.runner.monitor import LoopMonitor
-from loadlab.runner.outputs import out_paths
-from loadlab.runner.progress import Progress, format_line
-from loadlab.runner.prompt_sizing import size_prompts
-from loadlab.runner.runner import LiveStats
 from loadlab.workloads import build_requests
 from tests.helpers.fakes import FakeClient
 
@@ -257,8 +257,8 @@ def test_overlapping_runs_share_the_stop_signals_and_put_back_the_old_handlers()
     import os
     import signal
 
-    from loadlab.runner import signals
-    from loadlab.runner.endpoint import run_endpoint
+    from loadlab._runner import signals
+    from loadlab._runner.endpoint import run_endpoint
 
     endpoint = EndpointConfig(url="http://127.0.0.1:1", name="x")
     slow = RunConfig(concurrency=2, duration_s=30, progress=False, prompt_tokens=4)

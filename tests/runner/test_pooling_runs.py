@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import loadlab
-from loadlab.slo import evaluate, parse_slo
+from loadlab._slo import evaluate, parse_slo
 from tests.helpers.loopback import ROOT
 
 

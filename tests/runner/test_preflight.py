@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._report.text import short_error
 from loadlab.cli import main
 from loadlab.journal import journal_path
-from loadlab.report.text import short_error
 from loadlab.results import read_results
 
 launch = pytest.importorskip("reference_server.launch")

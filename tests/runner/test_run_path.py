@@ -1,4 +1,4 @@
-"""One run path for every caller (``loadlab.runner.run``): the command line and the Python API
+"""One run path for every caller (``loadlab._runner.run``): the command line and the Python API
 send the same load, a mix runs from the command line, each run draws its own seed, and each
 endpoint's prompt sizing goes explicitly to what builds its requests.
 
@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 import loadlab
-from loadlab.analysis.token_checks import prompt_match
+from loadlab._analysis.token_checks import prompt_match
+from loadlab._runner.prompt_sizing import size_prompts
+from loadlab._runner.run import Prepared, run
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.results import Results, read_results
-from loadlab.runner.prompt_sizing import size_prompts
-from loadlab.runner.run import Prepared, run
 from loadlab.workloads import build_requests
 from tests.helpers.loopback import ROOT, serve_in_thread
 from tests.helpers.recorder import RecordingServer

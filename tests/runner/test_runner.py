@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from loadlab.analysis.metrics import Counts, count_outcomes
-from loadlab.clients.base import Completion
+from loadlab._analysis.metrics import Counts, count_outcomes
+from loadlab._runner.runner import Runner, group_units
+from loadlab.clients._base import Completion
 from loadlab.config import RunConfig
 from loadlab.records import RequestSpec
 from loadlab.results import Results
-from loadlab.runner.runner import Runner, group_units
-from loadlab.workloads.arrivals import arrival_times
+from loadlab.workloads._arrivals import arrival_times
 from tests.helpers.fakes import FakeClient
 
 
@@ -234,7 +234,7 @@ def test_open_loop_opens_a_spare_connection_ahead_of_each_due_request() -> None:
     of an open loop, ``PRECONNECT_AHEAD_NS`` ahead where the schedule leaves room, and once
     before the run's zero, so that a session's first turn never waits for a connect; a closed
     loop asks for none."""
-    from loadlab.runner.runner import PRECONNECT_AHEAD_NS
+    from loadlab._runner.runner import PRECONNECT_AHEAD_NS
 
     class Preconnecting(FakeClient):
         def __init__(self) -> None:

@@ -12,15 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadlab.clients.gate import SendGate
-from loadlab.clients.openai import OpenAIClient
+from loadlab._runner import runner as runner_mod
+from loadlab._runner.ahead import Lookahead
+from loadlab._runner.runner import Runner
+from loadlab.clients._gate import SendGate
+from loadlab.clients._openai import OpenAIClient
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.results import Results
-from loadlab.runner import runner as runner_mod
-from loadlab.runner.ahead import Lookahead
-from loadlab.runner.runner import Runner
-from loadlab.selftest.fixed_server import FixedScheduleServer
+from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.fakes import FakeClient
 from tests.helpers.loopback import serve_in_thread
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._runner.shard import partition, run_id, shard_specs
 from loadlab.config import RunConfig
-from loadlab.runner.shard import partition, run_id, shard_specs
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from loadlab.workloads import build_requests
 from tests.helpers.loopback import ROOT
 
@@ -101,7 +101,7 @@ def test_shards_started_together_merge_into_the_one_machine_run(tmp_path: Path) 
 
 
 def test_merge_refuses_shards_of_two_runs(tmp_path: Path) -> None:
-    from loadlab.analysis.shards import merge_shards
+    from loadlab._analysis.shards import merge_shards
     from loadlab.errors import ConfigError
     from loadlab.results import Results
 
@@ -117,7 +117,7 @@ def test_merge_refuses_shards_of_two_runs(tmp_path: Path) -> None:
 
 
 def test_the_kubernetes_example_uses_real_flags() -> None:
-    from loadlab.commands import run as run_command
+    from loadlab._commands import run as run_command
 
     text = (ROOT / "docs" / "distributed.md").read_text()
     block = re.search(r"args:\n\s+- >-\n((?:\s{14}.+\n)+)", text)

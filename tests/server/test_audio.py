@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from loadlab.cli import main
-from loadlab.clients.counting import post_json
+from loadlab.clients._counting import post_json
 from loadlab.records import RequestRecord
 from loadlab.results import read_results
-from loadlab.workloads.audio import wav_bytes
+from loadlab.workloads._audio import wav_bytes
 from reference_server.audio import audio_tokens
 from tests.helpers.server import AUTH
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadlab.analysis.server_metrics import parse_prometheus_text
-from loadlab.analysis.telemetry import gpu_series
+from loadlab._analysis.server_metrics import parse_prometheus_text
+from loadlab._analysis.telemetry import gpu_series
 from reference_server import metrics
 
 torch = pytest.importorskip("torch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from loadlab.clients.counting import post_json
+from loadlab.clients._counting import post_json
 from tests.helpers.server import AUTH
 
 HEADERS = {"Content-Type": "application/json", **AUTH}

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loadlab.analysis import metrics
+from loadlab._analysis import metrics
 from loadlab.clients import make_client
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec

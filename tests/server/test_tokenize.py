@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from loadlab.analysis.token_checks import prompt_match
-from loadlab.clients.counting import post_json, server_counter, server_says_byte
+from loadlab._analysis.token_checks import prompt_match
+from loadlab._runner.run import run
+from loadlab.clients._counting import post_json, server_counter, server_says_byte
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.run import run
 from tests.helpers.server import AUTH
 
 
@@ -75,7 +75,7 @@ def test_loadlab_run_prints_the_match_and_warns_on_misses(
 def test_dataset_prompts_cut_to_the_requested_length_as_the_server_counts(
     continuous_server: Any,
 ) -> None:
-    from loadlab.workloads.params import PACKAGE_DATA
+    from loadlab.workloads._params import PACKAGE_DATA
 
     ep = EndpointConfig(continuous_server.url, model="loadlab-ref", api_key_env="LOADLAB_TEST_KEY")
     path = str(PACKAGE_DATA / "samples" / "sharegpt.json")
@@ -92,7 +92,7 @@ def test_the_byte_tokenizer_as_a_hf_folder_counts_as_the_server(tmp_path: Any) -
     # What vllm bench serve, GuideLLM and AIPerf are pointed at (docs/tested-against.md): their
     # prompts must hold, by their count, the tokens the server counts.
     tokenizers = pytest.importorskip("tokenizers")
-    from loadlab.workloads.tokenizers import load_tokenizer
+    from loadlab.workloads._tokenizers import load_tokenizer
     from reference_server.protocol import ChatMessage, chat_prompt
     from reference_server.tokenizer import HF_EOS, ByteTokenizer, write_hf_tokenizer
 

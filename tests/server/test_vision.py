@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from loadlab.clients.counting import post_json
+from loadlab.clients._counting import post_json
 from reference_server.vision import encode_pieces, image_part_text, image_tokens, prompt_pieces
 from tests.helpers.server import AUTH
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._slo import load_slo
 from loadlab.config import RunConfig
 from loadlab.simulate import LinearStepTime, ServerConfig
-from loadlab.simulate.capacity import ceilings_only, enough_requests, plan_capacity, rate_levels
-from loadlab.slo import load_slo
+from loadlab.simulate._capacity import ceilings_only, enough_requests, plan_capacity, rate_levels
 
 MODEL = LinearStepTime(base_s=0.010, per_prefill_token_s=1e-4, per_decode_token_s=1e-3)
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 from loadlab.config import RunConfig
 from loadlab.results import write_results
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
-from loadlab.simulate.fit import (
+from loadlab.simulate._fit import (
     StepPoint,
     extrapolation,
     fit_linear,
@@ -21,7 +21,7 @@ from loadlab.simulate.fit import (
     points_from_results,
     points_from_step_log,
 )
-from loadlab.simulate.steptime import RoleStepTime, model_from_dict
+from loadlab.simulate._steptime import RoleStepTime, model_from_dict
 from loadlab.workloads import build_requests
 
 TRUTH = LinearStepTime(base_s=0.012, per_prefill_token_s=4e-4, per_decode_token_s=1.5e-3,
@@ -212,7 +212,7 @@ def test_black_box_decode_points_leave_out_gaps_that_shared_a_step_with_a_prefil
 def test_a_poor_fit_is_said_beside_its_residuals() -> None:
     """Steps that vary three-fold at one size (a busy machine) fit no line: the table warns
     instead of leaving a large error to be noticed; an exact fit does not."""
-    from loadlab.simulate.fit import residual_table
+    from loadlab.simulate._fit import residual_table
 
     log = _step_log(TRUTH)
     for i, e in enumerate(log):  # every other shape three times slower, then three faster

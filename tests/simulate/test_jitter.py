@@ -17,10 +17,10 @@ import pytest
 
 from loadlab.config import RunConfig
 from loadlab.simulate import LinearStepTime, ServerConfig, Simulator
-from loadlab.simulate.fit import JITTER_QUANTILES, fit_step_log, step_log_jitter
-from loadlab.simulate.setup import step_model_from_args
-from loadlab.simulate.steptime import RoleStepTime, model_from_dict, without_jitter
-from loadlab.simulate.versus import curves_of
+from loadlab.simulate._fit import JITTER_QUANTILES, fit_step_log, step_log_jitter
+from loadlab.simulate._setup import step_model_from_args
+from loadlab.simulate._steptime import RoleStepTime, model_from_dict, without_jitter
+from loadlab.simulate._versus import curves_of
 from loadlab.workloads import build_requests
 
 from .test_disaggregated import MODEL, SKEWED

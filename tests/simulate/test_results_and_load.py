@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.analysis import metrics
-from loadlab.analysis.summary import summarize
+from loadlab._analysis import metrics
+from loadlab._analysis.summary import summarize
 from loadlab.config import RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.results import Results, read_results, write_results

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._slo import load_slo
 from loadlab.config import RunConfig
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from loadlab.simulate import LinearStepTime, ServerConfig
-from loadlab.simulate.capacity import predicted_sweep
-from loadlab.simulate.versus import curves_of, max_load_error_pct, versus_html, versus_text
-from loadlab.slo import load_slo
+from loadlab.simulate._capacity import predicted_sweep
+from loadlab.simulate._versus import curves_of, max_load_error_pct, versus_html, versus_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = LinearStepTime(base_s=0.010, per_prefill_token_s=1e-4, per_decode_token_s=1e-3)

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from loadlab.cli import main
-from loadlab.records import RequestRecord
-from loadlab.results import Results, write_results
-from loadlab.slo import (
+from loadlab._slo import (
     SLOError,
     evaluate,
     load_slo,
@@ -21,6 +18,9 @@ from loadlab.slo import (
     percentile_ci,
     proportion_ci,
 )
+from loadlab.cli import main
+from loadlab.records import RequestRecord
+from loadlab.results import Results, write_results
 from tests.helpers.synth import MS, make_results
 
 SLO_TEXT = """
@@ -292,9 +292,9 @@ def test_junit_inconclusive_policy(tmp_path: Path) -> None:
 
 def test_objective_line_says_why_a_row_does_not_pass() -> None:
     # what `loadlab sweep` prints under a level that did not pass, and JUnit's message
-    from loadlab.report.text import objective_line
-    from loadlab.slo.spec import Objective
-    from loadlab.slo.verdict import ObjectiveResult
+    from loadlab._report.text import objective_line
+    from loadlab._slo.spec import Objective
+    from loadlab._slo.verdict import ObjectiveResult
 
     obj = Objective("ttft_ms", "<=", 1500.0, percentile=90.0)
     row = ObjectiveResult(obj, 820.0, "inconclusive", 610.0, 1720.0, n=10, extra_requests=40)

@@ -9,8 +9,8 @@ import time
 import aiohttp
 import pytest
 
-from loadlab.selftest.fixed_server import FixedScheduleServer, FixedServerProcess
-from loadlab.selftest.http import Handoff, HTTPConnection, Request
+from loadlab.selftest._fixed_server import FixedScheduleServer, FixedServerProcess
+from loadlab.selftest._http import Handoff, HTTPConnection, Request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 4}
 

@@ -21,12 +21,12 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
+from loadlab._wire.capture import capture_filter
+from loadlab._wire.check import run_wire_check
+from loadlab._wire.clock import ClockMap, clock_offset_ns
+from loadlab._wire.tcp import parse_packet, read_pcap
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.selftest.fixed_server import FixedServerProcess
-from loadlab.wire.capture import capture_filter
-from loadlab.wire.check import run_wire_check
-from loadlab.wire.clock import ClockMap, clock_offset_ns
-from loadlab.wire.tcp import parse_packet, read_pcap
+from loadlab.selftest._fixed_server import FixedServerProcess
 from tests.helpers.loopback import ROOT
 from tests.helpers.wire import capture_missing, needs_capture
 

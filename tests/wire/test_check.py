@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._wire.check import render_section, run_wire_check
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.selftest.fixed_server import FixedScheduleServer, FixedServerProcess
-from loadlab.wire.check import render_section, run_wire_check
+from loadlab.selftest._fixed_server import FixedScheduleServer, FixedServerProcess
 from tests.helpers.loopback import ROOT, self_signed_cert, serve_in_thread
 from tests.helpers.wire import needs_capture
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from loadlab.wire.http import CHOICE, OTHER, TOKEN, event_kind, exchanges, sse_events
-from loadlab.wire.tcp import reassemble
+from loadlab._wire.http import CHOICE, OTHER, TOKEN, event_kind, exchanges, sse_events
+from loadlab._wire.tcp import reassemble
 from tests.helpers.wire import Conversation
 
 REQUEST = (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from loadlab._wire.http import CHOICE, OTHER, TOKEN, Exchange
+from loadlab._wire.judge import Timings, judge, record_timings, render, wire_timings
 from loadlab.records import RequestRecord
-from loadlab.wire.http import CHOICE, OTHER, TOKEN, Exchange
-from loadlab.wire.judge import Timings, judge, record_timings, render, wire_timings
 
 MS = 1_000_000
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.wire.http import OTHER, TOKEN, Exchange
-from loadlab.wire.judge import judge
+from loadlab._wire.http import OTHER, TOKEN, Exchange
+from loadlab._wire.judge import judge
 from tests.helpers.peers_wire import (
     Sent,
     aiperf_requests,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlab.wire.tcp import Connection, Stream, read_pcap, reassemble
+from loadlab._wire.tcp import Connection, Stream, read_pcap, reassemble
 from tests.helpers.wire import Conversation, write_pcap
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from loadlab._runner.run import run_specs
+from loadlab._slo import evaluate, parse_slo
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.run import run_specs
-from loadlab.slo import evaluate, parse_slo
 from loadlab.workloads import WorkloadError, build_requests
 from tests.helpers.server import serve_agent
 

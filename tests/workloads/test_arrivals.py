@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadlab.workloads.arrivals import arrival_times
+from loadlab.workloads._arrivals import arrival_times
 
 
 def _rate_cv(times: list[float]) -> tuple[float, float]:

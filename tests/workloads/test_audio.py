@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from loadlab.cli import main
-from loadlab.clients.bodies import build_body
+from loadlab.clients._bodies import build_body
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.workloads import build_requests, validate_workload
-from loadlab.workloads.audio import AudioMaker, audio_tokens
-from loadlab.workloads.params import WorkloadError
+from loadlab.workloads._audio import AudioMaker, audio_tokens
+from loadlab.workloads._params import WorkloadError
 
 
 def _wav(data: str) -> wave.Wave_read:

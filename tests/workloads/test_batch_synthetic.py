@@ -6,8 +6,8 @@ import itertools
 
 from loadlab.config import RunConfig
 from loadlab.workloads import build_requests
-from loadlab.workloads.arrivals import arrival_times
-from loadlab.workloads.exact import Sizing
+from loadlab.workloads._arrivals import arrival_times
+from loadlab.workloads._exact import Sizing
 
 
 def test_batch_open_loop_submits_the_whole_job_at_once():

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._commands.run import add_arguments, config_from_args
 from loadlab.cli import main
-from loadlab.commands.run import add_arguments, config_from_args
 from loadlab.config import RunConfig
 from loadlab.results import read_results
 from loadlab.workloads import build_requests
-from loadlab.workloads.exact import tokenizer_sizing
+from loadlab.workloads._exact import tokenizer_sizing
 from tests.helpers.loopback import ROOT
 
 CHAT = {"kind": "chat", "sessions": 6, "turns": 3, "think_time_s": 0.05,

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
+from loadlab._limits import MAX_DURATION_S
 from loadlab.config import RunConfig
-from loadlab.limits import MAX_DURATION_S
 from loadlab.workloads import build_requests, workload_extra
-from loadlab.workloads.arrivals import arrival_times
-from loadlab.workloads.params import TRACES
+from loadlab.workloads._arrivals import arrival_times
+from loadlab.workloads._params import TRACES
 
 THINK = {"dist": "lognormal", "median": 2.0, "sigma": 0.5}
 
@@ -116,7 +116,7 @@ def test_read_ahead_zero_builds_each_request_when_asked(monkeypatch):
     """A Locust user's stream (an endless closed-loop chat) reading 2,048 requests ahead at
     start costs ~80 ms on the gevent loop per user; with read_ahead=0 it builds none until
     asked, then one per request. A run still reads ahead by default."""
-    import loadlab.workloads.sessions as sessions  # chat's turns are built there
+    import loadlab.workloads._sessions as sessions  # chat's turns are built there
 
     built = []
     real = sessions.prompt_text

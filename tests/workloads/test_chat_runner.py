@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadlab._runner.run import run_specs
 from loadlab.config import EndpointConfig, RunConfig
-from loadlab.runner.run import run_specs
 from loadlab.workloads import build_requests
 
 launch = pytest.importorskip("reference_server.launch")

@@ -10,10 +10,10 @@ import pytest
 
 from loadlab.config import RunConfig
 from loadlab.workloads import build_requests, validate_workload
-from loadlab.workloads.dataset import conversation
-from loadlab.workloads.exact import tokenizer_sizing
-from loadlab.workloads.params import PACKAGE_DATA, WorkloadError
-from loadlab.workloads.tokenizers import load_tokenizer
+from loadlab.workloads._dataset import conversation
+from loadlab.workloads._exact import tokenizer_sizing
+from loadlab.workloads._params import PACKAGE_DATA, WorkloadError
+from loadlab.workloads._tokenizers import load_tokenizer
 
 SAMPLES = PACKAGE_DATA / "samples"
 HF_FILES = ("hf.json", "hf.parquet", "hf.arrow")

@@ -10,8 +10,8 @@ import pytest
 
 from loadlab.cli import main
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
-from loadlab.workloads.params import PACKAGE_DATA
+from loadlab.selftest._fixed_server import FixedServerProcess
+from loadlab.workloads._params import PACKAGE_DATA
 
 SAMPLES = PACKAGE_DATA / "samples"
 # file -> requests its sample makes (sharegpt: 3 conversations of 3 turns and 3 of one)

@@ -8,7 +8,7 @@ import pytest
 
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.workloads import build_requests
-from loadlab.workloads.exact import fit_prompt, tokenizer_sizing
+from loadlab.workloads._exact import fit_prompt, tokenizer_sizing
 
 
 def test_fit_finds_the_prefix_with_the_count():
@@ -49,7 +49,7 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("api", ["chat", "completions"])
 @pytest.mark.parametrize("kind", ["synthetic", "chat"])
 def test_every_prompt_counts_exactly_as_requested(tok_dir, api, kind):
-    from loadlab.workloads.tokenizers import load_tokenizer
+    from loadlab.workloads._tokenizers import load_tokenizer
 
     tok = load_tokenizer(str(tok_dir))
     workload = {"kind": kind, "prompt_tokens": {"dist": "uniform", "low": 40, "high": 1900}}
@@ -77,7 +77,7 @@ def test_same_seed_same_prompts(tok_dir):
 
 
 def test_auto_never_stops_a_run_and_says_so_once() -> None:
-    from loadlab.runner.prompt_sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, size_prompts
+    from loadlab._runner.prompt_sizing import FALLBACK_CHARS_PER_TOKEN, ask_endpoint, size_prompts
     from tests.conftest import free_port
 
     dead = EndpointConfig(f"http://127.0.0.1:{free_port()}", name="gone")

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loadlab.clients.bodies import build_body
+from loadlab.clients._bodies import build_body
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestRecord, RequestSpec
 from loadlab.workloads import build_requests, validate_workload
-from loadlab.workloads.images import ImageMaker, image_tokens
-from loadlab.workloads.params import WorkloadError
+from loadlab.workloads._images import ImageMaker, image_tokens
+from loadlab.workloads._params import WorkloadError
 
 
 def _decode(url: str) -> Image.Image:

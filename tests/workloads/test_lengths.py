@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadlab.workloads.lengths import DATASETS, parse_dist, sample_pairs
-from loadlab.workloads.params import WorkloadError
+from loadlab.workloads._lengths import DATASETS, parse_dist, sample_pairs
+from loadlab.workloads._params import WorkloadError
 
 N = 20_000
 

@@ -15,14 +15,14 @@ import pytest
 from PIL import Image
 
 from loadlab.cli import main
-from loadlab.clients.bodies import build_body
+from loadlab.clients._bodies import build_body
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.results import read_results
-from loadlab.selftest.fixed_server import FixedServerProcess
+from loadlab.selftest._fixed_server import FixedServerProcess
 from loadlab.workloads import build_requests, validate_workload
-from loadlab.workloads.audio import wav_bytes
-from loadlab.workloads.images import image_tokens
-from loadlab.workloads.params import WorkloadError
+from loadlab.workloads._audio import wav_bytes
+from loadlab.workloads._images import image_tokens
+from loadlab.workloads._params import WorkloadError
 
 
 def _picture(path: Path, w: int, h: int, fmt: str = "PNG") -> bytes:

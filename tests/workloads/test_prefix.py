@@ -11,8 +11,8 @@ import pytest
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
 from loadlab.workloads import build_requests
-from loadlab.workloads.params import WorkloadError
-from loadlab.workloads.prefix import PrefixPlan, with_run_salt
+from loadlab.workloads._params import WorkloadError
+from loadlab.workloads._prefix import PrefixPlan, with_run_salt
 
 
 def specs(requests: int = 8, **wl: Any) -> list[RequestSpec]:
@@ -104,9 +104,9 @@ def test_with_a_tokenizer_prefixes_and_prompts_are_exact_in_its_tokens(
     included), each prompt N + S, and the shared tokens are counted on the ids: with 16-token
     blocks the expected hit rate is exactly the repeated prefixes' share."""
     pytest.importorskip("tokenizers")
-    from loadlab.analysis.prefix_cache import expected_cached_tokens
-    from loadlab.workloads.exact import local_sizing
-    from loadlab.workloads.tokenizers import load_tokenizer
+    from loadlab._analysis.prefix_cache import expected_cached_tokens
+    from loadlab.workloads._exact import local_sizing
+    from loadlab.workloads._tokenizers import load_tokenizer
     from tests.helpers.bpe import make_tokenizer_dir
 
     tok_dir = str(make_tokenizer_dir(tmp_path / "tiny"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loadlab.records import RequestRecord
-from loadlab.workloads.prompts import (
+from loadlab.workloads._prompts import (
     BLOCK_TOKENS,
     CORPUS_CHARS,
     CalibrationError,

@@ -7,9 +7,9 @@ import json
 from loadlab.config import RunConfig
 from loadlab.records import RequestRecord
 from loadlab.workloads import build_requests, workload_extra
-from loadlab.workloads.params import TRACES
-from loadlab.workloads.prompts import BLOCK_TOKENS
-from loadlab.workloads.trace import TraceStats, iter_trace, replay_fidelity, send_lag_ms
+from loadlab.workloads._params import TRACES
+from loadlab.workloads._prompts import BLOCK_TOKENS
+from loadlab.workloads._trace import TraceStats, iter_trace, replay_fidelity, send_lag_ms
 
 
 def replay_cfg(path, seed=0, **workload):
@@ -159,7 +159,7 @@ def test_a_trace_name_or_a_path_not_both_and_typos_are_named():
     import pytest
 
     from loadlab.workloads import validate_workload
-    from loadlab.workloads.params import WorkloadError
+    from loadlab.workloads._params import WorkloadError
 
     def check(**workload):
         validate_workload(RunConfig(rate_rps=1, requests=3, workload={"kind": "trace", **workload}))

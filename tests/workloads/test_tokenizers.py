@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from loadlab.workloads.params import WorkloadError
-from loadlab.workloads.tokenizers import (
+from loadlab.workloads._params import WorkloadError
+from loadlab.workloads._tokenizers import (
     ByteTokens,
     HFTokens,
     check_tokenizer,

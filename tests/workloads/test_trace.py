@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from loadlab.workloads.params import TRACES
-from loadlab.workloads.trace import (
+from loadlab.workloads._params import TRACES
+from loadlab.workloads._trace import (
     TraceError,
     TraceStats,
     detect_format,

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loadlab.clients.openai import OpenAIClient
+from loadlab.clients._openai import OpenAIClient
 from loadlab.config import EndpointConfig
 from loadlab.records import RequestSpec
 from reference_server.cli import build_app

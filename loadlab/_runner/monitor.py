@@ -1,0 +1,142 @@
+"""Self-monitoring: is the load generator itself the bottleneck?
+
+A ticker wakes every ``tick_ms`` (10 ms) and measures how late it woke (the *event-loop lag*):
+while the loop is busy parsing chunks or starting requests, every ready callback, including
+the one that timestamps a chunk, waits that long. Process CPU (psutil) is sampled every
+``sample_s``.
+
+Rule (documented in docs/harness.md): the run is ``saturated`` when the p99 of the ticker's
+lag exceeds ``threshold_ms`` (``RunConfig.saturation_lag_ms``, 20 ms by default). The p99
+rather than the max, because one garbage-collection pause or a scheduler hiccup of a shared
+machine is not saturation; the p99 rather than the mean, because a generator that is late one
+tick in a hundred already shifts the tail latencies users gate on. ``cpu_percent_mean`` near
+100 (one core) is reported as the likely cause.
+
+Each tick also samples the raw transport's *parse backlog*: how long the oldest read that was
+stamped but not yet parsed has waited (``loadlab.clients._pool``: reads are stamped at once
+and parsed in slices, so a burst of work does not hold back the next reads' stamps). It moves
+no timestamp; it delays what follows a response's end (its record, a closed loop's next
+request). A generator
+whose median backlog exceeds ``threshold_ms`` cannot keep up with interpreting what it reads
+(the backlog sits near its 50 ms cap, past which the parser stops yielding): that run is
+``saturated`` too.
+
+Example::
+
+    mon = LoopMonitor(threshold_ms=20.0)
+    mon.start(t0_ns)
+    ...  # the run
+    generator = await mon.stop()   # the results file's "generator" section
+
+``loadlab._analysis.generator`` reads that section (for the CLI's warning and the reports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+
+from loadlab._analysis.metrics import distribution
+from loadlab.clients._pool import parse_backlog_ms
+
+__all__ = ["LoopMonitor"]
+
+
+class LoopMonitor:
+    """Samples event-loop lag and process CPU while a run goes on."""
+
+    def __init__(self, threshold_ms: float = 20.0, tick_ms: float = 10.0, sample_s: float = 0.5):
+        if tick_ms <= 0 or sample_s <= 0:
+            raise ValueError("tick_ms and sample_s must be > 0")
+        self.threshold_ms = threshold_ms
+        self.tick_ns = int(tick_ms * 1e6)
+        self.sample_ns = int(sample_s * 1e9)
+        self.lags_ms: list[float] = []
+        self.backlog_ms: list[float] = []
+        self.samples: list[list[float]] = []  # [t_ns, max lag in the interval ms, cpu %]
+        self.cpu: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+        self._t0_ns = 0
+        self._proc = _process()  # imported and primed here, not in the first tick of the run
+        self._cpu_start_s = 0.0
+        if self._proc is not None:
+            self._proc.cpu_percent(None)  # the first call only sets the reference point
+
+    def start(self, t0_ns: int) -> None:
+        self._t0_ns = t0_ns
+        self._cpu_start_s = self._cpu_s()
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        proc = self._proc
+        loop = asyncio.get_running_loop()
+        interval_max = 0.0
+        next_sample = time.perf_counter_ns() + self.sample_ns
+        expected = time.perf_counter_ns() + self.tick_ns
+        while True:
+            await asyncio.sleep(max(0.0, (expected - time.perf_counter_ns()) / 1e9))
+            now = time.perf_counter_ns()
+            lag_ms = max(0.0, (now - expected) / 1e6)
+            self.lags_ms.append(lag_ms)
+            self.backlog_ms.append(parse_backlog_ms(loop))
+            interval_max = max(interval_max, lag_ms)
+            # the next tick is due one period after this wake-up (a late tick is not caught up)
+            expected = now + self.tick_ns
+            if now >= next_sample:
+                cpu = float(proc.cpu_percent(None)) if proc is not None else float("nan")
+                if cpu == cpu:
+                    self.cpu.append(cpu)
+                self.samples.append([now - self._t0_ns, round(interval_max, 3), cpu])
+                interval_max = 0.0
+                next_sample = now + self.sample_ns
+
+    def _cpu_s(self) -> float:
+        if self._proc is None:
+            return 0.0
+        t = self._proc.cpu_times()
+        return float(t.user + t.system)
+
+    async def stop(self) -> dict[str, Any]:
+        """Stop sampling; the ``generator`` section of the results file."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.cpu_s = self._cpu_s() - self._cpu_start_s
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        lags = distribution(self.lags_ms, (50.0, 99.0))
+        backlog = distribution(self.backlog_ms, (50.0, 99.0))
+        p99 = lags.at(99) or 0.0
+        backlog_p50 = backlog.at(50) or 0.0
+        return {
+            "saturated": p99 > self.threshold_ms or backlog_p50 > self.threshold_ms,
+            "loop_lag_ms_max": lags.max or 0.0,
+            "loop_lag_ms_p99": p99,
+            "loop_lag_ms_p50": lags.at(50) or 0.0,
+            "parse_backlog_ms_p50": backlog_p50,
+            "parse_backlog_ms_p99": backlog.at(99) or 0.0,
+            "parse_backlog_ms_max": backlog.max or 0.0,
+            "cpu_percent_mean": float(np.mean(self.cpu)) if self.cpu else None,
+            "cpu_s": round(getattr(self, "cpu_s", 0.0), 3),  # user + system over the run
+            "threshold_ms": self.threshold_ms,
+            "rule": (
+                "saturated when the p99 of a 10 ms ticker's oversleep, or the median age of the "
+                "oldest read not yet parsed, exceeds threshold_ms"
+            ),
+            "samples": [[int(s[0]), s[1], s[2] if s[2] == s[2] else None] for s in self.samples],
+        }
+
+
+def _process() -> Any:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return None
+    return psutil.Process()
