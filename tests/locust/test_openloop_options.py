@@ -42,7 +42,7 @@ def test_the_kubernetes_example_uses_real_flags() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     ).stdout  # fmt: skip
     # Locust's --help leaves out a locustfile's options: loadlab's are read from their source
-    source = (ROOT / "loadlab" / "locust" / "openloop.py").read_text()
+    source = (ROOT / "loadlab" / "locust" / "_openloop.py").read_text()
     ours = set(re.findall(r'add_argument\("(--loadlab-[a-z-]+)"', source))
     flags = {a for a in [*master, *worker] if a.startswith("-") and " " not in a}
     unknown = {f for f in flags if f not in ours and f not in help_text}
