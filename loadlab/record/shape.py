@@ -228,7 +228,8 @@ class RequestShape:
                 calls = m.get("tool_calls") or []
                 walk.tool_calls += len(calls) if isinstance(calls, list) else 0
                 text = walk.content(m.get("content"))
-                if isinstance(calls, list) and calls:  # an earlier answer's calls, by their arguments
+                # an earlier answer's calls, by their arguments
+                if isinstance(calls, list) and calls:
                     text = "\n".join([text, *(_arguments(c) for c in calls)])
                 elif m.get("type") == "function_call":  # the Responses API's form
                     text = str(m.get("arguments", ""))

@@ -181,11 +181,14 @@ def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStrea
         )
     block_tokens = _recorded_block(path, chars_per_token) if recorded else None
     unit_chars = 1.0  # characters per unit of a recording's lengths
+    laid_out: dict[Any, int] | None = None  # each recorded session's last prompt, in its unit
     if recorded:
         rows = _whole_sessions(rows)
-        if recorded_header(path).get("unit") != "chars":
+        header = recorded_header(path)
+        if header.get("unit") != "chars":
             unit_chars = chars_per_token
-    laid_out: dict[Any, int] = {}  # each recorded session's last prompt, in the trace's unit
+        if int(header.get("loadlab_trace", 1)) >= 2:  # its layout has no role markers
+            laid_out = {}
 
     def specs() -> Iterator[RequestSpec]:
         thin_rng, text_rng = rng_for(cfg.request_seed, "thin"), rng_for(text_seed(cfg), "text")
@@ -216,7 +219,9 @@ def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStrea
                     row, p_tok, out, at, time_scale, text_seed(cfg), chars_per_token, block_tokens,
                     text_rng, cls, common_extra_body(params, out), unit_chars,
                 )  # fmt: skip
-                yield _with_answer(spec, row.recorded, laid_out, unit_chars)
+                if laid_out is not None:
+                    spec = _with_answer(spec, row.recorded, laid_out, unit_chars)
+                yield spec
                 continue
             for c in range(copies):
                 rid = f"trace-{row.line}" + (f"-{c}" if c else "")
