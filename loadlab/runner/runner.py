@@ -26,6 +26,8 @@ answers actually received. A failed or dropped turn ends its session (the later 
 on an answer that never came; they are not scheduled). Tool-calling sessions
 (``spec.tool_turn``): when an answer called tools, the next turn sends each call's result
 (the turn's ``prompt``) after its think time; an answer without a tool call ends the session.
+A replayed recording's turn (``spec.answer_chars``) has its new text resized by what the answer
+it follows adds to the prompt (``loadlab.clients.tools.next_turn``).
 
 Stop rules: ``cfg.requests`` truncates the request stream (counting every turn);
 ``cfg.duration_s`` stops sending at ``t0 + duration``; requests still in flight may finish
