@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ class _Walk:
                 out.append(self.content(part.get("content")))
             elif kind == "tool_use":
                 self.tool_calls += 1
-                out.append(str(part.get("input", "")))
+                out.append(json.dumps(part.get("input", {})))  # as a call's arguments
         return "".join(out)
 
     def _image(self, part: Mapping[str, Any]) -> None:
