@@ -2,9 +2,10 @@
 
 Records each run through ``loadlab record`` against the reference server (``tiny`` preset),
 replays the trace against a fresh server, and prints: requests, whether every prompt and output
-length is equal in the server's count, the prefix-cache hit rates, and how far the replay's
-session starts are from the recording's at p50 / p99 (inter-arrival gaps, loadlab's send
-times). Timing figures: run it alone on the machine.
+length is equal in the server's count (each session's turns), how many requests had the same
+count of cached prompt tokens as their recorded counterpart, the prefix-cache hit rates, and
+how far the replay's session starts are from the recording's at p50 / p99 (inter-arrival gaps,
+loadlab's send times). Timing figures: run it alone on the machine (about 40 s).
 
     python3 benchmarks/record_replay.py
 """
@@ -17,7 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.record.test_record import AGENT, CHAT, _first_turn_gaps_ms, _hit_rate, _record_and_replay
+from tests.record.test_record import (
+    AGENT,
+    CHAT,
+    _by_session,
+    _first_turn_gaps_ms,
+    _hit_rate,
+    _record_and_replay,
+)
 
 
 def main() -> int:
@@ -26,10 +34,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             a, b, _trace = _record_and_replay(Path(tmp), scenario)
         ra, rb = a["records"], b["records"]
-        key = lambda rs: sorted((r["turn"], r["prompt_tokens"], r["output_tokens"]) for r in rs)  # noqa: E731
+        ca, cb = (
+            [x for s in _by_session(rs, "cached_prompt_tokens") for x in s] for rs in (ra, rb)
+        )
+        same = sum(x == y for x, y in zip(ca, cb, strict=False))
         gaps = np.abs(_first_turn_gaps_ms(ra) - _first_turn_gaps_ms(rb))
         print(
-            f"{name}: {len(ra)} recorded, {len(rb)} replayed; lengths equal: {key(ra) == key(rb)}; "
+            f"{name}: {len(ra)} recorded, {len(rb)} replayed; lengths equal: "
+            f"{_by_session(ra) == _by_session(rb)}; cached tokens equal in {same} of {len(ra)}; "
             f"hit rate {100 * _hit_rate(ra):.1f} % -> {100 * _hit_rate(rb):.1f} %; session "
             f"start gaps off by p50 {np.percentile(gaps, 50):.2f} ms, p99 "
             f"{np.percentile(gaps, 99):.2f} ms"

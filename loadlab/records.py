@@ -156,6 +156,11 @@ class RequestSpec:
     tools: tuple[Mapping[str, Any], ...] = ()
     tool_turn: bool = False
     tool_results: tuple[Mapping[str, Any], ...] = ()
+    # A replayed later turn: what the previous answer added to the recorded prompt, in
+    # characters (its text or its tool calls' arguments, and the messages' separators); the
+    # runner resizes ``prompt`` by the difference with the answer this run got, so the turn's
+    # prompt keeps its recorded length (``loadlab.clients._tools.next_turn``)
+    answer_chars: int | None = None
     reasoning_effort: str | None = None  # "low" | "medium" | "high", passed to the API
     # Embeddings and rerank (``loadlab.workloads._pooling``): the texts to embed, or the
     # documents to rank against ``prompt`` (the query); nothing is generated

@@ -8,11 +8,14 @@ Anthropic messages body and keeps only what changes the load:
   ``reasoning_effort``, ...): values, never text;
 - messages per role, tool definitions and tool calls counted (with their size in the trace's
   unit), images counted with their width and height where the body carries the pixels;
-- the prompt as salted block hashes: the prompt's text laid out once (each message as its role
-  and content) is cut into blocks of ``block`` units (characters, or tokens when a tokenizer is
-  given) and each block's id is a hash of the salt, the previous block's id and the block, so
-  two prompts that share a prefix share their first ids and nothing else about the text can be
-  learnt without the salt, which never leaves the process;
+- the prompt as salted block hashes: the prompt's text laid out once as a model reads it less
+  the server's chat template (the messages' texts joined by newlines, an earlier answer's tool
+  calls by their arguments) is cut into blocks of ``block`` units (characters, or tokens when a
+  tokenizer is given) and each block's id is a hash of the salt, the previous block's id and
+  the block, so two prompts that share a prefix share their first ids and nothing else about
+  the text can be learnt without the salt, which never leaves the process. No role marker is
+  laid out: the template adds the same ones to a replay's messages, so a replay built from the
+  ids shares what the recorded prompts shared, block for block of the server's prompt;
 - a chain hash per message, so a request that repeats an earlier request's messages and adds
   to them (a conversation's next turn, an agent's next step) is found as its continuation.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,7 +121,6 @@ def _dimensions(raw: bytes) -> tuple[int, int] | None:
 class _Walk:
     """What walking one body's messages found (text is only ever held here, in memory)."""
 
-    parts: list[str] = field(default_factory=list)  # the prompt's text, in order
     roles: dict[str, int] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)  # each message's text
     order: list[str] = field(default_factory=list)  # each message's role
@@ -145,7 +148,7 @@ class _Walk:
                 out.append(self.content(part.get("content")))
             elif kind == "tool_use":
                 self.tool_calls += 1
-                out.append(str(part.get("input", "")))
+                out.append(json.dumps(part.get("input", {})))  # as a call's arguments
         return "".join(out)
 
     def _image(self, part: Mapping[str, Any]) -> None:
@@ -163,10 +166,13 @@ class _Walk:
         self.roles[role] = self.roles.get(role, 0) + 1
         self.texts.append(text)
         self.order.append(role)
-        piece = f"<{role}>{text}"
-        self.parts.append(piece)
         prev = self.chain[-1] if self.chain else b""
-        self.chain.append(_digest(salt, prev, piece.encode()))
+        self.chain.append(_digest(salt, prev, f"<{role}>{text}".encode()))
+
+    def layout(self) -> str:
+        """The prompt as a server's model reads it, less its chat template: the messages' texts
+        joined by newlines (so a block of the layout is a block of the server's prompt)."""
+        return "\n".join(self.texts)
 
 
 @dataclass(frozen=True)
@@ -223,10 +229,11 @@ class RequestShape:
                 calls = m.get("tool_calls") or []
                 walk.tool_calls += len(calls) if isinstance(calls, list) else 0
                 text = walk.content(m.get("content"))
-                if isinstance(calls, list):
-                    text += "".join(
-                        str(c.get("function", c)) for c in calls if isinstance(c, Mapping)
-                    )
+                # an earlier answer's calls, by their arguments
+                if isinstance(calls, list) and calls:
+                    text = "\n".join([text, *(_arguments(c) for c in calls)])
+                elif m.get("type") == "function_call":  # the Responses API's form
+                    text = str(m.get("arguments", ""))
                 role = str(m.get("role", m.get("type", "user")))
                 if role == "function_call_output" or _holds_tool_result(m.get("content")):
                     role = "tool"
@@ -234,7 +241,7 @@ class RequestShape:
         tools = body.get("tools") or []
         tools_text = str(tools) if tools else ""
         measure: Callable[[str], int] = (lambda s: len(tokenize(s))) if tokenize else len
-        prompt_text = "".join(walk.parts)
+        prompt_text = walk.layout()
         units: Sequence[Any] | str = tokenize(prompt_text) if tokenize else prompt_text
         stream_options = body.get("stream_options")
         return cls(
@@ -277,6 +284,14 @@ def _tool_choice(value: Any) -> str | None:
     if isinstance(value, Mapping) and value.get("type") in ("auto", "any", "none"):
         return str(value["type"])
     return "named"
+
+
+def _arguments(call: Any) -> str:
+    """A tool call's arguments as the model wrote them (``str`` of anything else)."""
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+        return str(fn["arguments"])
+    return str(call)
 
 
 def _holds_tool_result(content: Any) -> bool:

@@ -24,7 +24,9 @@ import orjson
 
 __all__ = ["FORMAT_VERSION", "TraceWriter"]
 
-FORMAT_VERSION = 1
+# 2: the prompt's blocks laid out as the model reads it less the template (``shape``), so the
+# replay sizes a later turn by the recorded answer's share of the prompt; 1 had role markers
+FORMAT_VERSION = 2
 MAX_QUEUED = 100_000
 
 

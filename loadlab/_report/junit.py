@@ -44,7 +44,7 @@ def render_junit(verdict: Verdict, suite: str = "loadlab slo") -> str:
     for r in verdict.rows:
         case = ET.Element(
             "testcase",
-            classname=_clean(f"loadlab.slo.{r.objective.metric}"),
+            classname=_clean(f"loadlab._slo.{r.objective.metric}"),
             name=_clean(str(r.objective)),
             time="0",
         )
@@ -62,7 +62,7 @@ def render_junit(verdict: Verdict, suite: str = "loadlab slo") -> str:
         cases.append(case)
     if verdict.invalid_reasons:
         errors += 1
-        case = ET.Element("testcase", classname="loadlab.slo", name="valid evidence", time="0")
+        case = ET.Element("testcase", classname="loadlab._slo", name="valid evidence", time="0")
         reasons = _clean("; ".join(verdict.invalid_reasons))
         ET.SubElement(case, "error", message=reasons, type="invalid").text = reasons
         cases.append(case)

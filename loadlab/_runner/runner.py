@@ -26,6 +26,8 @@ answers actually received. A failed or dropped turn ends its session (the later 
 on an answer that never came; they are not scheduled). Tool-calling sessions
 (``spec.tool_turn``): when an answer called tools, the next turn sends each call's result
 (the turn's ``prompt``) after its think time; an answer without a tool call ends the session.
+A replayed recording's turn (``spec.answer_chars``) has its new text resized by what the answer
+it follows adds to the prompt (``loadlab.clients._tools.next_turn``).
 
 Stop rules: ``cfg.requests`` truncates the request stream (counting every turn);
 ``cfg.duration_s`` stops sending at ``t0 + duration``; requests still in flight may finish
@@ -46,7 +48,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import itertools
 import os
@@ -63,7 +64,7 @@ from loadlab._runner.ahead import Lookahead
 from loadlab._runner.monitor import LoopMonitor
 from loadlab.clients._base import Client, Completion, Message, SendOptions
 from loadlab.clients._gate import SendGate
-from loadlab.clients._tools import assistant_turn, tool_result
+from loadlab.clients._tools import assistant_turn, next_turn
 from loadlab.config import RunConfig
 from loadlab.errors import at_least
 from loadlab.journal import JournalWriter
@@ -480,6 +481,7 @@ class Runner:
         ``gate``: what writes it). The caller reserved one in-flight slot."""
         assert self.t0_ns is not None  # noqa: S101 - set by run()
         history: list[Message] = []
+        answer = ""  # the last answer's text
         calls: Sequence[Mapping[str, str]] = ()  # the last answer's tool calls
         open_loop = intended_ns is not None
         for k, spec in enumerate(unit):
@@ -496,15 +498,14 @@ class Runner:
                         self._record_dropped(spec, intended_ns, f"in-flight cap {cap} reached")
                         return
                 self.stats.in_flight += 1
-            if spec.tool_turn:  # answers the last turn's tool calls (checked above)
-                results = tuple(tool_result(c["id"], spec.prompt) for c in calls)
-                spec = dataclasses.replace(spec, tool_results=results)
+            if k > 0:  # the last turn's tool calls answered (checked above), a replay resized
+                spec = next_turn(spec, answer, calls)
             if k > 0:
                 body, gate = None, None
             done = await self._send(spec, history, intended_ns, body, gate)
             if done is None or not done.record.ok or k + 1 == len(unit):
                 return  # (a lone request, most of a run's, builds no history)
-            calls = done.tool_calls
+            answer, calls = done.text, done.tool_calls
             history.extend(spec.new_messages())
             history.append(assistant_turn(done.text, calls))
 

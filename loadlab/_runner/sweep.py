@@ -117,7 +117,7 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": "loadlab.runner.sweep",
+            "schema": "loadlab._runner.sweep",
             "version": 1,
             "mode": self.mode,
             "load_unit": self.unit,

@@ -18,14 +18,18 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from loadlab.records import RequestSpec
 
 __all__ = [
     "anthropic_messages",
     "anthropic_tools",
     "assistant_turn",
+    "next_turn",
     "responses_input",
     "responses_tools",
     "tool_result",
@@ -48,6 +52,37 @@ def assistant_turn(text: str, calls: Sequence[Mapping[str, str]]) -> dict[str, A
             for c in calls
         ],
     }
+
+
+def next_turn(spec: RequestSpec, text: str, calls: Sequence[Mapping[str, str]]) -> RequestSpec:
+    """A session's later turn as sent after an answer of ``text`` and tool ``calls``: a tool
+    turn carries each call's result (``spec.prompt``), and a replayed turn
+    (``spec.answer_chars``) has its new text resized by what this answer adds to the prompt
+    less what the recorded one added (the trace's layout: the answer's text and each call's
+    arguments, one newline before each message), so its prompt has the recorded length.
+
+    >>> s = RequestSpec("r2", "result", 8, turn=1, tool_turn=True, answer_chars=9)
+    >>> call = {"id": "c1", "name": "f", "arguments": "{}"}  # adds 1 + len("\\n{}") + 1 = 5
+    >>> next_turn(s, "", [call]).tool_results  # the recorded answer added 4 more
+    ({'role': 'tool', 'tool_call_id': 'c1', 'content': 'result res'},)
+    """
+    if spec.answer_chars is not None:
+        parts = [text, *(c["arguments"] for c in calls)]
+        added = 1 + len("\n".join(parts)) + (max(1, len(calls)) if spec.tool_turn else 1)
+        spec = dataclasses.replace(spec, prompt=_resized(spec.prompt, spec.answer_chars - added))
+    if spec.tool_turn:
+        spec = dataclasses.replace(
+            spec, tool_results=tuple(tool_result(c["id"], spec.prompt) for c in calls)
+        )
+    return spec
+
+
+def _resized(text: str, by: int) -> str:
+    """``text`` cut or lengthened (by repeating it) by ``by`` characters, at least one kept."""
+    n = max(1, len(text) + by)
+    if n <= len(text) or not text:
+        return text[:n]
+    return (text + " ") * (n // (len(text) + 1)) + (text + " ")[: n % (len(text) + 1)]
 
 
 def tool_result(call_id: str, content: str) -> dict[str, Any]:

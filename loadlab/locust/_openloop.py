@@ -56,7 +56,7 @@ from loadlab.locust._sender import DONE, PING, PONG, RECORDS, SHARD
 
 __all__ = ["OpenLoopUser"]
 
-log = logging.getLogger("loadlab.locust.openloop")
+log = logging.getLogger("loadlab.locust._openloop")
 
 PINGS = 8
 PING_TIMEOUT_S = 2.0

@@ -46,7 +46,7 @@ from locust.exception import StopUser
 from loadlab._analysis import metrics
 from loadlab._limits import MAX_DURATION_S
 from loadlab.clients._base import Message
-from loadlab.clients._tools import assistant_turn, tool_result
+from loadlab.clients._tools import assistant_turn, next_turn
 from loadlab.config import EndpointConfig, RunConfig
 from loadlab.locust import _hooks as hooks
 from loadlab.locust._options import add_options, endpoint_from_options
@@ -152,6 +152,7 @@ class LLMUser(User):
         self._specs: Iterator[RequestSpec] = iter(self.make_specs(seed))
         self._next: RequestSpec | None = None
         self._history: list[Message] = []
+        self._answer = ""  # the last answer's text
         self._calls: Sequence[Mapping[str, str]] = ()  # the last answer's tool calls
         self._wait_s = 0.0
 
@@ -183,9 +184,8 @@ class LLMUser(User):
             raise StopUser()
         if spec.turn == 0:
             self._history = []
-        if spec.tool_turn:  # answers the last answer's tool calls (_after skips it otherwise)
-            results = tuple(tool_result(c["id"], spec.prompt) for c in self._calls)
-            spec = dataclasses.replace(spec, tool_results=results)
+        if spec.turn > 0:  # answers the last answer's tool calls (_after skips it otherwise)
+            spec = next_turn(spec, self._answer, self._calls)
         hooks.request_started()  # the master counts it lost if no record of it ever arrives
         if spec.error is not None:  # its workload could not build it: a failure, never sent
             self._after(
@@ -220,7 +220,7 @@ class LLMUser(User):
         fire_locust_events(self.environment, record)
         # The history a later turn sends is what was really asked and answered.
         self._history += [*spec.new_messages(), assistant_turn(text, calls)]
-        self._calls = calls
+        self._answer, self._calls = text, calls
         nxt = next(self._specs, None)
         while nxt is not None and nxt.tool_turn and not calls:
             nxt = next(self._specs, None)  # an agent that answered without a tool is done

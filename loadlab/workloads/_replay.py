@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -179,8 +180,15 @@ def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStrea
             "thinned or copied; use time_scale to replay it faster"
         )
     block_tokens = _recorded_block(path, chars_per_token) if recorded else None
+    unit_chars = 1.0  # characters per unit of a recording's lengths
+    laid_out: dict[Any, int] | None = None  # each recorded session's last prompt, in its unit
     if recorded:
         rows = _whole_sessions(rows)
+        header = recorded_header(path)
+        if header.get("unit") != "chars":
+            unit_chars = chars_per_token
+        if int(header.get("loadlab_trace", 1)) >= 2:  # its layout has no role markers
+            laid_out = {}
 
     def specs() -> Iterator[RequestSpec]:
         thin_rng, text_rng = rng_for(cfg.request_seed, "thin"), rng_for(text_seed(cfg), "text")
@@ -207,10 +215,13 @@ def trace_requests(cfg: RunConfig, sizing: Sizing | None = None) -> RequestStrea
             at = (row.t_s - start_s) / time_scale if cfg.rate_rps is not None else None
             if row.recorded is not None and block_tokens is not None:
                 stats.requests += 1
-                yield _recorded_spec(
+                spec = _recorded_spec(
                     row, p_tok, out, at, time_scale, text_seed(cfg), chars_per_token, block_tokens,
-                    text_rng, cls, common_extra_body(params, out),
+                    text_rng, cls, common_extra_body(params, out), unit_chars,
                 )  # fmt: skip
+                if laid_out is not None:
+                    spec = _with_answer(spec, row.recorded, laid_out, unit_chars)
+                yield spec
                 continue
             for c in range(copies):
                 rid = f"trace-{row.line}" + (f"-{c}" if c else "")
@@ -282,10 +293,12 @@ def _recorded_spec(
     rng: Any,
     cls: str,
     extra_body: dict[str, Any],
+    unit_chars: float,
 ) -> RequestSpec:
     """One recorded request: a session's first turn at its time, built from its prefix blocks;
     a later turn after its recorded think time, its new message at its recorded length (the
-    runner sends the session's real history before it)."""
+    runner sends the session's real history before it). ``unit_chars``: characters per unit
+    of the trace's lengths."""
     rec = row.recorded or {}
     rid = f"rec-{row.line}"
     tools = _tools_like(int(rec.get("tools") or 0), int(rec.get("tools_length") or 0))
@@ -296,7 +309,7 @@ def _recorded_spec(
         }
     turn = int(rec.get("turn", 0))
     if turn > 0:  # the runner sends the session's history before this new message
-        n = max(1, int(rec.get("new_length") or 1))
+        n = max(1, round(int(rec.get("new_length") or 1) * unit_chars / chars_per_token))
         text = prompt_text(n, rng, tag=rid, chars_per_token=chars_per_token)
         at, think_s = None, max(0.0, float(rec.get("think_ms") or 0.0) / 1000.0 / time_scale)
     else:
@@ -317,6 +330,22 @@ def _recorded_spec(
         tools=tools,
         tool_turn=turn > 0 and rec.get("new_kind") == "tool",
     )
+
+
+def _with_answer(
+    spec: RequestSpec, rec: Mapping[str, Any], laid_out: dict[Any, int], unit_chars: float
+) -> RequestSpec:
+    """A later turn with what the previous answer added to the recorded prompt (the trace's
+    layout: this prompt less the previous one and less this turn's new messages), so the
+    runner can keep the prompt at its recorded length whatever this run's answer was."""
+    session, length = rec.get("session"), rec.get("prompt_length")
+    before = laid_out.get(session)
+    if isinstance(length, int):
+        laid_out[session] = length
+    new = rec.get("new_length")
+    if spec.turn == 0 or before is None or not isinstance(length, int) or not isinstance(new, int):
+        return spec
+    return dataclasses.replace(spec, answer_chars=round((length - before - new) * unit_chars))
 
 
 def _tools_like(count: int, length: int) -> tuple[dict[str, Any], ...]:

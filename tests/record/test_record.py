@@ -70,6 +70,16 @@ def _hit_rate(records: list[dict]) -> float:
     )
 
 
+def _by_session(records: list[dict], *more: str) -> list[list[tuple[int, ...]]]:
+    """Each session's (turn, prompt tokens, output tokens, ``more`` fields) in turn order,
+    sessions in the order they began."""
+    sessions: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r["sent_ns"]):
+        sessions.setdefault(r["session_id"], []).append(r)
+    keys = ("turn", "prompt_tokens", "output_tokens", *more)
+    return [sorted(tuple(r[k] for k in keys) for r in rs) for rs in sessions.values()]
+
+
 def _first_turn_gaps_ms(records: list[dict]) -> np.ndarray:
     return np.diff(sorted(r["sent_ns"] for r in records if r["turn"] == 0)) / 1e6
 
@@ -114,16 +124,19 @@ def test_chat_sessions_replay_as_recorded(tmp_path: Path) -> None:
 def test_an_agent_replays_with_its_tool_rounds(tmp_path: Path) -> None:
     a, b, trace = _record_and_replay(tmp_path, AGENT)
     ra, rb = a["records"], b["records"]
-    assert len(ra) == len(rb) and all(r["outcome"] == "ok" for r in rb)
-    assert sorted(r["output_tokens"] for r in ra) == sorted(r["output_tokens"] for r in rb)
-    pa = sorted((r["turn"], r["prompt_tokens"]) for r in ra)
-    pb = sorted((r["turn"], r["prompt_tokens"]) for r in rb)
-    # a tool call's arguments are the server's fresh text in the replay: within 3 %
-    assert all(
-        x[0] == y[0] and abs(x[1] - y[1]) <= 0.03 * x[1] for x, y in zip(pa, pb, strict=True)
-    )
+    assert len(ra) == len(rb) and all(r["outcome"] == "ok" for r in ra + rb)
     lines = [json.loads(x) for x in trace.read_text().splitlines()[1:]]
     assert {x["new_kind"] for x in lines if x["turn"]} == {"tool"}
+    assert any(x["turn"] == 2 for x in lines)  # sessions of three steps
+    # every length equal in the server's count, each session's steps in order (the tool
+    # results take up what the server's fresh tool-call arguments add or leave out)
+    assert _by_session(ra) == _by_session(rb)
+    # the sessions' first prompts begin alike ("agent-0000...") but share less than one of the
+    # server's 16-token blocks: the replay shares no more, so the hit rates are equal, within
+    # 2 points (sessions share nothing between them, each step follows the last one's answer:
+    # the cached counts do not depend on timing)
+    assert _hit_rate(ra) > 0.2
+    assert abs(_hit_rate(ra) - _hit_rate(rb)) <= 0.02
 
 
 def test_no_text_key_or_address_reaches_the_trace(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_a_chat_body_becomes_counts_and_hashes() -> None:
     assert s.images == [[31, 17]] and s.images_unsized == 1
     assert s.tools == 1 and s.tool_choice == "named"  # never the tool's name
     assert not s.wants_usage
-    assert s.prompt_length == len("<system>be brief<user>what is this")
+    assert s.prompt_length == len("be brief\nwhat is this")  # no role marker: the template's
     assert len(s.hash_ids) == s.prompt_length // 4
 
 
