@@ -361,3 +361,29 @@ def test_poisson_thresholds_equal_scipys_cdf() -> None:
     for mean in range(1, 12):
         table = np.floor(stats.poisson.cdf(np.arange(mean * 4 + 40), mean) * 2.0**32)
         assert (_poisson_table(mean) == table[table < 2.0**32]).all(), mean
+
+
+def test_normal_rank_bootstrap_of_clustered_values_matches_resampling() -> None:
+    """Several values a request (ITL), 20,000 requests: the replicate ranks drawn from their
+    normal law against the requests resampled, on the same data: centre and spread agree
+    within Monte-Carlo noise. Too few requests for that law: None (the Poisson bootstrap)."""
+    from loadlab.analysis.compare import _normal_rank_quantile
+
+    rng = np.random.default_rng(1)
+    k = 20_000
+    cluster = np.repeat(np.arange(k), rng.integers(1, 30, k))
+    values = rng.gamma(8.0, 2.5, cluster.size) + rng.gamma(2.0, 2.0, k)[cluster]
+    sizes = np.bincount(cluster, minlength=k)
+    fast = _normal_rank_quantile(values, cluster, 0.5, sizes, 8000, np.random.default_rng(2), 0.005)
+    assert fast is not None
+    full = np.concatenate(
+        [_boot_quantile(values, cluster, 0.5, _Resampler([k], 2000, (s,))) for s in range(2)]
+    )
+    ranked = np.sort(values)
+    fast_rank, full_rank = np.searchsorted(ranked, fast), np.searchsorted(ranked, full)
+    assert np.std(fast_rank) == pytest.approx(np.std(full_rank), rel=0.06)
+    assert abs(np.mean(fast_rank) - np.mean(full_rank)) < 0.1 * np.std(full_rank)
+    few = cluster < 300
+    small = _normal_rank_quantile(values[few], cluster[few], 0.5, sizes[:300], 100,
+                                  np.random.default_rng(2), 0.005)  # fmt: skip
+    assert small is None
