@@ -584,10 +584,11 @@ def _latency_samples(
     return np.concatenate(vals), np.concatenate(clus).astype(np.int32)
 
 
-def _per_second_bins(r: Results) -> np.ndarray:
-    """Output tokens/s of each whole second inside the measurement window."""
+def _per_second_bins(r: Results, tp: metrics.Throughput) -> np.ndarray:
+    """Output tokens/s of each whole second inside the measurement window (``tp``: the run's
+    throughput over that window)."""
     lo, hi = r.measurement_window_ns()
-    series = vectors.throughput(columns_of(r.records), (lo, hi)).output_tokens_per_s_series
+    series = tp.output_tokens_per_s_series
     first, last = -(-lo // 1_000_000_000), hi // 1_000_000_000  # whole bins only
     return np.asarray(series[first:last], dtype=float)
 
@@ -679,20 +680,15 @@ def _throughput_row(
 ) -> MetricChange:
     """Output tokens/s: the mean of a setup's runs; bootstrapped over whole seconds (and, with
     more than one run, over the runs first)."""
-    values = [
-        float(
-            np.mean(
-                [
-                    vectors.throughput(
-                        columns_of(r.records), r.measurement_window_ns()
-                    ).output_tokens_per_s
-                    for r in runs
-                ]
-            )
-        )
+    tps = [
+        [vectors.throughput(columns_of(r.records), r.measurement_window_ns()) for r in runs]
         for runs in setups
     ]
-    bins = [[_per_second_bins(r) for r in runs] for runs in setups]
+    values = [float(np.mean([tp.output_tokens_per_s for tp in runs])) for runs in tps]
+    bins = [
+        [_per_second_bins(r, tp) for r, tp in zip(runs, tp_runs, strict=True)]
+        for runs, tp_runs in zip(setups, tps, strict=True)
+    ]
     short = any(b.size < 5 for runs in bins for b in runs)
     note = "fewer than 5 whole seconds in a window: no significance test" if short else ""
 
