@@ -274,3 +274,116 @@ def test_large_setups_take_the_poisson_bootstrap(monkeypatch: pytest.MonkeyPatch
     a, b = _setup([1.0, 1.3], seed=10), _setup([1.3, 1.6], seed=20)
     grouped = compare([*a, *b], ["a", "a", "b", "b"], n_boot=500)
     assert not {r.metric: r for r in grouped.rows}["ttft_ms.p50"].significant[1]
+
+
+@pytest.mark.parametrize(("m", "q"), [(2000, 0.5), (2000, 0.99), (1700, 0.9)])
+def test_order_statistic_bootstrap_has_the_law_of_resampling(m: int, q: float) -> None:
+    """One value a request (1,700 of 2,000 requests with one: the rest failed), with ties:
+    the quantile drawn from its Beta law against the requests resampled and the quantile
+    read off, replicate by replicate, over the same data: the distributions agree (their
+    quantiles within Monte-Carlo noise, a two-sample Kolmogorov-Smirnov distance under 5 %)."""
+    from loadlab._analysis.compare import _order_statistic_quantile
+
+    rng = np.random.default_rng(4)
+    k, b = 2000, 4000
+    values = np.round(rng.gamma(2.0, 10.0, m), 1)  # ties: a tenth of a ms
+    fast = _order_statistic_quantile(values, q, k, b, np.random.default_rng(5))
+    slow = np.empty(b)
+    for t in range(b):
+        drawn = rng.integers(0, k, k)
+        data = values[drawn[drawn < m]]  # requests m..k-1 hold no value
+        slow[t] = np.percentile(data, q * 100, method="inverted_cdf")
+    grid = np.union1d(fast, slow)
+    cdf = [np.searchsorted(np.sort(x), grid, side="right") / b for x in (fast, slow)]
+    assert np.abs(cdf[0] - cdf[1]).max() < 0.05
+    for p in (0.025, 0.5, 0.975):
+        assert abs(np.quantile(fast, p) - np.quantile(slow, p)) <= 0.25 * np.std(slow) + 0.1
+
+
+def test_large_setups_keep_the_intervals_of_the_full_bootstrap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same comparison with every request resampled and with the large-setup draws (the
+    order statistics' Beta law for TTFT, TPOT and E2E, Poisson weights for ITL): each row's
+    interval ends agree within the Monte-Carlo noise of 2,000 replicates."""
+    import loadlab._analysis.compare as cmp_module
+
+    base, slow = make_results(3000, seed=1, tokens=8), make_results(3000, seed=3, tokens=8,
+                                                                       ttft_scale=1.1)  # fmt: skip
+    full = compare([base, slow], ["a", "b"], n_boot=2000)
+    monkeypatch.setattr(cmp_module, "EXACT_CELLS", 1000)
+    fast = compare([base, slow], ["a", "b"], n_boot=2000)
+    for f, s in zip(full.rows, fast.rows, strict=True):
+        if f.ci_pct[1] is None:
+            assert s.ci_pct[1] is None
+            continue
+        width = f.ci_pct[1][1] - f.ci_pct[1][0]
+        assert s.ci_pct[1] == pytest.approx(f.ci_pct[1], abs=0.2 * width), f.metric
+        assert s.significant == f.significant, f.metric
+
+
+def test_the_mean_of_many_seconds_is_drawn_from_its_normal_law() -> None:
+    """Over 10,000 seconds of mildly skewed throughput the bootstrap mean is drawn from
+    N(mean, sd / sqrt(n)), which matches resampling; few seconds, or heavily skewed ones,
+    are resampled."""
+    from loadlab._analysis.compare import _normal_mean
+
+    rng = np.random.default_rng(8)
+    x = rng.gamma(20.0, 10.0, 12_000)
+    law = _normal_mean(x, 0.005)
+    assert law is not None and law[0] == pytest.approx(x.mean())
+    resampled = rng.choice(x, size=(400, x.size)).mean(axis=1)
+    assert law[1] == pytest.approx(resampled.std(), rel=0.12)
+    assert _normal_mean(x[:5000], 0.005) is None  # too few seconds
+    assert _normal_mean(rng.pareto(2.5, 12_000), 0.005) is None  # too skewed
+    assert _normal_mean(np.full(20_000, 3.0), 0.005) == (3.0, 0.0)
+
+
+def test_fisher_exact_equals_scipy() -> None:
+    from scipy import stats
+
+    from loadlab._analysis.compare import _fisher_exact
+
+    rng = np.random.default_rng(2)
+    tables = [[[0, 10], [0, 10]], [[10, 0], [0, 10]], [[5, 95], [30, 70]],
+              [[10_100, 989_900], [10_300, 989_700]], [[0, 1_000_000], [500, 999_500]]]  # fmt: skip
+    tables += rng.integers(0, 60, (200, 2, 2)).tolist()
+    for t in tables:
+        if sum(t[0]) and sum(t[1]):
+            assert _fisher_exact(t) == pytest.approx(stats.fisher_exact(t).pvalue, rel=1e-8), t
+
+
+def test_poisson_thresholds_equal_scipys_cdf() -> None:
+    from scipy import stats
+
+    from loadlab._analysis.compare import _poisson_table
+
+    for mean in range(1, 12):
+        table = np.floor(stats.poisson.cdf(np.arange(mean * 4 + 40), mean) * 2.0**32)
+        assert (_poisson_table(mean) == table[table < 2.0**32]).all(), mean
+
+
+def test_normal_rank_bootstrap_of_clustered_values_matches_resampling() -> None:
+    """Several values a request (ITL), 20,000 requests: the replicate ranks drawn from their
+    normal law against the requests resampled, on the same data: centre and spread agree
+    within Monte-Carlo noise. Too few requests for that law: None (the Poisson bootstrap)."""
+    from loadlab._analysis.compare import _normal_rank_quantile
+
+    rng = np.random.default_rng(1)
+    k = 20_000
+    cluster = np.repeat(np.arange(k), rng.integers(1, 30, k))
+    values = rng.gamma(8.0, 2.5, cluster.size) + rng.gamma(2.0, 2.0, k)[cluster]
+    sizes = np.bincount(cluster, minlength=k)
+    fast = _normal_rank_quantile(values, cluster, 0.5, sizes, 8000, np.random.default_rng(2), 0.005)
+    assert fast is not None
+    full = np.concatenate(
+        [_boot_quantile(values, cluster, 0.5, _Resampler([k], 2000, (s,))) for s in range(2)]
+    )
+    ranked = np.sort(values)
+    fast_rank, full_rank = np.searchsorted(ranked, fast), np.searchsorted(ranked, full)
+    assert np.std(fast_rank) == pytest.approx(np.std(full_rank), rel=0.06)
+    assert abs(np.mean(fast_rank) - np.mean(full_rank)) < 0.1 * np.std(full_rank)
+    few = cluster < 300
+    small = _normal_rank_quantile(values[few], cluster[few], 0.5, sizes[:300], 100,
+                                  np.random.default_rng(2), 0.005)  # fmt: skip
+    assert small is None

@@ -26,12 +26,13 @@ Example::
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
 
 from loadlab._analysis import metrics, vectors
 from loadlab._analysis.columns import NONE, RecordColumns, columns_of
@@ -60,7 +61,9 @@ LATENCY = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 PERCENTILES = (50.0, 99.0)
 _MAX_CELLS = 4_000_000  # bootstrap work matrix size per chunk (memory bound)
 # Up to this many (replicates x requests) a weight is drawn for every request of every
-# replicate; beyond it, the Poisson bootstrap over a window (``_poisson_quantile``).
+# replicate; beyond it, a quantile of one run with one value a request (TTFT, TPOT, E2E) is
+# drawn from its exact law (``_order_statistic_quantile``), the others (ITL, pooled runs) by
+# the Poisson bootstrap over a window (``_poisson_quantile``).
 EXACT_CELLS = 10_000_000
 # The bootstrap of an extreme quantile is unreliable when few samples lie beyond it (for the
 # maximum it is inconsistent: Bickel & Freedman, Ann. Statist. 9(6), 1981). Below this many
@@ -206,18 +209,30 @@ class _Resampler:
             self._cache[start] = w
         return w
 
-    def quantile(self, values: np.ndarray, cluster: np.ndarray, q: float, key: str) -> np.ndarray:
+    def quantile(
+        self, values: np.ndarray, cluster: np.ndarray, q: float, key: str, alpha: float
+    ) -> np.ndarray:
         """``n_boot`` replicates of the q-quantile of ``values`` (``cluster``: each value's
         request): resampling every request while ``n_boot`` x requests stays under
-        ``EXACT_CELLS``, else the Poisson bootstrap of ``_poisson_quantile`` (``key``, the
-        row, seeds its draws)."""
+        ``EXACT_CELLS``, else from the law of the order statistics (one run, one value a
+        request: ``_order_statistic_quantile``) or the Poisson bootstrap of
+        ``_poisson_quantile`` (``key``, the row, seeds their draws; ``alpha``, its level,
+        says how close a normal law must be)."""
         if self.n_boot * self.k <= EXACT_CELLS:
             return _boot_quantile(values, cluster, q, self)
-        run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
         rng_seed = [*self.seed, *key.encode()]
+        if len(self.sizes) == 1 and not (cluster[1:] <= cluster[:-1]).any():  # one value each
+            rng = np.random.default_rng(rng_seed)
+            return _order_statistic_quantile(values, q, self.k, self.n_boot, rng)
+        run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
         if self._sizes is None or self._sizes[0] is not cluster:  # one metric's two rows: once
             self._sizes = (cluster, _tally(cluster, None, self.k))
         sizes = self._sizes[1]
+        if len(self.sizes) == 1:
+            rng = np.random.default_rng(rng_seed)
+            drawn = _normal_rank_quantile(values, cluster, q, sizes, self.n_boot, rng, alpha)
+            if drawn is not None:
+                return drawn
         return _poisson_quantile(values, cluster, q, run_of, self.n_boot, rng_seed, sizes)
 
     def _two_level(self, m: int, rng: np.random.Generator) -> np.ndarray:
@@ -266,6 +281,103 @@ def _boot_quantile(
             idx[row] = int((full < target[row]).sum())
         out[start : start + m] = v[np.minimum(idx, n - 1)]
     return out
+
+
+def _order_statistic_quantile(
+    values: np.ndarray, q: float, k: int, n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``n_boot`` replicates of the q-quantile of one run's ``values`` (at most one per
+    request, ``k`` requests) drawn from the bootstrap's exact law, in O(``n_boot``) after
+    one partial sort, not O(``n_boot`` x ``k``).
+
+    The bootstrap draws ``k`` requests with replacement; ``T`` of them hold a value,
+    ``T ~ Binomial(k, m / k)`` for ``m`` values, and those are ``T`` draws with replacement
+    from the ``m`` values. The replicate quantile is their ``r``-th smallest, ``r = ceil(q T)``
+    (the rank ``_boot_quantile`` reads: the first whose running count reaches ``q T``). Of
+    ``T`` draws, at least ``r`` fall on the ``j`` smallest values with probability
+    ``P(Binomial(T, j / m) >= r) = P(U <= j / m)``, ``U ~ Beta(r, T - r + 1)`` (the r-th of
+    ``T`` uniform order statistics; Maritz & Jarrett, JASA 73(361), 1978, give the sample
+    median's bootstrap so): the replicate is the ``ceil(m U)``-th smallest value. Exact, not
+    an approximation, ties included (they are counted by their place in the sorted order, as
+    the weighted quantile counts them)."""
+    m = values.size
+    total = rng.binomial(k, m / k, n_boot) if m < k else np.full(n_boot, m)
+    total = np.maximum(total, 1)
+    rank = np.maximum(np.ceil(q * total), 1)  # the same float product as the weighted target
+    idx = np.ceil(m * rng.beta(rank, total - rank + 1)).astype(np.int64) - 1
+    idx = np.clip(idx, 0, m - 1)
+    lo, hi = int(idx.min()), int(idx.max())
+    ranked = np.sort(np.partition(values, [lo, hi])[lo : hi + 1])  # the ranks [lo, hi]
+    return ranked[idx - lo].astype(float)
+
+
+NORMAL_RANK_MIN_SD = 100  # ranks: a smaller spread is drawn by the Poisson bootstrap
+NORMAL_ERROR = 0.01  # the most a normal law's quantiles may be off, in its standard deviations
+
+
+def _cornish_fisher_error(skew: float, kurt: float, alpha: float) -> float:
+    """How far (in standard deviations) the normal law's ``1 - alpha / 2`` quantile is from
+    that of a law with this skewness and excess kurtosis, to order 1/n (the Cornish-Fisher
+    expansion; Hall, "The Bootstrap and Edgeworth Expansion", 1992, 2.5)."""
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return (abs(skew) * (z * z - 1) / 6 + abs(kurt) * abs(z**3 - 3 * z) / 24
+            + skew * skew * abs(2 * z**3 - 5 * z) / 36)  # fmt: skip
+
+
+def _normal_rank_quantile(
+    values: np.ndarray,
+    cluster: np.ndarray,
+    q: float,
+    sizes: np.ndarray,
+    n_boot: int,
+    rng: np.random.Generator,
+    alpha: float,
+) -> np.ndarray | None:
+    """``n_boot`` replicates of the q-quantile of one run's ``values``, several a request
+    (ITL: a stream's gaps; ``sizes``: each request's count), from the normal law of the
+    replicate's rank; None where that law is not close enough (the Poisson bootstrap then).
+
+    A replicate weights request ``c`` by ``w_c`` (multinomial) and its quantile is the first
+    rank ``i`` whose weighted count reaches ``q`` of the weighted total. At the point
+    estimate's rank ``r`` that count minus its target is ``G = sum_c w_c d_c``,
+    ``d_c = b_c - q s_c`` (``b_c``: the request's values below rank ``r``, ``s_c``: all of
+    them), with mean ``sum d_c`` and variance ``V = sum d_c^2 - (sum d_c)^2 / k``; each rank
+    further adds a weight of mean 1, so the replicate's rank is ``r - G`` (the Bahadur
+    representation of a quantile; Serfling, "Approximation Theorems of Mathematical
+    Statistics", 1980, 2.5): the first ``j`` with ``G + j >= 0`` past rank ``r - 1``. Used only where that is far below the Monte-Carlo noise of the
+    interval: ``sqrt(V)`` of at least ``NORMAL_RANK_MIN_SD`` ranks; ``G``'s skewness and
+    kurtosis (``sum d^3 / V^1.5``, ``sum d^4 / V^2``: a weight's cumulants are all about 1)
+    moving the interval's quantiles (``alpha``: its two-sided level) by under
+    ``NORMAL_ERROR`` of its spread; and the weights summed past ``r``, which add about
+    ``rho |G|`` to the rank's variance (``rho``: the sum of squares over the sum of each
+    request's values within 4 sd of ``r``, 1 when no request has two there), moving them by
+    under that too. The Monte-Carlo noise of a 2,000-replicate tail quantile is over ten
+    times more."""
+    n, k = values.size, sizes.size
+    r = min(max(int(np.ceil(q * n)) - 1, 0), n - 1)
+    at_r = np.partition(values, r)[r]
+    d = _tally(cluster, values < at_r, k) - q * sizes
+    total = float(d.sum())
+    var = float(np.dot(d, d)) - total * total / k
+    sd = math.sqrt(max(var, 0.0))
+    if sd < NORMAL_RANK_MIN_SD:
+        return None
+    skew, kurt = float(np.sum(d**3)) / sd**3, float(np.sum(d**4)) / var**2
+    if _cornish_fisher_error(skew, kurt, alpha) > NORMAL_ERROR:
+        return None
+    g = rng.normal(total, sd, n_boot)
+    idx = np.clip(r - 1 + np.ceil(-g).astype(np.int64), 0, n - 1)  # G + j reaches 0 at j
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    span = int(4 * sd) + 1
+    lo, hi = max(0, min(int(idx.min()), r - span)), min(n - 1, max(int(idx.max()), r + span))
+    part = np.partition(values, [lo, hi]) if hi > lo else np.partition(values, lo)
+    ranked = np.sort(part[lo : hi + 1])
+    inside = (values >= ranked[max(r - span - lo, 0)]) & (values <= ranked[min(r + span, hi) - lo])
+    m = np.bincount(cluster[inside])
+    rho = float(np.dot(m, m)) / max(int(m.sum()), 1)
+    if 0.4 * rho / sd * z > NORMAL_ERROR:  # the spread widens by 0.4 rho / sd of itself
+        return None
+    return ranked[idx - lo].astype(float)
 
 
 def _poisson_quantile(
@@ -402,8 +514,12 @@ def _poisson_draws(rng: np.random.Generator, mean: int, shape: Any) -> np.ndarra
 @functools.cache
 def _poisson_table(mean: int) -> np.ndarray:
     """floor(2**32 x P(X <= k)) for k = 0, 1, ... while under 2**32 (X ~ Poisson(mean)):
-    X > k exactly when a uniform 32-bit integer reaches the k-th."""
-    cdf = stats.poisson.cdf(np.arange(mean * 4 + 40), mean)
+    X > k exactly when a uniform 32-bit integer reaches the k-th. The probabilities by their
+    recurrence ``p(k) = p(k - 1) mean / k`` from ``p(0) = exp(-mean)`` (``mean``: a few runs)."""
+    terms = [math.exp(-mean)]
+    for k in range(1, mean * 4 + 40):
+        terms.append(terms[-1] * mean / k)
+    cdf = np.array([1.0 - math.fsum(terms[k + 1 :]) for k in range(len(terms))])  # 1 - P(X > k)
     table = np.floor(cdf * 2.0**32)
     return table[table < 2.0**32].astype(np.uint32)
 
@@ -468,10 +584,11 @@ def _latency_samples(
     return np.concatenate(vals), np.concatenate(clus).astype(np.int32)
 
 
-def _per_second_bins(r: Results) -> np.ndarray:
-    """Output tokens/s of each whole second inside the measurement window."""
+def _per_second_bins(r: Results, tp: metrics.Throughput) -> np.ndarray:
+    """Output tokens/s of each whole second inside the measurement window (``tp``: the run's
+    throughput over that window)."""
     lo, hi = r.measurement_window_ns()
-    series = vectors.throughput(columns_of(r.records), (lo, hi)).output_tokens_per_s_series
+    series = tp.output_tokens_per_s_series
     first, last = -(-lo // 1_000_000_000), hi // 1_000_000_000  # whole bins only
     return np.asarray(series[first:last], dtype=float)
 
@@ -537,7 +654,7 @@ def _latency_rows(
         tail = min(q, 100 - q) / 100
         boots = [
             (
-                res.quantile(v, c, q / 100, f"{metric}.p{q:g}")
+                res.quantile(v, c, q / 100, f"{metric}.p{q:g}", alpha)
                 if v.size * tail >= MIN_TAIL_SAMPLES
                 else None
             )
@@ -563,26 +680,23 @@ def _throughput_row(
 ) -> MetricChange:
     """Output tokens/s: the mean of a setup's runs; bootstrapped over whole seconds (and, with
     more than one run, over the runs first)."""
-    values = [
-        float(
-            np.mean(
-                [
-                    vectors.throughput(
-                        columns_of(r.records), r.measurement_window_ns()
-                    ).output_tokens_per_s
-                    for r in runs
-                ]
-            )
-        )
+    tps = [
+        [vectors.throughput(columns_of(r.records), r.measurement_window_ns()) for r in runs]
         for runs in setups
     ]
-    bins = [[_per_second_bins(r) for r in runs] for runs in setups]
+    values = [float(np.mean([tp.output_tokens_per_s for tp in runs])) for runs in tps]
+    bins = [
+        [_per_second_bins(r, tp) for r, tp in zip(runs, tp_runs, strict=True)]
+        for runs, tp_runs in zip(setups, tps, strict=True)
+    ]
     short = any(b.size < 5 for runs in bins for b in runs)
     note = "fewer than 5 whole seconds in a window: no significance test" if short else ""
 
     def boot(j: int) -> np.ndarray:
         rng = np.random.default_rng([seed, 99, j])
         runs = bins[j]
+        if len(runs) == 1 and (law := _normal_mean(runs[0], alpha)) is not None:
+            return rng.normal(law[0], law[1], n_boot)
         if len(runs) == 1:  # in blocks of rows (a day of seconds x 2,000 is 1.3 GB at once)
             b = runs[0]
             rows = max(1, _MAX_CELLS // b.size)
@@ -605,6 +719,33 @@ def _throughput_row(
     return _bootstrap_row("output_tokens_per_s", values, False, pair, n, note, alpha)
 
 
+NORMAL_MEAN_MIN = 10_000  # seconds a run needs before its mean's bootstrap may be drawn normal
+
+
+def _normal_mean(x: np.ndarray, alpha: float) -> tuple[float, float] | None:
+    """(centre, spread) of the normal law to draw the bootstrap of ``x``'s mean from, or None
+    where that law is not close enough and the resamples must be drawn.
+
+    The mean of ``n`` draws with replacement from ``x`` has the mean of ``x`` and standard
+    deviation ``s / sqrt(n)`` (``s``: ``x``'s, ddof 0), exactly; its quantiles differ from
+    the normal's by the Cornish-Fisher terms (Hall, "The Bootstrap and Edgeworth Expansion",
+    1992, 2.5): ``g (z^2 - 1) / (6 sqrt(n)) + k (z^3 - 3z) / (24 n) - g^2 (2z^3 - 5z) / (36 n)``
+    standard deviations, ``g`` the skewness and ``k`` the excess kurtosis of ``x``. The normal
+    law is used only from ``NORMAL_MEAN_MIN`` values and where that sum stays under
+    ``NORMAL_ERROR`` at the interval's own ``z`` (``alpha``: the row's two-sided level):
+    the Monte-Carlo noise of a 2,000-replicate tail quantile is over ten times more."""
+    n = x.size
+    if n < NORMAL_MEAN_MIN:
+        return None
+    centre, sd = float(x.mean()), float(x.std())
+    if sd == 0:
+        return centre, 0.0
+    u = (x - centre) / sd
+    g, k = float(np.mean(u**3)), float(np.mean(u**4)) - 3.0
+    error = _cornish_fisher_error(g / math.sqrt(n), k / n, alpha)  # the mean's: g/sqrt(n), k/n
+    return (centre, sd / math.sqrt(n)) if error <= NORMAL_ERROR else None
+
+
 def _count_row(
     metric: str,
     values: Sequence[float],
@@ -620,7 +761,7 @@ def _count_row(
     for i in range(1, len(values)):
         changes.append(_pct_change(values[0], values[i]))
         table = [[hits[0], totals[0] - hits[0]], [hits[i], totals[i] - hits[i]]]
-        p = float(stats.fisher_exact(table).pvalue) if totals[0] and totals[i] else 1.0
+        p = _fisher_exact(table) if totals[0] and totals[i] else 1.0
         ps.append(p)
         sig.append(p < alpha)
     return MetricChange(
@@ -634,6 +775,30 @@ def _count_row(
         n=tuple(totals),
         note="Fisher's exact test on the counts",
     )
+
+
+def _fisher_exact(table: Sequence[Sequence[int]]) -> float:
+    """The two-sided p-value of Fisher's exact test on a 2x2 table of counts: the probability,
+    with the margins fixed, of the tables no more likely than this one (relative tolerance
+    1e-7, as ``scipy.stats.fisher_exact``, which gives the same value: importing scipy's
+    statistics takes longer than a comparison of small files). The hypergeometric
+    probabilities of the top-left cell come from the ratio of neighbours,
+    ``p(x + 1) / p(x) = (r1 - x)(c1 - x) / ((x + 1)(r2 - c1 + x + 1))``, summed in logs."""
+    (a, b), (c, d) = ((int(x) for x in row) for row in table)
+    r1, r2, c1 = a + b, c + d, a + c
+    lo, hi = max(0, c1 - r2), min(c1, r1)
+    x = np.arange(lo, hi, dtype=float)  # each x to x + 1
+    with np.errstate(divide="ignore"):
+        steps = np.log((r1 - x) * (c1 - x)) - np.log((x + 1) * (r2 - c1 + x + 1))
+    log_p = np.concatenate([[0.0], np.cumsum(steps)])
+    tail = log_p[log_p <= log_p[a - lo] + math.log1p(1e-7)]
+    return min(1.0, math.exp(_log_sum_exp(tail) - _log_sum_exp(log_p)))
+
+
+def _log_sum_exp(x: np.ndarray) -> float:
+    """log(sum(exp(x))), without overflow or underflow of the terms."""
+    top = float(x.max())
+    return top + math.log(float(np.exp(x - top).sum()))
 
 
 def _ratio_boot(num: np.ndarray, den: np.ndarray, res: _Resampler) -> np.ndarray:

@@ -58,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
     from loadlab._analysis.compare import check_bootstrap, compare
     from loadlab._commands import read_said, say
     from loadlab._report.comparison import render_comparison, render_comparison_markdown
-    from loadlab._slo import load_slo
 
     if len(args.results) < 2:
         raise ConfigError("give at least two results files")
@@ -71,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         raise ConfigError(f"--alpha must be in (0, 1), e.g. 0.05; got {args.alpha}")
     check_bootstrap(args.bootstrap)
-    spec = load_slo(args.slo) if args.slo else None
+    spec = None
+    if args.slo:  # SLO intervals need scipy's statistics, a second and more to import
+        from loadlab._slo import load_slo
+
+        spec = load_slo(args.slo)
     runs = [read_said(p, "compare") for p in args.results]
     if args.pricing:  # each file priced by its label's table (else its endpoint's, else all)
         from loadlab._analysis.cost import apply_pricing
