@@ -1,16 +1,21 @@
 """``loadlab record``'s reverse proxy: pass traffic through unchanged, write its shape.
 
-Every request is forwarded to the upstream with its body and headers as they came (hop-by-hop
-headers aside) and every response chunk is written to the client as soon as it arrives, before
-the proxy reads its copy; nothing is buffered but a partial SSE event when the proxy asked for
-usage itself and must take that one event out. Per traced request (OpenAI chat, completions,
-Responses and Anthropic messages; other paths pass through untraced) one trace line goes to a
-bounded queue that a writer task empties: a write that fails is counted and said once, and the
-traffic goes on. The request's shape (``RequestShape``: block hashes, the tokenizer's counts) is
-read when its answer has ended, never on its way upstream.
+The relay is asyncio protocols over HTTP/1.1 (``loadlab.record.relay`` reads the bytes): a
+client's request is read whole (head and ``Content-Length`` or chunked body) and sent over a
+kept-alive connection to the upstream, with its body and headers as they came (this hop's
+aside); the answer's bytes are written to the client as each read returns them, framing
+included (a chunked body passes through untouched), before the proxy reads its copy. Nothing is
+buffered but what the client's socket has not taken yet (past 64 KiB the proxy stops reading
+the upstream until it drains) and, when the proxy asked for usage itself, a partial SSE event
+(then the proxy sends the body in chunks of its own, that one event taken out). Per traced
+request (OpenAI chat, completions, Responses and Anthropic messages; other paths pass through
+untraced) one trace line goes to a bounded queue that a writer task empties: a write that fails
+is counted and said once, and the traffic goes on. The request's shape (``RequestShape``: block
+hashes, the tokenizer's counts) is read when its answer has ended, never on its way upstream.
 
-The proxy answers 502 only when the upstream could not be reached at all; an upstream answer,
-error statuses included, is passed on as it came.
+The proxy answers 502 only when the upstream could not be reached, or closed or timed out
+before its answer's head; an upstream answer, error statuses included, is passed on as it came.
+An upstream that breaks off mid-answer closes the client's connection at the same byte.
 
 Example::
 
@@ -22,17 +27,30 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import os
+import socket
+import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, cast
 
-import aiohttp
 import orjson
-from aiohttp import web
 
+from loadlab.record.relay import (
+    ChunkDecoder,
+    HTTPError,
+    Request,
+    RequestReader,
+    ResponseHead,
+    Upstream,
+    client_head,
+    error_response,
+    upstream_request,
+)
 from loadlab.record.shape import RequestShape, Tokenize
 from loadlab.record.stream import StreamWatch
 from loadlab.record.tracefile import TraceWriter
@@ -63,21 +81,11 @@ def api_of(path: str) -> str | None:
     return API_PATHS.get(path)
 
 
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
+IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
+STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
+_PIPELINED = 1 << 20  # a client's bytes read ahead of its answer before the proxy stops reading
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class _Turn(NamedTuple):
@@ -88,6 +96,385 @@ class _Turn(NamedTuple):
     session: int
     turn: int
     end_ns: int
+
+
+def _no_delay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _Client(asyncio.Protocol):
+    """A client's connection: its requests, one at a time (pipelined ones wait their turn)."""
+
+    def __init__(self, proxy: RecordingProxy) -> None:
+        self.proxy = proxy
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.reader = RequestReader()
+        self.busy: _Exchange | None = None
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        _no_delay(self.transport)
+        self.proxy._clients.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        t_ns = time.perf_counter_ns()
+        if self.busy is not None:  # pipelined: read when its turn comes
+            self.reader.hold(data, t_ns)
+            if len(self.reader.buf) > _PIPELINED and self.transport is not None:
+                self.transport.pause_reading()
+            return
+        self._take(lambda: self.reader.feed(data, t_ns))
+
+    def _take(self, read: Callable[[], Request | None]) -> None:
+        transport = self.transport
+        try:
+            req = read()
+        except HTTPError as exc:
+            reason = {400: "Bad Request", 413: "Content Too Large", 431: "Too Large"}
+            kind = "invalid_request_error"
+            transport.write(
+                error_response(
+                    exc.status,
+                    reason.get(exc.status, "Error"),
+                    f"loadlab record: {exc}",
+                    kind,
+                    close=True,
+                )
+            )
+            transport.close()
+            return
+        if self.reader.continue_due:
+            self.reader.continue_due = False
+            transport.write(_CONTINUE)
+        if req is not None:
+            self.busy = self.proxy._exchange(self, req)
+
+    def answered(self, close: bool) -> None:
+        """The answer in flight has ended: close, or go on to the next request."""
+        self.busy = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if close or self.eof:
+            transport.close()
+            return
+        transport.resume_reading()
+        t_ns = time.perf_counter_ns()
+        self._take(lambda: self.reader.next(t_ns))
+
+    def eof_received(self) -> bool | None:
+        if self.busy is not None:  # a client that half-closed still gets its answer
+            self.eof = True
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy._clients.discard(self)
+        if self.busy is not None:
+            self.busy.client_lost()
+
+    def pause_writing(self) -> None:
+        if self.busy is not None:
+            self.busy.pause(True)
+
+    def resume_writing(self) -> None:
+        if self.busy is not None:
+            self.busy.pause(False)
+
+
+class _UpstreamConn(asyncio.Protocol):
+    """A connection to the upstream, kept alive between answers; it hands each read to the
+    exchange it serves."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.ex: _Exchange | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        _no_delay(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None:  # nothing was asked: a connection that cannot be trusted again
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        ex.received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.ex is not None:
+            self.ex.upstream_lost(exc)
+
+
+class _Exchange:
+    """One request and its answer, from the client's request to the answer's last byte."""
+
+    def __init__(
+        self, proxy: RecordingProxy, client: _Client, req: Request, body: bytes,
+        api: str | None, traced: dict[str, Any] | None, watch: StreamWatch | None,
+    ) -> None:  # fmt: skip
+        self.proxy = proxy
+        self.client = client
+        self.out = client.transport
+        self.req = req
+        self.request_bytes = upstream_request(proxy._up, req, body)
+        self.api, self.traced, self.watch = api, traced, watch
+        self.up: _UpstreamConn | None = None
+        self.reused = False
+        self.sent_ns = self.last_ns = 0
+        self.status = 0
+        self.head = bytearray()
+        self.on_body: Callable[[bytes, int], None] | None = None
+        self.decoder: ChunkDecoder | None = None
+        self.left = 0  # a Content-Length body's bytes still to come
+        self.length_framed = self.framed = False  # by Content-Length; by it or chunks
+        self.got = False  # a byte of the answer came
+        self.chunk_out = False  # the body goes out in the proxy's own chunks
+        self.close_client = False
+        self.keep_upstream = False
+        self.paused = False
+        self.finished = False
+
+    def send(self, up: _UpstreamConn, *, reused: bool) -> None:
+        self.up, self.reused = up, reused
+        up.ex = self
+        self.last_ns = time.perf_counter_ns()
+        up.transport.write(self.request_bytes)
+
+    def received(self, data: bytes) -> None:
+        t_ns = time.perf_counter_ns()
+        self.last_ns = t_ns
+        if self.on_body is not None:
+            self.on_body(data, t_ns)
+            return
+        self.got = True
+        self.head += data
+        try:
+            while self.on_body is None and not self.finished:
+                end = self.head.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self.head) > 64 << 10:
+                        raise HTTPError(502, "the upstream's answer head is past 64 KiB")
+                    return
+                head = ResponseHead.parse(bytes(self.head[:end]))
+                rest = bytes(self.head[end + 4 :])
+                del self.head[: end + 4]
+                if 100 <= head.status < 200:
+                    continue  # an interim answer (the client's Expect was answered already)
+                self._start(head, rest, t_ns)
+        except HTTPError:
+            self.upstream_lost(None)
+
+    def _start(self, head: ResponseHead, rest: bytes, t_ns: int) -> None:
+        """The answer's head has come: send it on with what followed it, framed as chosen."""
+        self.status = head.status
+        req, watch = self.req, self.watch
+        no_body = req.method == b"HEAD" or head.status in (204, 304)
+        delimited = head.chunked or head.length is not None
+        is_10 = req.version == b"HTTP/1.0"
+        own = not no_body and (
+            (watch is not None and watch.drop_usage_event) or (head.chunked and is_10)
+        )
+        self.chunk_out = own and not is_10
+        self.close_client = (
+            not req.keep_alive or is_10 or (not no_body and not delimited and not self.chunk_out)
+        )
+        self.keep_upstream = head.keep_alive and (no_body or delimited)
+        self.left = head.length or 0
+        self.length_framed, self.framed = head.length is not None, delimited
+        self.decoder = ChunkDecoder() if head.chunked else None
+        out = client_head(head, own_framing=own, chunked=self.chunk_out, close=self.close_client)
+        if no_body:
+            self.out.write(out)
+            self.end()
+            return
+        if own:
+            self.out.write(out)
+            self.on_body = self._own
+        else:
+            if head.chunked:
+                self.on_body = self._pass_chunked
+            elif head.length is not None:
+                self.on_body = self._pass_length
+            else:
+                self.on_body = self._pass_to_close
+            if not rest:
+                self.out.write(out)
+            else:  # the body's first bytes came with the head: one write for both
+                rest = self._passed(rest)
+                self.out.write(out + rest)
+                self._read(rest, t_ns)
+                return
+        if rest or (head.length == 0 and not head.chunked):
+            self.on_body(rest, t_ns)
+
+    def _pass_chunked(self, data: bytes, t_ns: int) -> None:
+        """A chunked answer's read: to the client untouched, then its payload to the watch."""
+        self.out.write(data)
+        decoder = cast(ChunkDecoder, self.decoder)
+        try:
+            payload = decoder.feed(data)
+        except HTTPError:
+            self.broke()
+            return
+        if payload and self.watch is not None:
+            self.watch.feed(payload, t_ns)
+        if decoder.done:
+            self.end()
+
+    def _pass_length(self, data: bytes, t_ns: int) -> None:
+        data = self._passed(data)
+        self.out.write(data)
+        self._read(data, t_ns)
+
+    def _pass_to_close(self, data: bytes, t_ns: int) -> None:
+        self.out.write(data)
+        if self.watch is not None:
+            self.watch.feed(data, t_ns)
+
+    def _passed(self, data: bytes) -> bytes:
+        """A Content-Length body's bytes in ``data`` (what comes after it is not the answer's)."""
+        if self.decoder is None and self.left and len(data) > self.left:
+            return data[: self.left]
+        return data
+
+    def _read(self, data: bytes, t_ns: int) -> None:
+        """The payload of a read already sent on: to the watch; the answer's end when it is."""
+        if self.decoder is not None:
+            try:
+                data = self.decoder.feed(data)
+            except HTTPError:
+                self.broke()
+                return
+            done = self.decoder.done
+        else:
+            self.left -= len(data)
+            done = self.left <= 0 and self.on_body is not self._pass_to_close
+        if data and self.watch is not None:
+            self.watch.feed(data, t_ns)
+        if done:
+            self.end()
+
+    def _own(self, data: bytes, t_ns: int) -> None:
+        """A read of an answer whose bytes change on the way: its payload, what the watch lets
+        through of it, sent in the proxy's own chunks (or as it is, to an HTTP/1.0 client)."""
+        done = False
+        if self.decoder is not None:
+            try:
+                data = self.decoder.feed(data)
+            except HTTPError:
+                self.broke()
+                return
+            done = self.decoder.done
+        elif self.length_framed:
+            data = data[: self.left]
+            self.left -= len(data)
+            done = not self.left
+        watch = self.watch
+        if watch is not None and watch.drop_usage_event:
+            data = watch.feed(data, t_ns) or b""
+        elif watch is not None:
+            watch.feed(data, t_ns)
+        self._emit(data)
+        if done:
+            self.end()
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self.out.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunk_out else data)
+
+    def end(self) -> None:
+        """The answer's last byte has come and gone on."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.watch is not None:
+            rest = self.watch.finish()
+            if self.on_body == self._own:
+                self._emit(rest)
+        if self.chunk_out:
+            self.out.write(b"0\r\n\r\n")
+        self._release_upstream(keep=self.keep_upstream)
+        self.client.answered(self.close_client)
+        self.proxy._finished(self, "ok" if self.status < 400 else f"http_{self.status}")
+
+    def broke(self) -> None:
+        """The upstream broke off mid-answer (closed, reset, bad framing or silent past the
+        timeout): the client's connection closes where the answer stopped."""
+        if self.finished:
+            return
+        self.finished = True
+        self._release_upstream(keep=False)
+        self.client.answered(close=True)
+        self.proxy._finished(self, "incomplete")
+
+    def upstream_lost(self, exc: BaseException | None) -> None:
+        if self.finished:
+            return
+        if self.on_body is not None:
+            if self.on_body == self._pass_to_close and exc is None:
+                self.end()  # the answer's end is the connection's
+            elif self.on_body == self._own and not self.framed and exc is None:
+                self.end()
+            else:
+                self.broke()
+            return
+        if self.reused and not self.got and self.up is not None:
+            # a kept-alive connection the upstream closed as the request went out: once more,
+            # on a new one (no byte of an answer came)
+            self.up.ex = None
+            self.up, self.reused = None, False
+            self.proxy._connect_soon(self)
+            return
+        self.unreachable(exc if exc is not None else ConnectionResetError())
+
+    def unreachable(self, exc: BaseException) -> None:
+        """No answer came: the proxy's own 502."""
+        if self.finished:
+            return
+        self.finished = True
+        self._release_upstream(keep=False)
+        self.proxy.upstream_failures += 1
+        close = not self.req.keep_alive
+        message = f"loadlab record: upstream unreachable ({type(exc).__name__})"
+        self.out.write(error_response(502, "Bad Gateway", message, "upstream_error", close=close))
+        self.client.answered(close)
+        self.proxy._finished(self, "upstream_error")
+
+    def client_lost(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._release_upstream(keep=False)
+        self.client.busy = None
+        self.proxy._finished(self, "client_disconnect")
+
+    def pause(self, paused: bool) -> None:
+        """The client's socket is full (or has room again): stop (or go on) reading the upstream."""
+        self.paused = paused
+        up = self.up
+        if up is not None and up.transport is not None and not up.closed:
+            if paused:
+                up.transport.pause_reading()
+            else:
+                up.transport.resume_reading()
+
+    def _release_upstream(self, *, keep: bool) -> None:
+        up, self.up = self.up, None
+        if up is None:
+            return
+        up.ex = None
+        if self.paused and up.transport is not None and not up.closed:
+            up.transport.resume_reading()
+        self.proxy._release(up, keep=keep)
 
 
 class RecordingProxy:
@@ -103,6 +490,7 @@ class RecordingProxy:
         timeout_s: float = 600.0,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self._up = Upstream.of(self.upstream)
         self.writer = writer
         self.salt = salt if salt is not None else os.urandom(32)  # never written anywhere
         self.block = block
@@ -113,113 +501,121 @@ class RecordingProxy:
         self._count = 0
         self._sessions = 0
         self._t0_ns: int | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._ssl = ssl.create_default_context() if self._up.tls else None
+        self._idle: list[_UpstreamConn] = []
+        self._clients: set[_Client] = set()
+        self._active: set[_Exchange] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.upstream_failures = 0
 
     async def start(self, host: str, port: int) -> int:
         """Starts listening; returns the port (a free one when ``port`` is 0)."""
-        self._session = aiohttp.ClientSession(
-            auto_decompress=False,  # bytes pass through as the upstream encoded them
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s),
-            connector=aiohttp.TCPConnector(limit=0),
-        )
-        app = web.Application(client_max_size=256 << 20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Client(self), host, port, backlog=4096)
         await self.writer.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else port
+        self._spawn(self._watch_timeouts())
+        return int(self._server.sockets[0].getsockname()[1]) if self._server.sockets else port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        """Stops listening, lets answers in flight end (``STOP_GRACE_S``), then closes all."""
+        if self._server is not None:
+            self._server.close()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for ex in list(self._active):
+            ex.broke()
+        for client in list(self._clients):
+            if client.transport is not None:
+                client.transport.abort()
+        for up in self._idle:
+            if up.transport is not None:
+                up.transport.close()
+        self._idle.clear()
+        for task in list(self._tasks):
+            task.cancel()
         await self.writer.stop()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        arrival_ns = time.perf_counter_ns()
-        body = await request.read()
-        api = api_of(request.path) if request.method == "POST" else None
-        traced = _json_object(body) if api is not None else None
-        sent_body, watch = body, None
+    def _exchange(self, client: _Client, req: Request) -> _Exchange:
+        """A whole request from a client: send it upstream (its answer comes back in reads)."""
+        api = api_of(req.path) if req.method == b"POST" else None
+        traced = _json_object(req.body) if api is not None else None
+        sent_body, watch = req.body, None
         if api is not None and traced is not None:  # its shape is read after the answer
-            sent_body = self._ask_usage(api, traced) or body
+            sent_body = self._ask_usage(api, traced) or req.body
             stream = bool(traced.get("stream", False))
-            watch = StreamWatch(api, stream, drop_usage_event=sent_body is not body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        url = self.upstream + request.rel_url.path_qs
-        if self._session is None:
-            raise RuntimeError("RecordingProxy.start() was not awaited")
-        sent_ns = time.perf_counter_ns()
-        try:
-            upstream = await self._session.request(
-                request.method, url, data=sent_body, headers=headers, allow_redirects=False
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            self.upstream_failures += 1
-            if api is not None and traced is not None:
-                self._trace(api, traced, arrival_ns, sent_ns, None, "upstream_error", 0)
-            return web.json_response(
-                {
-                    "error": {
-                        "message": f"loadlab record: upstream unreachable ({type(exc).__name__})",
-                        "type": "upstream_error",
-                    }
-                },
-                status=502,
-            )
-        async with upstream:
-            resp, outcome = await self._relay(request, upstream, watch)
-        if api is not None and traced is not None and watch is not None:
-            if outcome == "ok" and watch.stream_error:
-                outcome = "stream_error"
-            self._trace(api, traced, arrival_ns, sent_ns, watch, outcome, upstream.status)
-        return resp
+            watch = StreamWatch(api, stream, drop_usage_event=sent_body is not req.body)
+        ex = _Exchange(self, client, req, sent_body, api, traced, watch)
+        self._active.add(ex)
+        ex.sent_ns = time.perf_counter_ns()
+        while self._idle:
+            up = self._idle.pop()
+            if not up.closed:
+                ex.send(up, reused=True)
+                return ex
+        self._connect_soon(ex)
+        return ex
 
-    async def _relay(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        watch: StreamWatch | None,
-    ) -> tuple[web.StreamResponse, str]:
-        """Passes the upstream's answer on, each chunk as it comes; (response, outcome)."""
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for k, v in upstream.headers.items():
-            if k.lower() not in _HOP:
-                resp.headers.add(k, v)
-        if upstream.content_length is not None and (watch is None or not watch.drop_usage_event):
-            resp.content_length = upstream.content_length
-        outcome = "ok" if upstream.status < 400 else f"http_{upstream.status}"
+    def _connect_soon(self, ex: _Exchange) -> None:
+        ex.last_ns = time.perf_counter_ns()
+        self._spawn(self._connect(ex))
+
+    async def _connect(self, ex: _Exchange) -> None:
+        up = self._up
         try:
-            await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                t_ns = time.perf_counter_ns()
-                if watch is None:
-                    await resp.write(chunk)
-                    continue
-                if not watch.drop_usage_event:
-                    await resp.write(chunk)  # forwarded before it is read
-                    watch.feed(chunk, t_ns)
+            _, conn = await asyncio.wait_for(
+                asyncio.get_running_loop().create_connection(
+                    _UpstreamConn, up.host, up.port, ssl=self._ssl,
+                    server_hostname=up.host if self._ssl else None,
+                ),
+                self.timeout_s,
+            )  # fmt: skip
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
+            ex.unreachable(exc)
+            return
+        if ex.finished:  # the client left meanwhile
+            self._release(conn, keep=True)
+            return
+        ex.send(conn, reused=False)
+
+    def _release(self, up: _UpstreamConn, *, keep: bool) -> None:
+        if keep and not up.closed and len(self._idle) < IDLE_KEPT:
+            self._idle.append(up)
+            return
+        up.closed = True
+        if up.transport is not None:
+            up.transport.abort()  # one mid-answer cannot be reused; an extra one is not needed
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_timeouts(self) -> None:
+        """An upstream silent past ``timeout_s`` (no answer, or a stream that stalled) ends its
+        exchange: 502 before the answer's head, ``incomplete`` after. A client that does not
+        read (the proxy paused the upstream for it) is not the upstream's silence."""
+        step = min(1.0, self.timeout_s / 4)
+        limit_ns = int(self.timeout_s * 1e9)
+        while True:
+            await asyncio.sleep(step)
+            now = time.perf_counter_ns()
+            for ex in [e for e in self._active if not e.paused and now - e.last_ns > limit_ns]:
+                if ex.on_body is None:
+                    ex.unreachable(TimeoutError())
                 else:
-                    out = watch.feed(chunk, t_ns)
-                    if out:
-                        await resp.write(out)
-            if watch is not None:
-                rest = watch.finish()
-                if rest:
-                    await resp.write(rest)
-            await resp.write_eof()
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-            outcome = "incomplete"  # the upstream broke off; the client sees the stream end
-        except (ConnectionResetError, ConnectionError):
-            outcome = "client_disconnect"
-        return resp, outcome
+                    ex.broke()
+
+    def _finished(self, ex: _Exchange, outcome: str) -> None:
+        self._active.discard(ex)
+        if ex.api is None or ex.traced is None:
+            return
+        if outcome == "ok" and ex.watch is not None and ex.watch.stream_error:
+            outcome = "stream_error"
+        status = ex.status if outcome != "upstream_error" else 0
+        watch = ex.watch if outcome != "upstream_error" else None
+        self._trace(ex.api, ex.traced, ex.req.arrival_ns, ex.sent_ns, watch, outcome, status)
 
     def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
         """The body to send instead, asking for usage, for a stream that did not; else None."""
