@@ -34,7 +34,7 @@ import os
 import socket
 import ssl
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, cast
 
@@ -83,7 +83,8 @@ def api_of(path: str) -> str | None:
 
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
-STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
+STOP_GRACE_S = 5.0
+TRACE_SLICE_NS = 200_000  # trace lines written per turn of the event loop, in time  # how long ``stop`` lets answers in flight finish
 _PIPELINED = 1 << 20  # a client's bytes read ahead of its answer before the proxy stops reading
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -507,6 +508,7 @@ class RecordingProxy:
         self._clients: set[_Client] = set()
         self._active: set[_Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._due: deque[tuple[Any, ...]] = deque()  # trace lines to write (_trace_due)
         self.upstream_failures = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -535,6 +537,8 @@ class RecordingProxy:
         self._idle.clear()
         for task in list(self._tasks):
             task.cancel()
+        while self._due:
+            self._trace(*self._due.popleft())
         await self.writer.stop()
 
     def _exchange(self, client: _Client, req: Request) -> _Exchange:
@@ -608,6 +612,7 @@ class RecordingProxy:
                     ex.broke()
 
     def _finished(self, ex: _Exchange, outcome: str) -> None:
+        """An exchange has ended: its trace line is due, written when no read is waiting."""
         self._active.discard(ex)
         if ex.api is None or ex.traced is None:
             return
@@ -615,7 +620,21 @@ class RecordingProxy:
             outcome = "stream_error"
         status = ex.status if outcome != "upstream_error" else 0
         watch = ex.watch if outcome != "upstream_error" else None
-        self._trace(ex.api, ex.traced, ex.req.arrival_ns, ex.sent_ns, watch, outcome, status)
+        due = (ex.api, ex.traced, ex.req.arrival_ns, ex.sent_ns, time.perf_counter_ns(), watch)
+        self._due.append((*due, outcome, status))
+        if len(self._due) == 1:
+            asyncio.get_running_loop().call_soon(self._trace_due)
+
+    def _trace_due(self) -> None:
+        """Writes the trace lines due, for at most ``TRACE_SLICE_NS`` per turn of the event
+        loop: reading a request's shape costs tens of microseconds, and a burst of answers
+        that end together would otherwise hold up the requests and reads that follow them."""
+        until = time.perf_counter_ns() + TRACE_SLICE_NS
+        due = self._due
+        while due and time.perf_counter_ns() < until:
+            self._trace(*due.popleft())
+        if due:
+            asyncio.get_running_loop().call_soon(self._trace_due)
 
     def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
         """The body to send instead, asking for usage, for a stream that did not; else None."""
@@ -636,13 +655,13 @@ class RecordingProxy:
         body: dict[str, Any],
         arrival_ns: int,
         sent_ns: int,
+        end_ns: int,
         watch: StreamWatch | None,
         outcome: str,
         status: int,
     ) -> None:
-        """Writes one request's trace line, its shape read now that its answer has ended (no
-        request waits for it); a body whose shape cannot be read is not traced."""
-        end_ns = time.perf_counter_ns()
+        """Writes one request's trace line, its shape read after its answer ended (``end_ns``;
+        no request waits for it); a body whose shape cannot be read is not traced."""
         try:
             shape = RequestShape.of(
                 api, body, salt=self.salt, block=self.block, tokenize=self.tokenize

@@ -19,6 +19,7 @@ No upgrades (WebSocket), no ``CONNECT``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -40,14 +41,6 @@ __all__ = [
 MAX_HEAD = 64 << 10  # a request's or an answer's head
 MAX_BODY = 256 << 20  # a request's body
 _MAX_LINE = 4096  # a chunk-size or trailer line
-# headers of one hop (RFC 9110 7.6.1), never forwarded; a request's Host and framing are the
-# proxy's to write
-_HOP = frozenset(
-    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-     b"te", b"trailer", b"trailers", b"upgrade"}
-)  # fmt: skip
-_REQUEST_OWN = _HOP | {b"host", b"content-length", b"transfer-encoding", b"expect"}
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)  # ChunkDecoder's states
 
 
@@ -73,7 +66,14 @@ class ChunkDecoder:
         self.rest = b""  # bytes fed after the body's end
 
     def feed(self, data: bytes) -> bytes:
-        if self._line:
+        if self._state == _SIZE and not self._line:  # the usual read: one whole chunk
+            eol = data.find(b"\r\n", 0, 18)
+            if eol > 0 and data[:eol].isalnum():
+                start = eol + 2
+                end = start + int(data[:eol], 16)
+                if end + 2 == len(data) and end > start and data.endswith(b"\r\n"):
+                    return data[start:end]
+        elif self._line:
             data, self._line = self._line + data, b""
         out: list[bytes] = []
         pos, n = 0, len(data)
@@ -124,8 +124,8 @@ class Request:
     method: bytes
     target: bytes  # as sent: ``/path?query``
     version: bytes  # b"HTTP/1.1"
-    headers: list[tuple[bytes, bytes]]  # (lower-case name, value) in order
-    raw_headers: list[bytes]  # each header line as it came, in the same order
+    fields: bytes  # the header lines as they came, each after its CRLF: b"\\r\\nHost: ..."
+    tokens: set[bytes]  # the Connection header's
     body: bytes
     arrival_ns: int  # when its first byte was read
     keep_alive: bool
@@ -143,14 +143,20 @@ class RequestReader:
     def __init__(self) -> None:
         self.buf = bytearray()
         self._arrival_ns = 0
-        self._head: tuple[bytes, bytes, bytes, list[tuple[bytes, bytes]], list[bytes]] | None = None
+        self._head: _Head | None = None
         self._body_at = 0
-        self._length = 0
         self._chunked: ChunkDecoder | None = None
         self._payload = bytearray()
         self.continue_due = False
 
     def feed(self, data: bytes, t_ns: int) -> Request | None:
+        if not self.buf:  # the usual case: a whole request in one read
+            self._arrival_ns = t_ns
+            end = data.find(b"\r\n\r\n")
+            if end >= 0:
+                head = _Head.parse(data[:end])
+                if not head.chunked and len(data) == end + 4 + head.length:
+                    return self._request(head, data[end + 4 :], t_ns)
         self.hold(data, t_ns)
         return self.next(t_ns)
 
@@ -163,18 +169,22 @@ class RequestReader:
     def next(self, t_ns: int) -> Request | None:
         if not self.buf:
             return None
-        if self._head is None:
+        head = self._head
+        if head is None:
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(self.buf) > MAX_HEAD:
                     raise HTTPError(431, "request head past 64 KiB")
                 return None
-            self._head = _request_head(bytes(self.buf[:end]))
+            self._head = head = _Head.parse(bytes(self.buf[:end]))
             self._body_at = end + 4
-            self._start_body(self._head[3])
+            if head.chunked:
+                self._chunked, self._payload = ChunkDecoder(), bytearray()
+            self.continue_due = head.expect_continue and (
+                head.chunked or head.length > len(self.buf) - self._body_at
+            )
         if self._chunked is not None:
-            got = self._chunked.feed(bytes(self.buf[self._body_at :]))
-            self._payload += got
+            self._payload += self._chunked.feed(bytes(self.buf[self._body_at :]))
             if len(self._payload) > MAX_BODY:
                 raise HTTPError(413, "request body past 256 MiB")
             del self.buf[: self._body_at]
@@ -184,72 +194,98 @@ class RequestReader:
             body, self._payload = bytes(self._payload), bytearray()
             self.buf[:] = self._chunked.rest  # a pipelined request's bytes
         else:
-            end = self._body_at + self._length
+            end = self._body_at + head.length
             if len(self.buf) < end:
                 return None
             body = bytes(self.buf[self._body_at : end])
             del self.buf[:end]
-        method, target, version, headers, raw = self._head
+        return self._request(head, body, t_ns)
+
+    def _request(self, head: _Head, body: bytes, t_ns: int) -> Request:
         self._head, self._chunked, self.continue_due = None, None, False
         arrival, self._arrival_ns = self._arrival_ns, t_ns
         return Request(
-            method, target, version, headers, raw, body, arrival, _keep_alive(version, headers)
-        )
+            head.method, head.target, head.version, head.fields, head.tokens, body, arrival,
+            head.keep_alive,
+        )  # fmt: skip
 
-    def _start_body(self, headers: list[tuple[bytes, bytes]]) -> None:
-        values = dict(headers)
-        if b"chunked" in values.get(b"transfer-encoding", b"").lower():
-            self._chunked, self._payload = ChunkDecoder(), bytearray()
+
+def _field(name: bytes) -> re.Pattern[bytes]:
+    """Header lines (each with the CRLF before it) whose name is one of ``name`` (a regex)."""
+    return re.compile(rb"\r\n(?:" + name + rb")[ \t]*:[^\r]*", re.IGNORECASE)
+
+
+_HOP_NAMES = rb"connection|keep-alive|proxy-[a-z-]+|te|trailers?|upgrade"
+_HOP_LINES = _field(_HOP_NAMES)  # removed from an answer
+_HOP_FRAMING_LINES = _field(_HOP_NAMES + rb"|content-length|transfer-encoding")
+_REQUEST_OWN_LINES = _field(_HOP_NAMES + rb"|host|content-length|transfer-encoding|expect")
+# the header lines that decide framing and the connection's life, with their values
+_FRAMING = re.compile(
+    rb"\r\n(content-length|transfer-encoding|connection|expect)[ \t]*:[ \t]*([^\r]*)", re.IGNORECASE
+)
+_NO_COLON = re.compile(rb"\r\n[^:\r]*(?:\r|$)")  # a header line that is not ``name: value``
+_PLAIN_TOKENS = frozenset({b"close", b"keep-alive", b""})
+
+
+def _framing(fields: bytes) -> tuple[int | None, bool, set[bytes], bool]:
+    """(Content-Length, chunked, the Connection header's tokens, ``Expect: 100-continue``) of
+    header lines; a Content-Length that is not a number is -1."""
+    length, chunked, tokens, expect = None, False, set(), False
+    for name, value in _FRAMING.findall(fields):
+        name = name.lower()
+        if name == b"content-length":
+            length = int(value) if value.strip().isdigit() else -1
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            tokens |= {t.strip() for t in value.lower().split(b",")}
         else:
-            try:
-                self._length = int(values.get(b"content-length", b"0"))
-            except ValueError:
-                raise HTTPError(400, "Content-Length is not a number") from None
-            if self._length < 0:
-                raise HTTPError(400, "Content-Length is negative")
-            if self._length > MAX_BODY:
-                raise HTTPError(413, "request body past 256 MiB")
-        body_due = self._chunked is not None or self._length > len(self.buf) - self._body_at
-        self.continue_due = body_due and values.get(b"expect", b"").lower() == b"100-continue"
+            expect = value.strip().lower() == b"100-continue"
+    return length, chunked, tokens, expect
 
 
-def _request_head(
-    head: bytes,
-) -> tuple[bytes, bytes, bytes, list[tuple[bytes, bytes]], list[bytes]]:
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise HTTPError(400, "not an HTTP/1.x request line")
-    method, target, version = parts
-    if not target.startswith(b"/"):  # absolute form: the path is what the upstream gets
-        split = urlsplit(target.decode("latin-1"))
-        target = ((split.path or "/") + (f"?{split.query}" if split.query else "")).encode(
-            "latin-1"
-        )
-    headers, raw = [], []
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
-            raise HTTPError(400, "a malformed header line")
-        headers.append((name.lower(), value.strip()))
-        raw.append(line)
-    return method, target, version, headers, raw
+def _without(fields: bytes, lines: re.Pattern[bytes], tokens: set[bytes]) -> bytes:
+    """Header lines less those ``lines`` matches and those the Connection header names."""
+    fields = lines.sub(b"", fields)
+    named = tokens - _PLAIN_TOKENS
+    if named:
+        fields = _field(b"|".join(re.escape(t) for t in named)).sub(b"", fields)
+    return fields
 
 
-def _keep_alive(version: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
-    tokens = _connection_tokens(headers)
-    if version == b"HTTP/1.0":
-        return b"keep-alive" in tokens
-    return b"close" not in tokens
+@dataclass(slots=True)
+class _Head:
+    method: bytes
+    target: bytes
+    version: bytes
+    fields: bytes
+    length: int
+    chunked: bool
+    tokens: set[bytes]
+    expect_continue: bool
+    keep_alive: bool
 
-
-def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
-    return {
-        t.strip().lower()
-        for name, value in headers
-        if name == b"connection"
-        for t in value.split(b",")
-    }
+    @classmethod
+    def parse(cls, head: bytes) -> _Head:
+        eol = head.find(b"\r\n")
+        line, fields = (head, b"") if eol < 0 else (head[:eol], head[eol:])
+        parts = line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            raise HTTPError(400, "not an HTTP/1.x request line")
+        method, target, version = parts
+        if not target.startswith(b"/"):  # absolute form: the path is what the upstream gets
+            split = urlsplit(target.decode("latin-1"))
+            query = f"?{split.query}" if split.query else ""
+            target = ((split.path or "/") + query).encode("latin-1")
+        if _NO_COLON.search(fields):
+            raise HTTPError(400, "a header line that is not name: value")
+        length, chunked, tokens, expect = _framing(fields)
+        if length is not None and length < 0:
+            raise HTTPError(400, "Content-Length is not a number")
+        if (length or 0) > MAX_BODY:
+            raise HTTPError(413, "request body past 256 MiB")
+        keep = b"keep-alive" in tokens if version == b"HTTP/1.0" else b"close" not in tokens
+        return cls(method, target, version, fields, length or 0, chunked, tokens, expect, keep)
 
 
 @dataclass(frozen=True)
@@ -276,14 +312,13 @@ class Upstream:
 def upstream_request(up: Upstream, req: Request, body: bytes) -> bytes:
     """The request's bytes for the upstream: its method, path and headers as they came but for
     this hop's (Host, framing, ``Connection`` and the headers it names), with ``body``."""
-    own = _REQUEST_OWN | _connection_tokens(req.headers)
-    lines = [b"%s %s%s HTTP/1.1" % (req.method, up.prefix, req.target), b"Host: " + up.netloc]
-    lines += [
-        raw for (name, _), raw in zip(req.headers, req.raw_headers, strict=True) if name not in own
-    ]
+    fields = _without(req.fields, _REQUEST_OWN_LINES, req.tokens)
+    length = b""
     if body or req.method not in (b"GET", b"HEAD", b"DELETE", b"OPTIONS"):
-        lines.append(b"Content-Length: %d" % len(body))
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+        length = b"\r\nContent-Length: %d" % len(body)
+    return b"%s %s%s HTTP/1.1\r\nHost: %s%s%s\r\n\r\n%s" % (
+        req.method, up.prefix, req.target, up.netloc, fields, length, body
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -292,34 +327,24 @@ class ResponseHead:
 
     status: int
     status_line: bytes
-    headers: list[tuple[bytes, bytes]]  # (lower-case name, value)
-    raw_headers: list[bytes]
+    fields: bytes  # header lines, each after its CRLF
+    tokens: set[bytes]  # the Connection header's
     chunked: bool
     length: int | None  # None: chunked, or until the connection closes
     keep_alive: bool  # the upstream keeps the connection (when the body's end is known)
 
     @classmethod
     def parse(cls, head: bytes) -> ResponseHead:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
+        eol = head.find(b"\r\n")
+        line, fields = (head, b"") if eol < 0 else (head[:eol], head[eol:])
+        parts = line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise HTTPError(502, "the upstream's answer has no HTTP/1.x status line")
-        headers, raw = [], []
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if colon and name:
-                headers.append((name.strip().lower(), value.strip()))
-                raw.append(line)
-        values = dict(headers)
-        chunked = b"chunked" in values.get(b"transfer-encoding", b"").lower()
-        length = None
-        if not chunked and b"content-length" in values:
-            try:
-                length = int(values[b"content-length"])
-            except ValueError:
-                raise HTTPError(502, "the upstream's Content-Length is not a number") from None
-        keep = _keep_alive(parts[0], headers)
-        return cls(int(parts[1]), lines[0], headers, raw, chunked, length, keep)
+        length, chunked, tokens, _ = _framing(fields)
+        if length is not None and length < 0 and not chunked:
+            raise HTTPError(502, "the upstream's Content-Length is not a number")
+        keep = b"keep-alive" in tokens if parts[0] == b"HTTP/1.0" else b"close" not in tokens
+        return cls(int(parts[1]), line, fields, tokens, chunked, None if chunked else length, keep)
 
 
 def client_head(head: ResponseHead, *, own_framing: bool, chunked: bool, close: bool) -> bytes:
@@ -327,20 +352,12 @@ def client_head(head: ResponseHead, *, own_framing: bool, chunked: bool, close: 
     the body's bytes change on the way (the upstream's framing headers go), sent in chunks of
     the proxy's own when ``chunked``, else until the connection closes; ``close``: the
     connection closes after this answer."""
-    drop = _HOP | _connection_tokens(head.headers)
-    if own_framing:
-        drop |= _FRAMING
-    lines = [b"HTTP/1.1" + head.status_line[8:]]
-    lines += [
-        raw
-        for (name, _), raw in zip(head.headers, head.raw_headers, strict=True)
-        if name not in drop
-    ]
+    fields = _without(head.fields, _HOP_FRAMING_LINES if own_framing else _HOP_LINES, head.tokens)
     if own_framing and chunked:
-        lines.append(b"Transfer-Encoding: chunked")
+        fields += b"\r\nTransfer-Encoding: chunked"
     if close:
-        lines.append(b"Connection: close")
-    return b"\r\n".join(lines) + b"\r\n\r\n"
+        fields += b"\r\nConnection: close"
+    return b"HTTP/1.1%s%s\r\n\r\n" % (head.status_line[8:], fields)
 
 
 def error_response(status: int, reason: str, message: str, kind: str, *, close: bool) -> bytes:
