@@ -219,15 +219,17 @@ class _Exchange:
     """One request and its answer, from the client's request to the answer's last byte."""
 
     def __init__(
-        self, proxy: RecordingProxy, client: _Client, req: Request, body: bytes,
-        api: str | None, traced: dict[str, Any] | None, watch: StreamWatch | None,
+        self, proxy: RecordingProxy, client: _Client, req: Request, request_bytes: bytes,
+        api: str | None,
     ) -> None:  # fmt: skip
         self.proxy = proxy
         self.client = client
         self.out = client.transport
         self.req = req
-        self.request_bytes = upstream_request(proxy._up, req, body)
-        self.api, self.traced, self.watch = api, traced, watch
+        self.request_bytes = request_bytes
+        self.api = api
+        self.traced: dict[str, Any] | None = None
+        self.watch: StreamWatch | None = None
         self.up: _UpstreamConn | None = None
         self.reused = False
         self.sent_ns = self.last_ns = 0
@@ -542,24 +544,31 @@ class RecordingProxy:
         await self.writer.stop()
 
     def _exchange(self, client: _Client, req: Request) -> _Exchange:
-        """A whole request from a client: send it upstream (its answer comes back in reads)."""
+        """A whole request from a client: send it upstream (its answer comes back in reads),
+        then read its JSON for the trace; first only when the proxy may ask for usage in it."""
         api = api_of(req.path) if req.method == b"POST" else None
-        traced = _json_object(req.body) if api is not None else None
-        sent_body, watch = req.body, None
-        if api is not None and traced is not None:  # its shape is read after the answer
-            sent_body = self._ask_usage(api, traced) or req.body
-            stream = bool(traced.get("stream", False))
-            watch = StreamWatch(api, stream, drop_usage_event=sent_body is not req.body)
-        ex = _Exchange(self, client, req, sent_body, api, traced, watch)
+        body, traced, read = req.body, None, False
+        if api in ("chat", "completions") and self.ask_usage and not _asks_usage(body):
+            traced, read = _json_object(body), True
+            body = (traced is not None and self._ask_usage(api, traced)) or body
+        ex = _Exchange(self, client, req, upstream_request(self._up, req, body), api)
         self._active.add(ex)
         ex.sent_ns = time.perf_counter_ns()
+        self._send(ex)
+        if api is not None:  # its shape is read after the answer
+            ex.traced = traced if read else _json_object(req.body)
+            if ex.traced is not None:
+                stream = bool(ex.traced.get("stream", False))
+                ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
+        return ex
+
+    def _send(self, ex: _Exchange) -> None:
         while self._idle:
             up = self._idle.pop()
             if not up.closed:
                 ex.send(up, reused=True)
-                return ex
+                return
         self._connect_soon(ex)
-        return ex
 
     def _connect_soon(self, ex: _Exchange) -> None:
         ex.last_ns = time.perf_counter_ns()
@@ -708,6 +717,12 @@ class RecordingProxy:
             if found is not None:
                 return j, found
         return None
+
+
+def _asks_usage(body: bytes) -> bool:
+    """The body asks for usage in its stream already (``"include_usage": true`` outside any
+    string: a quote inside a JSON string is always escaped)."""
+    return b'"include_usage":true' in body or b'"include_usage": true' in body
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

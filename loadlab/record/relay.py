@@ -68,11 +68,12 @@ class ChunkDecoder:
     def feed(self, data: bytes) -> bytes:
         if self._state == _SIZE and not self._line:  # the usual read: one whole chunk
             eol = data.find(b"\r\n", 0, 18)
-            if eol > 0 and data[:eol].isalnum():
-                start = eol + 2
-                end = start + int(data[:eol], 16)
-                if end + 2 == len(data) and end > start and data.endswith(b"\r\n"):
-                    return data[start:end]
+            try:
+                end = eol + 2 + int(data[:eol], 16)
+            except ValueError:  # the full way says what is wrong
+                end = -1
+            if eol > 0 and end + 2 == len(data) and end > eol + 2 and data.endswith(b"\r\n"):
+                return data[eol + 2 : end]
         elif self._line:
             data, self._line = self._line + data, b""
         out: list[bytes] = []
@@ -150,7 +151,7 @@ class RequestReader:
         self.continue_due = False
 
     def feed(self, data: bytes, t_ns: int) -> Request | None:
-        if not self.buf:  # the usual case: a whole request in one read
+        if not self.buf and self._head is None:  # the usual case: one read, one request
             self._arrival_ns = t_ns
             end = data.find(b"\r\n\r\n")
             if end >= 0:
@@ -187,12 +188,12 @@ class RequestReader:
             self._payload += self._chunked.feed(bytes(self.buf[self._body_at :]))
             if len(self._payload) > MAX_BODY:
                 raise HTTPError(413, "request body past 256 MiB")
-            del self.buf[: self._body_at]
+            self.buf.clear()  # the decoder took it all (a split size line it keeps)
             self._body_at = 0
             if not self._chunked.done:
                 return None
             body, self._payload = bytes(self._payload), bytearray()
-            self.buf[:] = self._chunked.rest  # a pipelined request's bytes
+            self.buf += self._chunked.rest  # a pipelined request's bytes
         else:
             end = self._body_at + head.length
             if len(self.buf) < end:
