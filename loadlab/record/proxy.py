@@ -322,7 +322,7 @@ class _Exchange:
     def _pass_chunked(self, data: bytes, t_ns: int) -> None:
         """A chunked answer's read: to the client untouched, then its payload to the watch."""
         self.out.write(data)
-        decoder = cast(ChunkDecoder, self.decoder)
+        decoder: ChunkDecoder = self.decoder  # type: ignore[assignment]  # set with this handler
         try:
             payload = decoder.feed(data)
         except HTTPError:
