@@ -303,18 +303,14 @@ class _Exchange:
             self.out.write(out)
             self.on_body = self._own
         else:
-            if head.chunked:
-                self.on_body = self._pass_chunked
-            elif head.length is not None:
-                self.on_body = self._pass_length
-            else:
-                self.on_body = self._pass_to_close
+            self.on_body = self._pass_chunked if head.chunked else self._pass
             if not rest:
                 self.out.write(out)
             else:  # the body's first bytes came with the head: one write for both
-                rest = self._passed(rest)
+                if self.length_framed:
+                    rest = rest[: self.left]
                 self.out.write(out + rest)
-                self._read(rest, t_ns)
+                self._watch(rest, t_ns)
                 return
         if rest or (head.length == 0 and not head.chunked):
             self.on_body(rest, t_ns)
@@ -333,54 +329,32 @@ class _Exchange:
         if decoder.done:
             self.end()
 
-    def _pass_length(self, data: bytes, t_ns: int) -> None:
-        data = self._passed(data)
+    def _pass(self, data: bytes, t_ns: int) -> None:
+        """A read of an answer framed by its length or its connection's close: to the client
+        untouched (up to the length: what follows is not the answer's), then to the watch."""
+        if self.length_framed and len(data) > self.left:
+            data = data[: self.left]
         self.out.write(data)
-        self._read(data, t_ns)
+        self._watch(data, t_ns)
 
-    def _pass_to_close(self, data: bytes, t_ns: int) -> None:
-        self.out.write(data)
-        if self.watch is not None:
-            self.watch.feed(data, t_ns)
-
-    def _passed(self, data: bytes) -> bytes:
-        """A Content-Length body's bytes in ``data`` (what comes after it is not the answer's)."""
-        if self.decoder is None and self.left and len(data) > self.left:
-            return data[: self.left]
-        return data
-
-    def _read(self, data: bytes, t_ns: int) -> None:
+    def _watch(self, data: bytes, t_ns: int) -> None:
         """The payload of a read already sent on: to the watch; the answer's end when it is."""
-        if self.decoder is not None:
-            try:
-                data = self.decoder.feed(data)
-            except HTTPError:
-                self.broke()
-                return
-            done = self.decoder.done
-        else:
-            self.left -= len(data)
-            done = self.left <= 0 and self.on_body is not self._pass_to_close
-        if data and self.watch is not None:
-            self.watch.feed(data, t_ns)
+        got = self._payload(data)
+        if got is None:
+            return
+        payload, done = got
+        if payload and self.watch is not None:
+            self.watch.feed(payload, t_ns)
         if done:
             self.end()
 
     def _own(self, data: bytes, t_ns: int) -> None:
         """A read of an answer whose bytes change on the way: its payload, what the watch lets
         through of it, sent in the proxy's own chunks (or as it is, to an HTTP/1.0 client)."""
-        done = False
-        if self.decoder is not None:
-            try:
-                data = self.decoder.feed(data)
-            except HTTPError:
-                self.broke()
-                return
-            done = self.decoder.done
-        elif self.length_framed:
-            data = data[: self.left]
-            self.left -= len(data)
-            done = not self.left
+        got = self._payload(data)
+        if got is None:
+            return
+        data, done = got
         watch = self.watch
         if watch is not None and watch.drop_usage_event:
             data = watch.feed(data, t_ns) or b""
@@ -389,6 +363,21 @@ class _Exchange:
         self._emit(data)
         if done:
             self.end()
+
+    def _payload(self, data: bytes) -> tuple[bytes, bool] | None:
+        """A read's payload, and whether the answer ends with it; None when its framing broke."""
+        if self.decoder is not None:
+            try:
+                data = self.decoder.feed(data)
+            except HTTPError:
+                self.broke()
+                return None
+            return data, self.decoder.done
+        if self.length_framed:
+            data = data[: self.left]
+            self.left -= len(data)
+            return data, not self.left
+        return data, False
 
     def _emit(self, data: bytes) -> None:
         if data:
@@ -423,10 +412,8 @@ class _Exchange:
         if self.finished:
             return
         if self.on_body is not None:
-            if self.on_body == self._pass_to_close and exc is None:
+            if not self.framed and exc is None:
                 self.end()  # the answer's end is the connection's
-            elif self.on_body == self._own and not self.framed and exc is None:
-                self.end()
             else:
                 self.broke()
             return

@@ -303,7 +303,7 @@ class Upstream:
     def of(cls, url: str) -> Upstream:
         split = urlsplit(url)
         if split.scheme not in ("http", "https") or not split.hostname:
-            raise ValueError(f"upstream {url!r}: give an http:// or https:// URL")
+            raise ValueError("--upstream: give an http:// or https:// URL with a host")
         tls = split.scheme == "https"
         port = split.port or (443 if tls else 80)
         netloc = split.netloc.rsplit("@", 1)[-1]

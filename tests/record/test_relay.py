@@ -106,7 +106,7 @@ class Upstream:
     """An upstream of the test's own: each request's answer is chosen by its ``X-Answer``:
     ``stream`` (a chunked SSE stream), ``break`` (two tokens, then a close mid-body), ``slow``
     (a token every 20 ms, 200 of them), ``big`` (64 MiB of SSE as fast as the socket takes it),
-    ``length`` (a JSON body with Content-Length). ``once`` closes the connection after one
+    ``length`` (a JSON body with Content-Length), ``until_close`` (one that ends with the connection). ``once`` closes the connection after one
     answer although it kept it alive."""
 
     def __init__(self) -> None:
@@ -146,8 +146,11 @@ class Upstream:
             w.close()
 
     async def _answer(self, path: bytes, w: asyncio.StreamWriter) -> bool:
-        if path == b"length":
+        if path in (b"length", b"until_close"):
             body = b'{"usage": {"prompt_tokens": 4, "completion_tokens": 1}}'
+            if path == b"until_close":
+                w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+                return False
             w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             return True
         w.write(
@@ -275,6 +278,17 @@ async def test_an_upstream_that_breaks_off_closes_the_client_at_the_same_byte(
         assert data.endswith(_frame(_token(" t1")))  # no last chunk: the client sees the break
         w.close()
     assert [(x["outcome"], x["chunks"]) for x in _lines(tmp_path)] == [("incomplete", 2)]
+
+
+@_in_loop
+async def test_an_answer_that_ends_with_its_connection_ends_the_clients(tmp_path: Path) -> None:
+    async with relay(tmp_path) as (_up, _proxy, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(_request("until_close", body=PLAIN))
+        head, _, body = (await asyncio.wait_for(r.read(), 10)).partition(b"\r\n\r\n")
+        assert b"Connection: close" in head and body.endswith(b'"completion_tokens": 1}}')
+        w.close()
+    assert [(x["outcome"], x["output_length"]) for x in _lines(tmp_path)] == [("ok", 1)]
 
 
 @_in_loop
