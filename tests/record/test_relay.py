@@ -252,18 +252,24 @@ async def test_pipelined_requests_and_expect_continue_are_answered_in_turn(
     assert len(_lines(tmp_path)) == 3
 
 
+async def _until_close(tmp_path: Path, request: bytes) -> tuple[bytes, bytes]:
+    """Sends one request through a proxy; the head and body the client got before the proxy
+    closed the connection."""
+    async with relay(tmp_path) as (_up, _proxy, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(request)
+        head, _, body = (await asyncio.wait_for(r.read(), 10)).partition(b"\r\n\r\n")
+        w.close()
+    return head, body
+
+
 @_in_loop
 async def test_an_http10_client_gets_the_body_decoded_and_the_connection_closed(
     tmp_path: Path,
 ) -> None:
-    async with relay(tmp_path) as (_up, _proxy, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(_request("stream", version="1.0"))
-        data = await asyncio.wait_for(r.read(), 10)  # to EOF: the proxy closes
-        head, _, body = data.partition(b"\r\n\r\n")
-        assert b"chunked" not in head.lower() and b"Connection: close" in head
-        assert body == b"".join(_token(f" t{i}") for i in range(3)) + USAGE + b"data: [DONE]\n\n"
-        w.close()
+    head, body = await _until_close(tmp_path, _request("stream", version="1.0"))
+    assert b"chunked" not in head.lower() and b"Connection: close" in head
+    assert body == b"".join(_token(f" t{i}") for i in range(3)) + USAGE + b"data: [DONE]\n\n"
     assert _lines(tmp_path)[0]["chunks"] == 3
 
 
@@ -271,23 +277,15 @@ async def test_an_http10_client_gets_the_body_decoded_and_the_connection_closed(
 async def test_an_upstream_that_breaks_off_closes_the_client_at_the_same_byte(
     tmp_path: Path,
 ) -> None:
-    async with relay(tmp_path) as (_up, _proxy, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(_request("break"))
-        data = await asyncio.wait_for(r.read(), 10)
-        assert data.endswith(_frame(_token(" t1")))  # no last chunk: the client sees the break
-        w.close()
+    _, body = await _until_close(tmp_path, _request("break"))
+    assert body.endswith(_frame(_token(" t1")))  # no last chunk: the client sees the break
     assert [(x["outcome"], x["chunks"]) for x in _lines(tmp_path)] == [("incomplete", 2)]
 
 
 @_in_loop
 async def test_an_answer_that_ends_with_its_connection_ends_the_clients(tmp_path: Path) -> None:
-    async with relay(tmp_path) as (_up, _proxy, port):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(_request("until_close", body=PLAIN))
-        head, _, body = (await asyncio.wait_for(r.read(), 10)).partition(b"\r\n\r\n")
-        assert b"Connection: close" in head and body.endswith(b'"completion_tokens": 1}}')
-        w.close()
+    head, body = await _until_close(tmp_path, _request("until_close", body=PLAIN))
+    assert b"Connection: close" in head and body.endswith(b'"completion_tokens": 1}}')
     assert [(x["outcome"], x["output_length"]) for x in _lines(tmp_path)] == [("ok", 1)]
 
 
