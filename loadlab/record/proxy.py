@@ -84,7 +84,8 @@ def api_of(path: str) -> str | None:
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
 STOP_GRACE_S = 5.0
-TRACE_SLICE_NS = 200_000  # trace lines written per turn of the event loop, in time  # how long ``stop`` lets answers in flight finish
+TRACE_SLICE_NS = 200_000  # trace lines written per turn of the event loop, in time
+TRACE_DUE_MAX = 4096  # answers waiting for their trace line (each holds its request's JSON)  # how long ``stop`` lets answers in flight finish
 _PIPELINED = 1 << 20  # a client's bytes read ahead of its answer before the proxy stops reading
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -617,6 +618,8 @@ class RecordingProxy:
         status = ex.status if outcome != "upstream_error" else 0
         watch = ex.watch if outcome != "upstream_error" else None
         due = (ex.api, ex.traced, ex.req.arrival_ns, ex.sent_ns, time.perf_counter_ns(), watch)
+        if len(self._due) >= TRACE_DUE_MAX:  # behind: catch up now rather than hold more
+            self._trace(*self._due.popleft())
         self._due.append((*due, outcome, status))
         if len(self._due) == 1:
             asyncio.get_running_loop().call_soon(self._trace_due)
