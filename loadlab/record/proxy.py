@@ -326,7 +326,7 @@ class _Exchange:
             self.broke()
             return
         if payload and self.watch is not None:
-            self.watch.feed(payload, t_ns)
+            self.proxy._feed_soon(self.watch, payload, t_ns)
         if decoder.done:
             self.end()
 
@@ -345,7 +345,7 @@ class _Exchange:
             return
         payload, done = got
         if payload and self.watch is not None:
-            self.watch.feed(payload, t_ns)
+            self.proxy._feed_soon(self.watch, payload, t_ns)
         if done:
             self.end()
 
@@ -389,6 +389,7 @@ class _Exchange:
         if self.finished:
             return
         self.finished = True
+        self.proxy._feed_all()
         if self.watch is not None:
             rest = self.watch.finish()
             if self.on_body == self._own:
@@ -499,6 +500,7 @@ class RecordingProxy:
         self._active: set[_Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._due: deque[tuple[Any, ...]] = deque()  # trace lines to write (_trace_due)
+        self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
         self.upstream_failures = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -608,8 +610,22 @@ class RecordingProxy:
                 else:
                     ex.broke()
 
+    def _feed_soon(self, watch: StreamWatch, payload: bytes, t_ns: int) -> None:
+        """Has the watch read a payload already passed on once the reads that came with it are
+        passed on too: a burst of reads (every stream's next token at once) goes out at the
+        cost of its writes, not of its writes and their reading."""
+        self._feeds.append((watch, payload, t_ns))
+        if len(self._feeds) == 1:
+            asyncio.get_running_loop().call_soon(self._feed_all)
+
+    def _feed_all(self) -> None:
+        feeds, self._feeds = self._feeds, []
+        for watch, payload, t_ns in feeds:
+            watch.feed(payload, t_ns)
+
     def _finished(self, ex: _Exchange, outcome: str) -> None:
         """An exchange has ended: its trace line is due, written when no read is waiting."""
+        self._feed_all()  # what its watch has yet to read
         self._active.discard(ex)
         if ex.api is None or ex.traced is None:
             return
