@@ -1,6 +1,7 @@
 """``loadlab record``'s reverse proxy: pass traffic through unchanged, write its shape.
 
-The relay is asyncio protocols over HTTP/1.1 (``loadlab.record.relay`` reads the bytes): a
+The relay is asyncio protocols over HTTP/1.1 (``loadlab.record.exchange``; the bytes are read
+by ``loadlab.record.relay``): a
 client's request is read whole (head and ``Content-Length`` or chunked body) and sent over a
 kept-alive connection to the upstream, with its body and headers as they came (this hop's
 aside); the answer's bytes are written to the client as each read returns them, framing
@@ -28,29 +29,18 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
-import socket
 import ssl
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, cast
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import orjson
 
-from loadlab.record.relay import (
-    ChunkDecoder,
-    HTTPError,
-    Request,
-    RequestReader,
-    ResponseHead,
-    Upstream,
-    client_head,
-    error_response,
-    upstream_request,
-)
+from loadlab.record.exchange import Client, Exchange, UpstreamConn
+from loadlab.record.relay import Request, Upstream, upstream_request
 from loadlab.record.shape import RequestShape, Tokenize
 from loadlab.record.stream import StreamWatch
 from loadlab.record.tracefile import TraceWriter
@@ -83,11 +73,9 @@ def api_of(path: str) -> str | None:
 
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
 TRACE_SLICE_NS = 200_000  # trace lines written per turn of the event loop, in time
-TRACE_DUE_MAX = 4096  # answers waiting for their trace line (each holds its request's JSON)  # how long ``stop`` lets answers in flight finish
-_PIPELINED = 1 << 20  # a client's bytes read ahead of its answer before the proxy stops reading
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+TRACE_DUE_MAX = 4096  # answers waiting for their trace line (each holds its request's JSON)
 
 
 class _Turn(NamedTuple):
@@ -98,375 +86,6 @@ class _Turn(NamedTuple):
     session: int
     turn: int
     end_ns: int
-
-
-def _no_delay(transport: asyncio.BaseTransport) -> None:
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _Client(asyncio.Protocol):
-    """A client's connection: its requests, one at a time (pipelined ones wait their turn)."""
-
-    def __init__(self, proxy: RecordingProxy) -> None:
-        self.proxy = proxy
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
-        self.reader = RequestReader()
-        self.busy: _Exchange | None = None
-        self.eof = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        _no_delay(self.transport)
-        self.proxy._clients.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        t_ns = time.perf_counter_ns()
-        if self.busy is not None:  # pipelined: read when its turn comes
-            self.reader.hold(data, t_ns)
-            if len(self.reader.buf) > _PIPELINED and self.transport is not None:
-                self.transport.pause_reading()
-            return
-        self._take(lambda: self.reader.feed(data, t_ns))
-
-    def _take(self, read: Callable[[], Request | None]) -> None:
-        transport = self.transport
-        try:
-            req = read()
-        except HTTPError as exc:
-            reason = {400: "Bad Request", 413: "Content Too Large", 431: "Too Large"}
-            kind = "invalid_request_error"
-            transport.write(
-                error_response(
-                    exc.status,
-                    reason.get(exc.status, "Error"),
-                    f"loadlab record: {exc}",
-                    kind,
-                    close=True,
-                )
-            )
-            transport.close()
-            return
-        if self.reader.continue_due:
-            self.reader.continue_due = False
-            transport.write(_CONTINUE)
-        if req is not None:
-            self.busy = self.proxy._exchange(self, req)
-
-    def answered(self, close: bool) -> None:
-        """The answer in flight has ended: close, or go on to the next request."""
-        self.busy = None
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if close or self.eof:
-            transport.close()
-            return
-        transport.resume_reading()
-        t_ns = time.perf_counter_ns()
-        self._take(lambda: self.reader.next(t_ns))
-
-    def eof_received(self) -> bool | None:
-        if self.busy is not None:  # a client that half-closed still gets its answer
-            self.eof = True
-            return True
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.proxy._clients.discard(self)
-        if self.busy is not None:
-            self.busy.client_lost()
-
-    def pause_writing(self) -> None:
-        if self.busy is not None:
-            self.busy.pause(True)
-
-    def resume_writing(self) -> None:
-        if self.busy is not None:
-            self.busy.pause(False)
-
-
-class _UpstreamConn(asyncio.Protocol):
-    """A connection to the upstream, kept alive between answers; it hands each read to the
-    exchange it serves."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
-        self.ex: _Exchange | None = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        _no_delay(self.transport)
-
-    def data_received(self, data: bytes) -> None:
-        ex = self.ex
-        if ex is None:  # nothing was asked: a connection that cannot be trusted again
-            self.closed = True
-            if self.transport is not None:
-                self.transport.abort()
-            return
-        ex.received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.ex is not None:
-            self.ex.upstream_lost(exc)
-
-
-class _Exchange:
-    """One request and its answer, from the client's request to the answer's last byte."""
-
-    def __init__(
-        self, proxy: RecordingProxy, client: _Client, req: Request, request_bytes: bytes,
-        api: str | None,
-    ) -> None:  # fmt: skip
-        self.proxy = proxy
-        self.client = client
-        self.out = client.transport
-        self.req = req
-        self.request_bytes = request_bytes
-        self.api = api
-        self.traced: dict[str, Any] | None = None
-        self.watch: StreamWatch | None = None
-        self.up: _UpstreamConn | None = None
-        self.reused = False
-        self.sent_ns = self.last_ns = 0
-        self.status = 0
-        self.head = bytearray()
-        self.on_body: Callable[[bytes, int], None] | None = None
-        self.decoder: ChunkDecoder | None = None
-        self.left = 0  # a Content-Length body's bytes still to come
-        self.length_framed = self.framed = False  # by Content-Length; by it or chunks
-        self.got = False  # a byte of the answer came
-        self.chunk_out = False  # the body goes out in the proxy's own chunks
-        self.close_client = False
-        self.keep_upstream = False
-        self.paused = False
-        self.finished = False
-
-    def send(self, up: _UpstreamConn, *, reused: bool) -> None:
-        self.up, self.reused = up, reused
-        up.ex = self
-        self.last_ns = time.perf_counter_ns()
-        up.transport.write(self.request_bytes)
-
-    def received(self, data: bytes) -> None:
-        t_ns = time.perf_counter_ns()
-        self.last_ns = t_ns
-        if self.on_body is not None:
-            self.on_body(data, t_ns)
-            return
-        self.got = True
-        self.head += data
-        try:
-            while self.on_body is None and not self.finished:
-                end = self.head.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(self.head) > 64 << 10:
-                        raise HTTPError(502, "the upstream's answer head is past 64 KiB")
-                    return
-                head = ResponseHead.parse(bytes(self.head[:end]))
-                rest = bytes(self.head[end + 4 :])
-                del self.head[: end + 4]
-                if 100 <= head.status < 200:
-                    continue  # an interim answer (the client's Expect was answered already)
-                self._start(head, rest, t_ns)
-        except HTTPError:
-            self.upstream_lost(None)
-
-    def _start(self, head: ResponseHead, rest: bytes, t_ns: int) -> None:
-        """The answer's head has come: send it on with what followed it, framed as chosen."""
-        self.status = head.status
-        req, watch = self.req, self.watch
-        no_body = req.method == b"HEAD" or head.status in (204, 304)
-        delimited = head.chunked or head.length is not None
-        is_10 = req.version == b"HTTP/1.0"
-        own = not no_body and (
-            (watch is not None and watch.drop_usage_event) or (head.chunked and is_10)
-        )
-        self.chunk_out = own and not is_10
-        self.close_client = (
-            not req.keep_alive or is_10 or (not no_body and not delimited and not self.chunk_out)
-        )
-        self.keep_upstream = head.keep_alive and (no_body or delimited)
-        self.left = head.length or 0
-        self.length_framed, self.framed = head.length is not None, delimited
-        self.decoder = ChunkDecoder() if head.chunked else None
-        out = client_head(head, own_framing=own, chunked=self.chunk_out, close=self.close_client)
-        if no_body:
-            self.out.write(out)
-            self.end()
-            return
-        if own:
-            self.out.write(out)
-            self.on_body = self._own
-        else:
-            self.on_body = self._pass_chunked if head.chunked else self._pass
-            if not rest:
-                self.out.write(out)
-            else:  # the body's first bytes came with the head: one write for both
-                if self.length_framed:
-                    rest = rest[: self.left]
-                self.out.write(out + rest)
-                self._watch(rest, t_ns)
-                return
-        if rest or (head.length == 0 and not head.chunked):
-            self.on_body(rest, t_ns)
-
-    def _pass_chunked(self, data: bytes, t_ns: int) -> None:
-        """A chunked answer's read: to the client untouched, then its payload to the watch."""
-        self.out.write(data)
-        decoder: ChunkDecoder = self.decoder  # type: ignore[assignment]  # set with this handler
-        try:
-            payload = decoder.feed(data)
-        except HTTPError:
-            self.broke()
-            return
-        if payload and self.watch is not None:
-            self.proxy._feed_soon(self.watch, payload, t_ns)
-        if decoder.done:
-            self.end()
-
-    def _pass(self, data: bytes, t_ns: int) -> None:
-        """A read of an answer framed by its length or its connection's close: to the client
-        untouched (up to the length: what follows is not the answer's), then to the watch."""
-        if self.length_framed and len(data) > self.left:
-            data = data[: self.left]
-        self.out.write(data)
-        self._watch(data, t_ns)
-
-    def _watch(self, data: bytes, t_ns: int) -> None:
-        """The payload of a read already sent on: to the watch; the answer's end when it is."""
-        got = self._payload(data)
-        if got is None:
-            return
-        payload, done = got
-        if payload and self.watch is not None:
-            self.proxy._feed_soon(self.watch, payload, t_ns)
-        if done:
-            self.end()
-
-    def _own(self, data: bytes, t_ns: int) -> None:
-        """A read of an answer whose bytes change on the way: its payload, what the watch lets
-        through of it, sent in the proxy's own chunks (or as it is, to an HTTP/1.0 client)."""
-        got = self._payload(data)
-        if got is None:
-            return
-        data, done = got
-        watch = self.watch
-        if watch is not None and watch.drop_usage_event:
-            data = watch.feed(data, t_ns) or b""
-        elif watch is not None:
-            watch.feed(data, t_ns)
-        self._emit(data)
-        if done:
-            self.end()
-
-    def _payload(self, data: bytes) -> tuple[bytes, bool] | None:
-        """A read's payload, and whether the answer ends with it; None when its framing broke."""
-        if self.decoder is not None:
-            try:
-                data = self.decoder.feed(data)
-            except HTTPError:
-                self.broke()
-                return None
-            return data, self.decoder.done
-        if self.length_framed:
-            data = data[: self.left]
-            self.left -= len(data)
-            return data, not self.left
-        return data, False
-
-    def _emit(self, data: bytes) -> None:
-        if data:
-            self.out.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunk_out else data)
-
-    def end(self) -> None:
-        """The answer's last byte has come and gone on."""
-        if self.finished:
-            return
-        self.finished = True
-        self.proxy._feed_all()
-        if self.watch is not None:
-            rest = self.watch.finish()
-            if self.on_body == self._own:
-                self._emit(rest)
-        if self.chunk_out:
-            self.out.write(b"0\r\n\r\n")
-        self._release_upstream(keep=self.keep_upstream)
-        self.client.answered(self.close_client)
-        self.proxy._finished(self, "ok" if self.status < 400 else f"http_{self.status}")
-
-    def broke(self) -> None:
-        """The upstream broke off mid-answer (closed, reset, bad framing or silent past the
-        timeout): the client's connection closes where the answer stopped."""
-        if self.finished:
-            return
-        self.finished = True
-        self._release_upstream(keep=False)
-        self.client.answered(close=True)
-        self.proxy._finished(self, "incomplete")
-
-    def upstream_lost(self, exc: BaseException | None) -> None:
-        if self.finished:
-            return
-        if self.on_body is not None:
-            if not self.framed and exc is None:
-                self.end()  # the answer's end is the connection's
-            else:
-                self.broke()
-            return
-        if self.reused and not self.got and self.up is not None:
-            # a kept-alive connection the upstream closed as the request went out: once more,
-            # on a new one (no byte of an answer came)
-            self.up.ex = None
-            self.up, self.reused = None, False
-            self.proxy._connect_soon(self)
-            return
-        self.unreachable(exc if exc is not None else ConnectionResetError())
-
-    def unreachable(self, exc: BaseException) -> None:
-        """No answer came: the proxy's own 502."""
-        if self.finished:
-            return
-        self.finished = True
-        self._release_upstream(keep=False)
-        self.proxy.upstream_failures += 1
-        close = not self.req.keep_alive
-        message = f"loadlab record: upstream unreachable ({type(exc).__name__})"
-        self.out.write(error_response(502, "Bad Gateway", message, "upstream_error", close=close))
-        self.client.answered(close)
-        self.proxy._finished(self, "upstream_error")
-
-    def client_lost(self) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self._release_upstream(keep=False)
-        self.client.busy = None
-        self.proxy._finished(self, "client_disconnect")
-
-    def pause(self, paused: bool) -> None:
-        """The client's socket is full (or has room again): stop (or go on) reading the upstream."""
-        self.paused = paused
-        up = self.up
-        if up is not None and up.transport is not None and not up.closed:
-            if paused:
-                up.transport.pause_reading()
-            else:
-                up.transport.resume_reading()
-
-    def _release_upstream(self, *, keep: bool) -> None:
-        up, self.up = self.up, None
-        if up is None:
-            return
-        up.ex = None
-        if self.paused and up.transport is not None and not up.closed:
-            up.transport.resume_reading()
-        self.proxy._release(up, keep=keep)
 
 
 class RecordingProxy:
@@ -495,9 +114,9 @@ class RecordingProxy:
         self._t0_ns: int | None = None
         self._server: asyncio.Server | None = None
         self._ssl = ssl.create_default_context() if self._up.tls else None
-        self._idle: list[_UpstreamConn] = []
-        self._clients: set[_Client] = set()
-        self._active: set[_Exchange] = set()
+        self._idle: list[UpstreamConn] = []
+        self.clients: set[Client] = set()
+        self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._due: deque[tuple[Any, ...]] = deque()  # trace lines to write (_trace_due)
         self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
@@ -506,7 +125,7 @@ class RecordingProxy:
     async def start(self, host: str, port: int) -> int:
         """Starts listening; returns the port (a free one when ``port`` is 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Client(self), host, port, backlog=4096)
+        self._server = await loop.create_server(lambda: Client(self), host, port, backlog=4096)
         await self.writer.start()
         self._spawn(self._watch_timeouts())
         return int(self._server.sockets[0].getsockname()[1]) if self._server.sockets else port
@@ -520,7 +139,7 @@ class RecordingProxy:
             await asyncio.sleep(0.05)
         for ex in list(self._active):
             ex.broke()
-        for client in list(self._clients):
+        for client in list(self.clients):
             if client.transport is not None:
                 client.transport.abort()
         for up in self._idle:
@@ -533,7 +152,7 @@ class RecordingProxy:
             self._trace(*self._due.popleft())
         await self.writer.stop()
 
-    def _exchange(self, client: _Client, req: Request) -> _Exchange:
+    def exchange(self, client: Client, req: Request) -> Exchange:
         """A whole request from a client: send it upstream (its answer comes back in reads),
         then read its JSON for the trace; first only when the proxy may ask for usage in it."""
         api = api_of(req.path) if req.method == b"POST" else None
@@ -541,7 +160,7 @@ class RecordingProxy:
         if api in ("chat", "completions") and self.ask_usage and not _asks_usage(body):
             traced, read = _json_object(body), True
             body = (traced is not None and self._ask_usage(api, traced)) or body
-        ex = _Exchange(self, client, req, upstream_request(self._up, req, body), api)
+        ex = Exchange(self, client, req, upstream_request(self._up, req, body), api)
         self._active.add(ex)
         ex.sent_ns = time.perf_counter_ns()
         self._send(ex)
@@ -552,24 +171,24 @@ class RecordingProxy:
                 ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
         return ex
 
-    def _send(self, ex: _Exchange) -> None:
+    def _send(self, ex: Exchange) -> None:
         while self._idle:
             up = self._idle.pop()
             if not up.closed:
                 ex.send(up, reused=True)
                 return
-        self._connect_soon(ex)
+        self.connect_soon(ex)
 
-    def _connect_soon(self, ex: _Exchange) -> None:
+    def connect_soon(self, ex: Exchange) -> None:
         ex.last_ns = time.perf_counter_ns()
         self._spawn(self._connect(ex))
 
-    async def _connect(self, ex: _Exchange) -> None:
+    async def _connect(self, ex: Exchange) -> None:
         up = self._up
         try:
             _, conn = await asyncio.wait_for(
                 asyncio.get_running_loop().create_connection(
-                    _UpstreamConn, up.host, up.port, ssl=self._ssl,
+                    UpstreamConn, up.host, up.port, ssl=self._ssl,
                     server_hostname=up.host if self._ssl else None,
                 ),
                 self.timeout_s,
@@ -578,11 +197,11 @@ class RecordingProxy:
             ex.unreachable(exc)
             return
         if ex.finished:  # the client left meanwhile
-            self._release(conn, keep=True)
+            self.release(conn, keep=True)
             return
         ex.send(conn, reused=False)
 
-    def _release(self, up: _UpstreamConn, *, keep: bool) -> None:
+    def release(self, up: UpstreamConn, *, keep: bool) -> None:
         if keep and not up.closed and len(self._idle) < IDLE_KEPT:
             self._idle.append(up)
             return
@@ -610,23 +229,25 @@ class RecordingProxy:
                 else:
                     ex.broke()
 
-    def _feed_soon(self, watch: StreamWatch, payload: bytes, t_ns: int) -> None:
+    def feed_soon(self, watch: StreamWatch, payload: bytes, t_ns: int) -> None:
         """Has the watch read a payload already passed on once the reads that came with it are
         passed on too: a burst of reads (every stream's next token at once) goes out at the
         cost of its writes, not of its writes and their reading."""
         self._feeds.append((watch, payload, t_ns))
         if len(self._feeds) == 1:
-            asyncio.get_running_loop().call_soon(self._feed_all)
+            asyncio.get_running_loop().call_soon(self.feed_all)
 
-    def _feed_all(self) -> None:
+    def feed_all(self) -> None:
         feeds, self._feeds = self._feeds, []
         for watch, payload, t_ns in feeds:
             watch.feed(payload, t_ns)
 
-    def _finished(self, ex: _Exchange, outcome: str) -> None:
+    def finished(self, ex: Exchange, outcome: str) -> None:
         """An exchange has ended: its trace line is due, written when no read is waiting."""
-        self._feed_all()  # what its watch has yet to read
+        self.feed_all()  # what its watch has yet to read
         self._active.discard(ex)
+        if outcome == "upstream_error":
+            self.upstream_failures += 1
         if ex.api is None or ex.traced is None:
             return
         if outcome == "ok" and ex.watch is not None and ex.watch.stream_error:

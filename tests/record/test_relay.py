@@ -312,7 +312,7 @@ async def test_a_client_that_does_not_read_stops_the_proxy_reading_the_upstream(
         await r.readuntil(b"data:")
         r._transport.pause_reading()  # type: ignore[attr-defined]
         await asyncio.sleep(1.0)
-        held = sum(c.transport.get_write_buffer_size() for c in proxy._clients)
+        held = sum(c.transport.get_write_buffer_size() for c in proxy.clients)
         assert up.big_sent < 32 << 20  # the upstream is held back by the socket it writes to
         assert held < 4 << 20  # the proxy keeps little of what it could not pass on yet
         r._transport.resume_reading()  # type: ignore[attr-defined]
