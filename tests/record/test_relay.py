@@ -106,7 +106,8 @@ class Upstream:
     """An upstream of the test's own: each request's answer is chosen by its ``X-Answer``:
     ``stream`` (a chunked SSE stream), ``break`` (two tokens, then a close mid-body), ``slow``
     (a token every 20 ms, 200 of them), ``big`` (64 MiB of SSE as fast as the socket takes it),
-    ``length`` (a JSON body with Content-Length), ``until_close`` (one that ends with the connection). ``once`` closes the connection after one
+    ``length`` (a JSON body with Content-Length), ``until_close`` (one that ends with the connection), ``stall`` (one token, then
+    silence), ``silent`` (no answer). ``once`` closes the connection after one
     answer although it kept it alive."""
 
     def __init__(self) -> None:
@@ -146,6 +147,9 @@ class Upstream:
             w.close()
 
     async def _answer(self, path: bytes, w: asyncio.StreamWriter) -> bool:
+        if path == b"silent":
+            await asyncio.sleep(30)
+            return False
         if path in (b"length", b"until_close"):
             body = b'{"usage": {"prompt_tokens": 4, "completion_tokens": 1}}'
             if path == b"until_close":
@@ -163,12 +167,14 @@ class Upstream:
                 self.big_sent += len(piece)
                 await w.drain()
             return False
-        n = {b"slow": 200, b"break": 2}.get(path, 3)
+        n = {b"slow": 200, b"break": 2, b"stall": 1}.get(path, 3)
         for i in range(n):
             w.write(_frame(_token(f" t{i}")))
             await w.drain()
             await asyncio.sleep(0.02 if path == b"slow" else 0)
-        if path == b"break":
+        if path == b"stall":
+            await asyncio.sleep(30)
+        if path in (b"break", b"stall"):
             return False
         w.write(_frame(USAGE) + _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await w.drain()
@@ -176,9 +182,12 @@ class Upstream:
 
 
 @asynccontextmanager
-async def relay(tmp_path: Path) -> AsyncIterator[tuple[Upstream, RecordingProxy, int]]:
+async def relay(
+    tmp_path: Path, timeout_s: float = 600.0
+) -> AsyncIterator[tuple[Upstream, RecordingProxy, int]]:
     async with Upstream() as up:
-        proxy = RecordingProxy(up.url, TraceWriter(tmp_path / "t.jsonl", {"unit": "chars"}))
+        writer = TraceWriter(tmp_path / "t.jsonl", {"unit": "chars"})
+        proxy = RecordingProxy(up.url, writer, timeout_s=timeout_s)
         port = await proxy.start("127.0.0.1", 0)
         try:
             yield up, proxy, port
@@ -334,3 +343,19 @@ async def test_a_kept_alive_connection_the_upstream_closed_is_not_a_502(tmp_path
         w.close()
         assert up.connections == 2
     assert [x["outcome"] for x in _lines(tmp_path)] == ["ok", "ok"]
+
+
+@_in_loop
+async def test_an_upstream_silent_past_the_timeout_is_a_502_or_an_incomplete_stream(
+    tmp_path: Path,
+) -> None:
+    async with relay(tmp_path, timeout_s=0.4) as (_up, _proxy, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(_request("silent"))
+        head, body = await asyncio.wait_for(_answer(r), 10)
+        assert head.startswith(b"HTTP/1.1 502") and b"upstream_error" in body
+        w.write(_request("stall"))  # the same connection: a 502 keeps it
+        data = await asyncio.wait_for(r.read(), 10)
+        assert data.endswith(_frame(_token(" t0")))
+        w.close()
+    assert [x["outcome"] for x in _lines(tmp_path)] == ["upstream_error", "incomplete"]
