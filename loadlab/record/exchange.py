@@ -43,6 +43,8 @@ class Hub(Protocol):
 
     def exchange(self, client: Client, req: Request) -> Exchange: ...
 
+    def warm(self) -> None: ...
+
     def connect_soon(self, ex: Exchange) -> None: ...
 
     def release(self, up: UpstreamConn, *, keep: bool) -> None: ...
@@ -75,6 +77,7 @@ class Client(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         _no_delay(self.transport)
         self.hub.clients.add(self)
+        self.hub.warm()
 
     def data_received(self, data: bytes) -> None:
         t_ns = time.perf_counter_ns()

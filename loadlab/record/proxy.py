@@ -115,6 +115,8 @@ class RecordingProxy:
         self._server: asyncio.Server | None = None
         self._ssl = ssl.create_default_context() if self._up.tls else None
         self._idle: list[UpstreamConn] = []
+        self._opening = 0  # upstream connections being opened ahead of a request (``warm``)
+        self._waiting: deque[Exchange] = deque()  # requests waiting for one of those
         self.clients: set[Client] = set()
         self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -177,22 +179,43 @@ class RecordingProxy:
             if not up.closed:
                 ex.send(up, reused=True)
                 return
+        if self._opening > len(self._waiting):  # one is on its way (warm)
+            ex.last_ns = time.perf_counter_ns()
+            self._waiting.append(ex)
+            return
         self.connect_soon(ex)
+
+    def warm(self) -> None:
+        """A client connected: open an upstream connection for its first request meanwhile, so
+        that the connect is not part of that request's time to first token."""
+        if len(self._idle) + self._opening < min(len(self.clients), IDLE_KEPT):
+            self._opening += 1
+            self._spawn(self._open())
+
+    async def _open(self) -> None:
+        try:
+            conn: UpstreamConn | None = await self._new_connection()
+        except (TimeoutError, OSError, ssl.SSLError):
+            conn = None  # a request that waited for it connects itself, and says why it failed
+        self._opening -= 1
+        while self._waiting:
+            ex = self._waiting.popleft()
+            if not ex.finished:
+                if conn is None:
+                    self.connect_soon(ex)
+                else:
+                    ex.send(conn, reused=False)
+                return
+        if conn is not None:
+            self.release(conn, keep=True)
 
     def connect_soon(self, ex: Exchange) -> None:
         ex.last_ns = time.perf_counter_ns()
         self._spawn(self._connect(ex))
 
     async def _connect(self, ex: Exchange) -> None:
-        up = self._up
         try:
-            _, conn = await asyncio.wait_for(
-                asyncio.get_running_loop().create_connection(
-                    UpstreamConn, up.host, up.port, ssl=self._ssl,
-                    server_hostname=up.host if self._ssl else None,
-                ),
-                self.timeout_s,
-            )  # fmt: skip
+            conn = await self._new_connection()
         except (TimeoutError, OSError, ssl.SSLError) as exc:
             ex.unreachable(exc)
             return
@@ -200,6 +223,17 @@ class RecordingProxy:
             self.release(conn, keep=True)
             return
         ex.send(conn, reused=False)
+
+    async def _new_connection(self) -> UpstreamConn:
+        up = self._up
+        _, conn = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                UpstreamConn, up.host, up.port, ssl=self._ssl,
+                server_hostname=up.host if self._ssl else None,
+            ),
+            self.timeout_s,
+        )  # fmt: skip
+        return conn
 
     def release(self, up: UpstreamConn, *, keep: bool) -> None:
         if keep and not up.closed and len(self._idle) < IDLE_KEPT:

@@ -359,3 +359,21 @@ async def test_an_upstream_silent_past_the_timeout_is_a_502_or_an_incomplete_str
         assert data.endswith(_frame(_token(" t0")))
         w.close()
     assert [x["outcome"] for x in _lines(tmp_path)] == ["upstream_error", "incomplete"]
+
+
+@_in_loop
+async def test_a_client_that_connects_gets_an_upstream_connection_before_its_request(
+    tmp_path: Path,
+) -> None:
+    async with relay(tmp_path) as (up, _proxy, port):
+        clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        for _ in range(100):
+            if up.connections == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert up.connections == 3 and not up.requests  # opened ahead, one per client
+        for r, w in clients:
+            w.write(_request("stream"))
+            assert (await _answer(r))[0].startswith(b"HTTP/1.1 200")
+            w.close()
+        assert up.connections == 3  # the requests went over them
