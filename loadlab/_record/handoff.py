@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import os
 import subprocess
 import sys
 import time
@@ -142,8 +143,8 @@ class TraceChild:
     async def start(self) -> None:
         """Starts the child and waits until its trace file is open (``ConfigError`` if not)."""
         loop = asyncio.get_running_loop()
-        self._proc = proc = subprocess.Popen(
-            [sys.executable, "-m", "loadlab._record.tracer"],
+        self._proc = proc = subprocess.Popen(  # noqa: S603 - this interpreter, fixed args
+            [sys.executable, "-m", "loadlab._record.tracer", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
         )  # fmt: skip
         self.pid = proc.pid

@@ -11,7 +11,8 @@ never written), finds the earlier request it continues and writes its line exact
 ``docs/record.md`` lists them. After each batch it answers on stdout with a JSON line of its
 counts (requests done, lines written, lines whose write failed and why), which the proxy uses
 to bound what is in flight and to print its summary. It ends at the end of its stdin, when it
-has written what it got, and with the proxy (``stop_parent_death``).
+has written what it got, or at once when the proxy dies (``stop_parent_death``); a stop signal
+while the proxy lives is left to the proxy, which ends this process's input when it stops.
 
 Frames, both ways little-endian: ``<III`` (sizes of the three parts), then a JSON header, the
 token times as int64s, and the body. The first frame's header is the configuration (the trace
@@ -265,8 +266,20 @@ def _writer_and_tracer(config: dict[str, Any], salt: bytes) -> tuple[TraceWriter
 def main() -> int:
     from loadlab._runner.signals import stop_parent_death
 
+    parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
     stop_parent_death()  # dies with the proxy, even one killed
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the proxy, which stops this
+    if os.getppid() != parent:  # it died before that was asked
+        return 1
+
+    def stop_signal(signum: int, frame: object) -> None:
+        # a Ctrl-C or a SIGTERM for the whole group (a service manager's stop) reaches this
+        # process too: the proxy ends its input once it has stopped forwarding, and this one
+        # writes what it got then; only a proxy that died ends it at once
+        if os.getppid() != parent:
+            raise SystemExit(1)
+
+    signal.signal(signal.SIGINT, stop_signal)
+    signal.signal(signal.SIGTERM, stop_signal)
     with contextlib.suppress(OSError):
         os.nice(10)
     batches = frames(0)

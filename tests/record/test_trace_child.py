@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from loadlab._record.proxy import RecordingProxy
 from loadlab._record.stream import StreamWatch
 from loadlab._record.tracer import Answered, Tracer
 from tests.helpers.fault_server import FaultServer
-from tests.helpers.loopback import serve_in_thread
+from tests.helpers.loopback import ROOT, serve_in_thread
 from tests.record.test_record import recording
 from tests.record.test_relay import _in_loop
 
@@ -180,3 +182,37 @@ def test_a_child_that_dies_leaves_traffic_passing_and_the_trace_marked_incomplet
     assert "recorded 3 request(s)" in err and "5 not traced" in err
     assert "the trace is incomplete" in err
     assert len(_read(trace)) == 1 + 3
+
+
+@_in_loop
+async def test_a_stop_signal_is_left_to_the_proxy_and_the_writer_ends_with_it(
+    tmp_path: Path,
+) -> None:
+    for srv in serve_in_thread(FaultServer):
+        child = TraceChild(tmp_path / "t.jsonl", {"unit": "chars"})
+        proxy = RecordingProxy(srv.url, child)
+        await child.start()
+        port = await proxy.start("127.0.0.1", 0)
+        os.kill(child.pid, signal.SIGTERM)  # as a service manager stops the whole group
+        os.kill(child.pid, signal.SIGINT)  # as a Ctrl-C does
+        via = await _post_all(f"http://127.0.0.1:{port}", 3)
+        await proxy.stop()
+    assert [s for s, _ in via] == [200] * 3
+    assert (child.written, child.lost, child.died) == (3, 0, "")
+    assert not psutil.pid_exists(child.pid)  # ended and reaped at the proxy's stop
+
+
+def test_the_writer_dies_with_a_proxy_that_is_killed(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadlab", "record", "--listen", "127.0.0.1:0",
+         "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "t.jsonl")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("recording: ")
+        writer = _trace_writer_of_this_test()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    writer.wait(10)  # psutil.TimeoutExpired if it outlived the proxy
+    assert not writer.is_running()
