@@ -10,9 +10,11 @@ buffered but what the client's socket has not taken yet (past 64 KiB the proxy s
 the upstream until it drains) and, when the proxy asked for usage itself, a partial SSE event
 (then the proxy sends the body in chunks of its own, that one event taken out). Per traced
 request (OpenAI chat, completions, Responses and Anthropic messages; other paths pass through
-untraced) one trace line goes to a bounded queue that a writer task empties: a write that fails
-is counted and said once, and the traffic goes on. The request's shape (``RequestShape``: block
-hashes, the tokenizer's counts) is read when its answer has ended, never on its way upstream.
+untraced), once its answer has ended, the request's body as it came, its times and what its
+stream's watch counted go in one pipe write to the trace writer's process
+(``loadlab._record.handoff``), which reads its shape (``RequestShape``: block hashes, the
+tokenizer's counts) and writes its line; this loop never reads a shape or writes a line. A
+writer that falls behind or dies costs trace lines (counted and said), never traffic.
 
 The proxy answers 502 only when the upstream could not be reached, or closed or timed out
 before its answer's head; an upstream answer, error statuses included, is passed on as it came.
@@ -20,7 +22,9 @@ An upstream that breaks off mid-answer closes the client's connection at the sam
 
 Example::
 
-    proxy = RecordingProxy("http://127.0.0.1:8000", TraceWriter(Path("trace.jsonl"), ...))
+    tracer = TraceChild(Path("trace.jsonl"), {"unit": "chars", "block": 16})
+    proxy = RecordingProxy("http://127.0.0.1:8000", tracer)
+    await tracer.start()
     await proxy.start("127.0.0.1", 9000)
     ...
     await proxy.stop()
