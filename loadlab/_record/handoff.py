@@ -2,8 +2,8 @@
 writes its trace line (``loadlab._record.tracer``), at the cost of one pipe write.
 
 ``TraceChild.put`` packs a request's body as it came, its times and what its stream's watch
-counted into one frame (a small JSON header, the token times as int64s, the body: nothing is
-pickled or parsed) and writes it to the child's stdin through the event loop's pipe transport,
+counted into one frame (a small JSON header with the token times, then the body: nothing is
+pickled, the body is not parsed) and writes it to the child's stdin through the event loop's pipe transport,
 which never blocks. The child answers with its counts after each batch it wrote; a request
 whose frame would put more than ``max_pending`` requests in flight is not handed over but
 counted as dropped, so a child that falls behind costs trace lines, never forwarding. A child
@@ -29,7 +29,6 @@ import os
 import subprocess
 import sys
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +58,12 @@ def request_frame(
 ) -> bytes:
     """One finished request as the child reads it (``Tracer.frame_line``)."""
     watched: list[Any] | None = None
-    times = b""
     if watch is not None:
         u = watch.usage
         watched = [u.prompt_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens,
-                   watch.reply_chars, watch.called_tool]  # fmt: skip
-        times = array("q", watch.token_times_ns).tobytes()
+                   watch.reply_chars, watch.called_tool, watch.token_times_ns]  # fmt: skip
     meta = orjson.dumps((api, outcome, status, arrival_ns, sent_ns, end_ns, watched))
-    return b"".join((FRAME.pack(len(meta), len(times), len(body)), meta, times, body))
+    return b"".join((FRAME.pack(len(meta), len(body)), meta, body))
 
 
 class _Acks(asyncio.Protocol):
@@ -156,7 +153,7 @@ class TraceChild:
         self._input, _ = await loop.connect_write_pipe(lambda: _Input(self), proc.stdin)
         await loop.connect_read_pipe(lambda: _Acks(self), proc.stdout)
         meta = orjson.dumps(self.config)
-        self._input.write(FRAME.pack(len(meta), 0, len(self._salt)) + meta + self._salt)
+        self._input.write(FRAME.pack(len(meta), len(self._salt)) + meta + self._salt)
         try:
             error = await asyncio.wait_for(asyncio.shield(self._ready), START_S)
         except TimeoutError:

@@ -14,8 +14,8 @@ to bound what is in flight and to print its summary. It ends at the end of its s
 has written what it got, or at once when the proxy dies (``stop_parent_death``); a stop signal
 while the proxy lives is left to the proxy, which ends this process's input when it stops.
 
-Frames, both ways little-endian: ``<III`` (sizes of the three parts), then a JSON header, the
-token times as int64s, and the body. The first frame's header is the configuration (the trace
+A frame: ``<II`` (the sizes of its two parts, little-endian), a JSON header (with the token
+times) and the body. The first frame's header is the configuration (the trace
 file, its header line, the block size, the tokenizer) and its body the salt (empty: make one).
 """
 
@@ -27,7 +27,6 @@ import os
 import signal
 import struct
 import sys
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,7 +39,7 @@ from loadlab._record.tracefile import TraceWriter
 
 __all__ = ["FRAME", "Answered", "Tracer", "frames", "main"]
 
-FRAME = struct.Struct("<III")
+FRAME = struct.Struct("<II")
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 READ_SIZE = 1 << 20
 
@@ -139,15 +138,10 @@ class Tracer:
                 return j, found
         return None
 
-    def frame_line(self, meta: bytes, times: bytes, body: bytes) -> dict[str, Any] | None:
+    def frame_line(self, meta: bytes, body: bytes) -> dict[str, Any] | None:
         """The line of one request's frame (``loadlab._record.handoff.request_frame``)."""
         api, outcome, status, arrival_ns, sent_ns, end_ns, watched = orjson.loads(meta)
-        answered = None
-        if watched is not None:
-            stamps = array("q")
-            stamps.frombytes(times)
-            prompt, output, cached, reasoning, chars, tool = watched
-            answered = Answered(prompt, output, cached, reasoning, chars, tool, stamps.tolist())
+        answered = None if watched is None else Answered(*watched)
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -223,7 +217,7 @@ def _latencies(answered: Answered | None, sent_ns: int, end_ns: int) -> dict[str
     }
 
 
-def frames(fd: int) -> Iterator[list[tuple[bytes, bytes, bytes]]]:
+def frames(fd: int) -> Iterator[list[tuple[bytes, bytes]]]:
     """The frames read from ``fd``, a batch per read (all the whole frames it completed),
     until its end."""
     buf = bytearray()
@@ -234,14 +228,11 @@ def frames(fd: int) -> Iterator[list[tuple[bytes, bytes, bytes]]]:
         buf += chunk
         batch, pos = [], 0
         while len(buf) - pos >= FRAME.size:
-            a, b, c = FRAME.unpack_from(buf, pos)
-            end = pos + FRAME.size + a + b + c
+            a, b = FRAME.unpack_from(buf, pos)
+            start, end = pos + FRAME.size, pos + FRAME.size + a + b
             if end > len(buf):
                 break
-            p = pos + FRAME.size
-            batch.append(
-                (bytes(buf[p : p + a]), bytes(buf[p + a : p + a + b]), bytes(buf[p + a + b : end]))
-            )
+            batch.append((bytes(buf[start : start + a]), bytes(buf[start + a : end])))
             pos = end
         del buf[:pos]
         if batch:
@@ -286,7 +277,7 @@ def main() -> int:
     first = next(batches, None)
     if not first:
         return 2
-    meta, _, salt = first[0]
+    meta, salt = first[0]
     try:
         writer, tracer = _writer_and_tracer(orjson.loads(meta), salt)
         writer.open()
