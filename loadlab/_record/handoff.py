@@ -159,8 +159,9 @@ class TraceChild:
         except TimeoutError:
             error = f"did not start within {START_S:.0f} s"
         if error:
+            self._stopping = True
             self._kill()
-            raise ConfigError(f"loadlab record: the trace writer cannot start: {error}")
+            raise ConfigError(f"the trace writer cannot start: {error}")
 
     def put(
         self,
