@@ -4,7 +4,7 @@ writes its trace line (``loadlab._record.tracer``), at the cost of one pipe writ
 ``TraceChild.put`` packs a request's body as it came, its times and what its stream's watch
 counted into one frame (a small JSON header with the token times, then the body: nothing is
 pickled, the body is not parsed) and writes it to the child's stdin through the event loop's pipe transport,
-which never blocks. The child answers with its counts after each batch it wrote; a request
+which never blocks (``accepts``, then ``put``). The child answers with its counts after each batch it wrote; a request
 whose frame would put more than ``max_pending`` requests in flight is not handed over but
 counted as dropped, so a child that falls behind costs trace lines, never forwarding. A child
 that dies is said once on stderr; the traffic goes on and every request from then on (and those
@@ -15,7 +15,8 @@ Example::
 
     child = TraceChild(Path("trace.jsonl"), {"unit": "chars", "block": 16})
     await child.start()
-    child.put("chat", body, arrival_ns, sent_ns, end_ns, watch, "ok", 200)
+    if child.accepts():
+        child.put(request_frame("chat", body, arrival_ns, sent_ns, end_ns, watch, "ok", 200))
     await child.stop()
     child.written, child.lost, child.why()
 """
@@ -163,28 +164,22 @@ class TraceChild:
             self._kill()
             raise ConfigError(f"the trace writer cannot start: {error}")
 
-    def put(
-        self,
-        api: str,
-        body: bytes,
-        arrival_ns: int,
-        sent_ns: int,
-        end_ns: int,
-        watch: StreamWatch | None,
-        outcome: str,
-        status: int,
-    ) -> None:
-        """Hands one finished request over, or counts it dropped (behind) or not traced."""
+    def accepts(self) -> bool:
+        """Whether a finished request can be handed over now; if not, it is counted (dropped:
+        the child is behind; not traced: the child died) and its frame is never made."""
         if self.died or self._input is None or self._input.is_closing():
             self.untraced += 1
-            return
+            return False
         if self.sent - self.done >= self.max_pending:
             self.dropped += 1
-            return
-        self._input.write(
-            request_frame(api, body, arrival_ns, sent_ns, end_ns, watch, outcome, status)
-        )
-        self.sent += 1
+            return False
+        return True
+
+    def put(self, frame: bytes) -> None:
+        """Hands one finished request over (``request_frame``), after ``accepts``."""
+        if self._input is not None:
+            self._input.write(frame)
+            self.sent += 1
 
     def counted(self, counts: dict[str, Any]) -> None:
         if self._ready is not None and not self._ready.done():

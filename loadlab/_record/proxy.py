@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from loadlab._record.exchange import Client, Exchange, UpstreamConn
-from loadlab._record.handoff import TraceChild
+from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.relay import Request, Upstream, upstream_request
 from loadlab._record.stream import StreamWatch
 
@@ -264,10 +264,12 @@ class RecordingProxy:
             outcome = "stream_error"
         status = ex.status if outcome != "upstream_error" else 0
         watch = ex.watch if outcome != "upstream_error" else None
-        self.tracer.put(
-            ex.api, ex.req.body, ex.req.arrival_ns, ex.sent_ns, time.perf_counter_ns(), watch,
-            outcome, status,
-        )  # fmt: skip
+        if self.tracer.accepts():
+            end_ns, req = time.perf_counter_ns(), ex.req
+            self.tracer.put(
+                request_frame(ex.api, req.body, req.arrival_ns, ex.sent_ns, end_ns, watch,
+                              outcome, status)
+            )  # fmt: skip
 
     def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
         """The body to send instead, asking for usage, for a stream that did not; else None."""

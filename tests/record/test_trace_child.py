@@ -22,7 +22,7 @@ import aiohttp
 import psutil
 import pytest
 
-from loadlab._record.handoff import TraceChild
+from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.proxy import RecordingProxy
 from loadlab._record.stream import StreamWatch
 from loadlab._record.tracer import Answered, Tracer
@@ -95,7 +95,8 @@ async def test_the_child_writes_the_lines_the_tracer_writes_in_process(tmp_path:
     here, expected = Tracer(SALT, 16), []
     for i, (api, body, answered, outcome, status) in enumerate(REQUESTS * 2):
         arrival, sent, end = 10**9 * i, 10**9 * i + 250_000, 10**9 * i + 9_000_000
-        child.put(api, body, arrival, sent, end, _watch(answered), outcome, status)
+        assert child.accepts()
+        child.put(request_frame(api, body, arrival, sent, end, _watch(answered), outcome, status))
         line = here.line(api, json.loads(body), arrival, sent, end, answered, outcome, status)
         expected += [line] if line is not None else []
     await child.stop()
