@@ -3,9 +3,10 @@ writes its trace line (``loadlab._record.tracer``), at the cost of one pipe writ
 
 ``TraceChild.put`` packs a request's body as it came, its times and what its stream's watch
 counted into one frame (a small JSON header with the token times, then the body: nothing is
-pickled, the body is not parsed) and writes it to the child's stdin through the event loop's pipe transport,
-which never blocks (``accepts``, then ``put``). The child answers with its counts after each batch it wrote; a request
-whose frame would put more than ``max_pending`` requests in flight is not handed over but
+pickled, the body is not parsed) and writes it to the child's stdin through the event loop's
+pipe transport, which never blocks (``accepts``, then ``put``). The child answers with its
+counts after each batch it wrote; a request that would put more than ``max_pending`` requests
+(or ``MAX_BUFFERED`` bytes that the pipe has not taken) in flight is not handed over but
 counted as dropped, so a child that falls behind costs trace lines, never forwarding. A child
 that dies is said once on stderr; the traffic goes on and every request from then on (and those
 it had not written) is counted as not traced. ``stop`` ends the child's input and waits for it
@@ -41,7 +42,8 @@ from loadlab.errors import ConfigError
 
 __all__ = ["MAX_PENDING", "STOP_DRAIN_S", "TraceChild", "request_frame"]
 
-MAX_PENDING = 16_384  # requests handed over and not yet written (each holds its body)
+MAX_PENDING = 16_384  # requests handed over and not yet written
+MAX_BUFFERED = 64 << 20  # bytes of them the proxy holds (what the pipe has not taken)
 STOP_DRAIN_S = 5.0  # how long ``stop`` waits for the child to write what it has
 START_S = 60.0  # how long the child may take to start (a tokenizer to load)
 PIPE_SIZE = 1 << 20  # the pipe's buffer, where Linux allows it (F_SETPIPE_SZ)
@@ -170,7 +172,10 @@ class TraceChild:
         if self.died or self._input is None or self._input.is_closing():
             self.untraced += 1
             return False
-        if self.sent - self.done >= self.max_pending:
+        if (
+            self.sent - self.done >= self.max_pending
+            or self._input.get_write_buffer_size() > MAX_BUFFERED
+        ):
             self.dropped += 1
             return False
         return True

@@ -77,6 +77,7 @@ class Tracer:
         self._count = 0
         self._sessions = 0
         self._t0_ns: int | None = None
+        self._failed_once = False
 
     def line(
         self,
@@ -149,6 +150,22 @@ class Tracer:
         if not isinstance(obj, dict):
             return None
         return self.line(api, obj, arrival_ns, sent_ns, end_ns, answered, outcome, status)
+
+    def safe_line(self, frame: tuple[bytes, bytes]) -> dict[str, Any] | None:
+        """``frame_line``, or None for a request it fails on (a tokenizer's own error, say):
+        that request is not traced, and the next ones are."""
+        try:
+            return self.frame_line(*frame)
+        except Exception as exc:  # one request's line lost, never the writer
+            if not self._failed_once:
+                self._failed_once = True
+                print(
+                    f"loadlab record: a request could not be traced ({type(exc).__name__}); "
+                    "it and any other such request are left out of the trace",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return None
 
 
 def _new_length(shape: RequestShape, start: int) -> int:
@@ -287,7 +304,7 @@ def main() -> int:
     _say({"ready": True})
     done = 0
     for batch in itertools.chain([first[1:]], batches):
-        lines = [x for x in (tracer.frame_line(*f) for f in batch) if x is not None]
+        lines = [x for x in map(tracer.safe_line, batch) if x is not None]
         writer.write(lines)
         done += len(batch)
         _say({"done": done, "written": writer.written, "failed": writer.failed,
