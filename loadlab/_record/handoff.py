@@ -1,10 +1,10 @@
 """The proxy's side of the trace writer: hand each finished request to the child process that
 writes its trace line (``loadlab._record.tracer``), at the cost of one pipe write.
 
-``TraceChild.put`` packs a request's body as it came, its times and what its stream's watch
+``request_frame`` packs a request's body as it came, its times and what its stream's watch
 counted into one frame (a small JSON header with the token times, then the body: nothing is
-pickled, the body is not parsed) and writes it to the child's stdin through the event loop's
-pipe transport, which never blocks (``accepts``, then ``put``). The child answers with its
+pickled, the body is not parsed), and ``TraceChild.put`` writes it to the child's stdin through
+the event loop's pipe transport, which never blocks. The child answers with its
 counts after each batch it wrote; a request that would put more than ``max_pending`` requests
 (or ``MAX_BUFFERED`` bytes that the pipe has not taken) in flight is not handed over but
 counted as dropped, so a child that falls behind costs trace lines, never forwarding. A child

@@ -25,7 +25,7 @@ import pytest
 from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.proxy import RecordingProxy
 from loadlab._record.stream import StreamWatch
-from loadlab._record.tracer import Answered, Tracer
+from loadlab._record.tracer import Answered, Tracer, frames
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import ROOT, serve_in_thread
 from tests.record.test_record import recording
@@ -217,3 +217,24 @@ def test_the_writer_dies_with_a_proxy_that_is_killed(tmp_path: Path) -> None:
         proc.wait(10)
     writer.wait(10)  # psutil.TimeoutExpired if it outlived the proxy
     assert not writer.is_running()
+
+
+def test_a_request_the_tracer_fails_on_is_left_out_and_the_next_traced(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def tokenize(text: str) -> list[int]:
+        if "boom" in text:
+            raise RuntimeError("a tokenizer's own error")
+        return list(text.encode())
+
+    tracer = Tracer(SALT, 16, tokenize)
+    r, w = os.pipe()
+    for messages in ([{"role": "user", "content": "boom"}], TURN1):
+        body = json.dumps({"messages": messages}).encode()
+        os.write(w, request_frame("chat", body, 1, 2, 3, None, "ok", 200))
+    os.close(w)
+    (batch,) = list(frames(r))  # both frames, read as the writer reads them
+    os.close(r)
+    lines = [tracer.safe_line(f) for f in batch]
+    assert lines[0] is None and lines[1] is not None and lines[1]["id"] == 0
+    assert "could not be traced (RuntimeError)" in capsys.readouterr().err
