@@ -103,11 +103,9 @@ async def _serve(args: argparse.Namespace, host: str, port: int, upstream: str) 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    await tracer.start()  # ConfigError: a tokenizer or a file it cannot open
     try:
-        bound = await proxy.start(host, port)
+        bound = await proxy.start(host, port)  # ConfigError: the trace writer cannot start
     except OSError as exc:
-        await tracer.stop()
         raise ConfigError(f"--listen {host}:{port}: cannot listen ({exc.strerror})") from None
     # what start-up made (modules, the event loop) lives as long as the process: moved out of
     # the collector's sight, a full collection no longer pauses every stream to walk it

@@ -24,7 +24,6 @@ Example::
 
     tracer = TraceChild(Path("trace.jsonl"), {"unit": "chars", "block": 16})
     proxy = RecordingProxy("http://127.0.0.1:8000", tracer)
-    await tracer.start()
     await proxy.start("127.0.0.1", 9000)
     ...
     await proxy.stop()
@@ -102,10 +101,18 @@ class RecordingProxy:
         self.upstream_failures = 0
 
     async def start(self, host: str, port: int) -> int:
-        """Starts listening (the trace writer started already, ``TraceChild.start``); returns
-        the port (a free one when ``port`` is 0)."""
+        """Listens, starts the trace writer (``ConfigError`` if it cannot start), then serves;
+        returns the port (a free one when ``port`` is 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Client(self), host, port, backlog=4096)
+        self._server = await loop.create_server(
+            lambda: Client(self), host, port, backlog=4096, start_serving=False
+        )
+        try:
+            await self.tracer.start()
+        except BaseException:
+            self._server.close()
+            raise
+        await self._server.start_serving()
         self._spawn(self._watch_timeouts())
         return int(self._server.sockets[0].getsockname()[1]) if self._server.sockets else port
 

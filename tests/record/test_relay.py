@@ -188,7 +188,6 @@ async def relay(
     async with Upstream() as up:
         tracer = TraceChild(tmp_path / "t.jsonl", {"unit": "chars"})
         proxy = RecordingProxy(up.url, tracer, timeout_s=timeout_s)
-        await tracer.start()
         port = await proxy.start("127.0.0.1", 0)
         try:
             yield up, proxy, port

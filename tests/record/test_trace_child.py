@@ -26,6 +26,7 @@ from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.proxy import RecordingProxy
 from loadlab._record.stream import StreamWatch
 from loadlab._record.tracer import Answered, Tracer, frames
+from loadlab.errors import ConfigError
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import ROOT, serve_in_thread
 from tests.record.test_record import recording
@@ -112,8 +113,11 @@ async def test_the_child_writes_the_lines_the_tracer_writes_in_process(tmp_path:
 @_in_loop
 async def test_a_child_that_cannot_start_says_why(tmp_path: Path) -> None:
     child = TraceChild(tmp_path / "t.jsonl", {}, tokenizer=str(tmp_path / "no-such-tokenizer"))
-    with pytest.raises(Exception, match=r"trace writer cannot start: .*no-such-tokenizer"):
-        await child.start()
+    proxy = RecordingProxy("http://127.0.0.1:9", child)
+    with pytest.raises(ConfigError, match=r"trace writer cannot start: .*no-such-tokenizer"):
+        await proxy.start("127.0.0.1", 0)
+    assert proxy._server is not None and not proxy._server.is_serving()
+    assert not psutil.pid_exists(child.pid) and not child.died
 
 
 async def _post_all(url: str, n: int) -> list[tuple[int, bytes]]:
@@ -135,7 +139,6 @@ async def test_a_child_that_falls_behind_costs_trace_lines_not_forwarding(
         direct = await _post_all(srv.url, 1)
         child = TraceChild(tmp_path / "t.jsonl", {"unit": "chars"}, max_pending=4)
         proxy = RecordingProxy(srv.url, child)
-        await child.start()
         port = await proxy.start("127.0.0.1", 0)
         os.kill(child.pid, signal.SIGSTOP)  # a writer that does not keep up at all
         try:
@@ -192,7 +195,6 @@ async def test_a_stop_signal_is_left_to_the_proxy_and_the_writer_ends_with_it(
     for srv in serve_in_thread(FaultServer):
         child = TraceChild(tmp_path / "t.jsonl", {"unit": "chars"})
         proxy = RecordingProxy(srv.url, child)
-        await child.start()
         port = await proxy.start("127.0.0.1", 0)
         os.kill(child.pid, signal.SIGTERM)  # as a service manager stops the whole group
         os.kill(child.pid, signal.SIGINT)  # as a Ctrl-C does
