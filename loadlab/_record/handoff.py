@@ -79,7 +79,8 @@ class _Acks(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         *lines, self.buf = (self.buf + data).split(b"\n")
         for line in lines:
-            self.child.counted(orjson.loads(line))
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self.child.counted(orjson.loads(line))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.child.gone()

@@ -256,8 +256,11 @@ def frames(fd: int) -> Iterator[list[tuple[bytes, bytes]]]:
             yield batch
 
 
+_ACKS = [1]  # the proxy's pipe; fd 1 itself is pointed at stderr (``main``)
+
+
 def _say(counts: dict[str, Any]) -> None:
-    os.write(1, orjson.dumps(counts) + b"\n")
+    os.write(_ACKS[0], orjson.dumps(counts) + b"\n")
 
 
 def _writer_and_tracer(config: dict[str, Any], salt: bytes) -> tuple[TraceWriter, Tracer]:
@@ -290,6 +293,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop_signal)
     with contextlib.suppress(OSError):
         os.nice(10)
+    _ACKS[0] = os.dup(1)  # what a library prints goes to stderr, never into the counts
+    os.dup2(2, 1)
     batches = frames(0)
     first = next(batches, None)
     if not first:
