@@ -27,6 +27,7 @@ from loadlab._record.proxy import RecordingProxy
 from loadlab._record.stream import StreamWatch
 from loadlab._record.tracer import Answered, Tracer, frames
 from loadlab.errors import ConfigError
+from loadlab.workloads._tokenizers import load_tokenizer
 from tests.helpers.fault_server import FaultServer
 from tests.helpers.loopback import ROOT, serve_in_thread
 from tests.record.test_record import recording
@@ -89,11 +90,16 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
+@pytest.mark.parametrize("tokenizer", [None, "byte"])
 @_in_loop
-async def test_the_child_writes_the_lines_the_tracer_writes_in_process(tmp_path: Path) -> None:
-    child = TraceChild(tmp_path / "t.jsonl", {"unit": "chars", "block": 16}, salt=SALT)
+async def test_the_child_writes_the_lines_the_tracer_writes_in_process(
+    tmp_path: Path, tokenizer: str | None
+) -> None:
+    child = TraceChild(tmp_path / "t.jsonl", {"unit": "chars", "block": 16}, salt=SALT,
+                       tokenizer=tokenizer)  # fmt: skip
     await child.start()
-    here, expected = Tracer(SALT, 16), []
+    tokenize = load_tokenizer(tokenizer).encode if tokenizer else None
+    here, expected = Tracer(SALT, 16, tokenize), []
     for i, (api, body, answered, outcome, status) in enumerate(REQUESTS * 2):
         arrival, sent, end = 10**9 * i, 10**9 * i + 250_000, 10**9 * i + 9_000_000
         assert child.accepts()
