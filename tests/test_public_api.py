@@ -16,70 +16,29 @@ import loadlab
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# each public module's __all__, sorted (names split on spaces)
 PUBLIC = {
-    "loadlab": [
-        "EndpointConfig",
-        "Results",
-        "RunConfig",
-        "__version__",
-        "compare",
-        "evaluate",
-        "read_results",
-        "render_summary",
-        "render_verdict",
-        "run",
-        "run_sync",
-        "summarize",
-        "write_results",
-    ],
-    "loadlab.locust": [
-        "LLMUser",
-        "OpenLoopUser",
-        "StreamFailure",
-        "bucket_response_time",
-        "workload_specs",
-    ],
-    "loadlab.clients": [
-        "AnthropicClient",
-        "AnthropicStreamState",
-        "Client",
-        "Completion",
-        "Message",
-        "OpenAIClient",
-        "OpenAIStreamState",
-        "PoolingClient",
-        "ResponsesClient",
-        "ResponsesStreamState",
-        "SSEDecoder",
-        "SSEEvent",
-        "StreamingClient",
-        "build_body",
-        "make_client",
-    ],
-    "loadlab.workloads": [
-        "KINDS",
-        "RequestStream",
-        "WorkloadError",
-        "build_requests",
-        "rate_unit",
-        "resolve_workload_paths",
-        "validate_workload",
-        "workload_extra",
-    ],
-    "loadlab.simulate": [
-        "LinearStepTime",
-        "MODES",
-        "RoleStepTime",
-        "RooflineStepTime",
-        "ServerConfig",
-        "SimOutput",
-        "Simulator",
-        "StepTimeModel",
-        "is_predicted",
-        "simulate",
-        "to_results",
-    ],
-    "loadlab.selftest": ["FixedServerProcess"],
+    "loadlab": (
+        "EndpointConfig Results RunConfig __version__ compare evaluate read_results "
+        "render_summary render_verdict run run_sync summarize write_results"
+    ).split(),
+    "loadlab.locust": (
+        "LLMUser OpenLoopUser StreamFailure bucket_response_time workload_specs"
+    ).split(),
+    "loadlab.clients": (
+        "AnthropicClient AnthropicStreamState Client Completion Message OpenAIClient "
+        "OpenAIStreamState PoolingClient ResponsesClient ResponsesStreamState "
+        "SSEDecoder SSEEvent StreamingClient build_body make_client"
+    ).split(),
+    "loadlab.workloads": (
+        "KINDS RequestStream WorkloadError build_requests rate_unit "
+        "resolve_workload_paths validate_workload workload_extra"
+    ).split(),
+    "loadlab.simulate": (
+        "LinearStepTime MODES RoleStepTime RooflineStepTime ServerConfig SimOutput "
+        "Simulator StepTimeModel is_predicted simulate to_results"
+    ).split(),
+    "loadlab.selftest": ("FixedServerProcess").split(),
 }
 
 # The package root holds these modules and no others (subpackages hold the rest).

@@ -5,7 +5,8 @@ every setting that shapes the schedule, the shard itself and the output paths le
 the common start time) and its host. ``merge_shards`` refuses files of different runs or of one
 shard twice, joins the rest (records, counts, the union of the windows; the generator is
 saturated if any shard was) and keeps which shards are missing: a shard that never arrived is
-counted, never hidden.
+counted, never hidden. Each record says where it was sent from, as a Locust fleet's do: its
+``worker`` is its shard's index and its ``host`` that shard's host.
 
 Example::
 
@@ -15,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +52,13 @@ def merge_shards(parts: Sequence[Results], names: Sequence[str] | None = None) -
         if shard["index"] in seen:
             raise ConfigError(f"{name} and {seen[shard['index']]} are both shard {shard['index']}")
         seen[shard["index"]] = name
-    merged = merge_results(parts)
+    stamped = []  # a file read as columns makes each record anew: stamp a list of them
+    for part, shard in zip(parts, shards, strict=True):
+        records = list(part.records)
+        for r in records:
+            r.worker, r.host = int(shard["index"]), r.host or shard.get("host")
+        stamped.append(dataclasses.replace(part, records=records))
+    merged = merge_results(stamped)
     count = int(first["count"])
     merged.extra = {
         **{k: v for k, v in parts[0].extra.items() if k != "shard"},

@@ -1,16 +1,22 @@
 """``loadlab record``'s reverse proxy: pass traffic through unchanged, write its shape.
 
-Every request is forwarded to the upstream with its body and headers as they came (hop-by-hop
-headers aside) and every response chunk is written to the client as soon as it arrives, before
-the proxy reads its copy; nothing is buffered but a partial SSE event when the proxy asked for
-usage itself and must take that one event out. Per traced request (OpenAI chat, completions,
-Responses and Anthropic messages; other paths pass through untraced) one trace line goes to a
-bounded queue that a writer task empties: a write that fails is counted and said once, and the
-traffic goes on. The request's shape (``RequestShape``: block hashes, the tokenizer's counts) is
-read when its answer has ended, never on its way upstream.
+The relay is asyncio protocols over HTTP/1.1 (``loadlab._record.exchange``; the bytes are read
+by ``loadlab._record.relay``): a
+client's request is read whole (head and ``Content-Length`` or chunked body) and sent over a
+kept-alive connection to the upstream, with its body and headers as they came (this hop's
+aside); the answer's bytes are written to the client as each read returns them, framing
+included (a chunked body passes through untouched), before the proxy reads its copy. Nothing is
+buffered but what the client's socket has not taken yet (past 64 KiB the proxy stops reading
+the upstream until it drains) and, when the proxy asked for usage itself, a partial SSE event
+(then the proxy sends the body in chunks of its own, that one event taken out). Per traced
+request (OpenAI chat, completions, Responses and Anthropic messages; other paths pass through
+untraced) one trace line goes to a bounded queue that a writer task empties: a write that fails
+is counted and said once, and the traffic goes on. The request's shape (``RequestShape``: block
+hashes, the tokenizer's counts) is read when its answer has ended, never on its way upstream.
 
-The proxy answers 502 only when the upstream could not be reached at all; an upstream answer,
-error statuses included, is passed on as it came.
+The proxy answers 502 only when the upstream could not be reached, or closed or timed out
+before its answer's head; an upstream answer, error statuses included, is passed on as it came.
+An upstream that breaks off mid-answer closes the client's connection at the same byte.
 
 Example::
 
@@ -22,17 +28,19 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import ssl
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import aiohttp
 import orjson
-from aiohttp import web
 
+from loadlab._record.exchange import Client, Exchange, UpstreamConn
+from loadlab._record.relay import Request, Upstream, upstream_request
 from loadlab._record.shape import RequestShape, Tokenize
 from loadlab._record.stream import StreamWatch
 from loadlab._record.tracefile import TraceWriter
@@ -63,21 +71,11 @@ def api_of(path: str) -> str | None:
     return API_PATHS.get(path)
 
 
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
 CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
+IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
+STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
+TRACE_SLICE_NS = 200_000  # trace lines written per turn of the event loop, in time
+TRACE_DUE_MAX = 4096  # answers waiting for their trace line (each holds its request's JSON)
 
 
 class _Turn(NamedTuple):
@@ -103,6 +101,7 @@ class RecordingProxy:
         timeout_s: float = 600.0,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self._up = Upstream.of(self.upstream)
         self.writer = writer
         self.salt = salt if salt is not None else os.urandom(32)  # never written anywhere
         self.block = block
@@ -113,113 +112,199 @@ class RecordingProxy:
         self._count = 0
         self._sessions = 0
         self._t0_ns: int | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._ssl = ssl.create_default_context() if self._up.tls else None
+        self._idle: list[UpstreamConn] = []
+        self._opening = 0  # upstream connections being opened ahead of a request (``warm``)
+        self._waiting: deque[Exchange] = deque()  # requests waiting for one of those
+        self.clients: set[Client] = set()
+        self._active: set[Exchange] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._due: deque[tuple[Any, ...]] = deque()  # trace lines to write (_trace_due)
+        self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
         self.upstream_failures = 0
 
     async def start(self, host: str, port: int) -> int:
         """Starts listening; returns the port (a free one when ``port`` is 0)."""
-        self._session = aiohttp.ClientSession(
-            auto_decompress=False,  # bytes pass through as the upstream encoded them
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s),
-            connector=aiohttp.TCPConnector(limit=0),
-        )
-        app = web.Application(client_max_size=256 << 20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Client(self), host, port, backlog=4096)
         await self.writer.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else port
+        self._spawn(self._watch_timeouts())
+        return int(self._server.sockets[0].getsockname()[1]) if self._server.sockets else port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        """Stops listening, lets answers in flight end (``STOP_GRACE_S``), then closes all."""
+        if self._server is not None:
+            self._server.close()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for ex in list(self._active):
+            ex.broke()
+        for client in list(self.clients):
+            if client.transport is not None:
+                client.transport.abort()
+        for up in self._idle:
+            if up.transport is not None:
+                up.transport.close()
+        self._idle.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        while self._due:
+            self._trace(*self._due.popleft())
         await self.writer.stop()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        arrival_ns = time.perf_counter_ns()
-        body = await request.read()
-        api = api_of(request.path) if request.method == "POST" else None
-        traced = _json_object(body) if api is not None else None
-        sent_body, watch = body, None
-        if api is not None and traced is not None:  # its shape is read after the answer
-            sent_body = self._ask_usage(api, traced) or body
-            stream = bool(traced.get("stream", False))
-            watch = StreamWatch(api, stream, drop_usage_event=sent_body is not body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        url = self.upstream + request.rel_url.path_qs
-        if self._session is None:
-            raise RuntimeError("RecordingProxy.start() was not awaited")
-        sent_ns = time.perf_counter_ns()
-        try:
-            upstream = await self._session.request(
-                request.method, url, data=sent_body, headers=headers, allow_redirects=False
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            self.upstream_failures += 1
-            if api is not None and traced is not None:
-                self._trace(api, traced, arrival_ns, sent_ns, None, "upstream_error", 0)
-            return web.json_response(
-                {
-                    "error": {
-                        "message": f"loadlab record: upstream unreachable ({type(exc).__name__})",
-                        "type": "upstream_error",
-                    }
-                },
-                status=502,
-            )
-        async with upstream:
-            resp, outcome = await self._relay(request, upstream, watch)
-        if api is not None and traced is not None and watch is not None:
-            if outcome == "ok" and watch.stream_error:
-                outcome = "stream_error"
-            self._trace(api, traced, arrival_ns, sent_ns, watch, outcome, upstream.status)
-        return resp
+    def exchange(self, client: Client, req: Request) -> Exchange:
+        """A whole request from a client: send it upstream (its answer comes back in reads),
+        then read its JSON for the trace; first only when the proxy may ask for usage in it."""
+        api = api_of(req.path) if req.method == b"POST" else None
+        body, traced, read = req.body, None, False
+        if api in ("chat", "completions") and self.ask_usage and not _asks_usage(body):
+            traced, read = _json_object(body), True
+            body = (traced is not None and self._ask_usage(api, traced)) or body
+        ex = Exchange(self, client, req, upstream_request(self._up, req, body), api)
+        self._active.add(ex)
+        ex.sent_ns = time.perf_counter_ns()
+        self._send(ex)
+        if api is not None:  # its shape is read after the answer
+            ex.traced = traced if read else _json_object(req.body)
+            if ex.traced is not None:
+                stream = bool(ex.traced.get("stream", False))
+                ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
+        return ex
 
-    async def _relay(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        watch: StreamWatch | None,
-    ) -> tuple[web.StreamResponse, str]:
-        """Passes the upstream's answer on, each chunk as it comes; (response, outcome)."""
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for k, v in upstream.headers.items():
-            if k.lower() not in _HOP:
-                resp.headers.add(k, v)
-        if upstream.content_length is not None and (watch is None or not watch.drop_usage_event):
-            resp.content_length = upstream.content_length
-        outcome = "ok" if upstream.status < 400 else f"http_{upstream.status}"
+    def _send(self, ex: Exchange) -> None:
+        while self._idle:
+            up = self._idle.pop()
+            if not up.closed:
+                ex.send(up, reused=True)
+                return
+        if self._opening > len(self._waiting):  # one is on its way (warm)
+            ex.last_ns = time.perf_counter_ns()
+            self._waiting.append(ex)
+            return
+        self.connect_soon(ex)
+
+    def warm(self) -> None:
+        """A client connected: open an upstream connection for its first request meanwhile, so
+        that the connect is not part of that request's time to first token."""
+        if len(self._idle) + self._opening < min(len(self.clients), IDLE_KEPT):
+            self._opening += 1
+            self._spawn(self._open())
+
+    async def _open(self) -> None:
         try:
-            await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                t_ns = time.perf_counter_ns()
-                if watch is None:
-                    await resp.write(chunk)
-                    continue
-                if not watch.drop_usage_event:
-                    await resp.write(chunk)  # forwarded before it is read
-                    watch.feed(chunk, t_ns)
+            conn: UpstreamConn | None = await self._new_connection()
+        except (TimeoutError, OSError, ssl.SSLError):
+            conn = None  # a request that waited for it connects itself, and says why it failed
+        self._opening -= 1
+        while self._waiting:
+            ex = self._waiting.popleft()
+            if not ex.finished:
+                if conn is None:
+                    self.connect_soon(ex)
                 else:
-                    out = watch.feed(chunk, t_ns)
-                    if out:
-                        await resp.write(out)
-            if watch is not None:
-                rest = watch.finish()
-                if rest:
-                    await resp.write(rest)
-            await resp.write_eof()
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-            outcome = "incomplete"  # the upstream broke off; the client sees the stream end
-        except (ConnectionResetError, ConnectionError):
-            outcome = "client_disconnect"
-        return resp, outcome
+                    ex.send(conn, reused=False)
+                return
+        if conn is not None:
+            self.release(conn, keep=True)
+
+    def connect_soon(self, ex: Exchange) -> None:
+        ex.last_ns = time.perf_counter_ns()
+        self._spawn(self._connect(ex))
+
+    async def _connect(self, ex: Exchange) -> None:
+        try:
+            conn = await self._new_connection()
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
+            ex.unreachable(exc)
+            return
+        if ex.finished:  # the client left meanwhile
+            self.release(conn, keep=True)
+            return
+        ex.send(conn, reused=False)
+
+    async def _new_connection(self) -> UpstreamConn:
+        up = self._up
+        _, conn = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                UpstreamConn, up.host, up.port, ssl=self._ssl,
+                server_hostname=up.host if self._ssl else None,
+            ),
+            self.timeout_s,
+        )  # fmt: skip
+        return conn
+
+    def release(self, up: UpstreamConn, *, keep: bool) -> None:
+        if keep and not up.closed and len(self._idle) < IDLE_KEPT:
+            self._idle.append(up)
+            return
+        up.closed = True
+        if up.transport is not None:
+            up.transport.abort()  # one mid-answer cannot be reused; an extra one is not needed
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_timeouts(self) -> None:
+        """An upstream silent past ``timeout_s`` (no answer, or a stream that stalled) ends its
+        exchange: 502 before the answer's head, ``incomplete`` after. A client that does not
+        read (the proxy paused the upstream for it) is not the upstream's silence."""
+        step = min(1.0, self.timeout_s / 4)
+        limit_ns = int(self.timeout_s * 1e9)
+        while True:
+            await asyncio.sleep(step)
+            now = time.perf_counter_ns()
+            for ex in [e for e in self._active if not e.paused and now - e.last_ns > limit_ns]:
+                if ex.on_body is None:
+                    ex.unreachable(TimeoutError())
+                else:
+                    ex.broke()
+
+    def feed_soon(self, watch: StreamWatch, payload: bytes, t_ns: int) -> None:
+        """Has the watch read a payload already passed on once the reads that came with it are
+        passed on too: a burst of reads (every stream's next token at once) goes out at the
+        cost of its writes, not of its writes and their reading."""
+        self._feeds.append((watch, payload, t_ns))
+        if len(self._feeds) == 1:
+            asyncio.get_running_loop().call_soon(self.feed_all)
+
+    def feed_all(self) -> None:
+        feeds, self._feeds = self._feeds, []
+        for watch, payload, t_ns in feeds:
+            watch.feed(payload, t_ns)
+
+    def finished(self, ex: Exchange, outcome: str) -> None:
+        """An exchange has ended: its trace line is due, written when no read is waiting."""
+        self.feed_all()  # what its watch has yet to read
+        self._active.discard(ex)
+        if outcome == "upstream_error":
+            self.upstream_failures += 1
+        if ex.api is None or ex.traced is None:
+            return
+        if outcome == "ok" and ex.watch is not None and ex.watch.stream_error:
+            outcome = "stream_error"
+        status = ex.status if outcome != "upstream_error" else 0
+        watch = ex.watch if outcome != "upstream_error" else None
+        due = (ex.api, ex.traced, ex.req.arrival_ns, ex.sent_ns, time.perf_counter_ns(), watch)
+        if len(self._due) >= TRACE_DUE_MAX:  # behind: catch up now rather than hold more
+            self._trace(*self._due.popleft())
+        self._due.append((*due, outcome, status))
+        if len(self._due) == 1:
+            asyncio.get_running_loop().call_soon(self._trace_due)
+
+    def _trace_due(self) -> None:
+        """Writes the trace lines due, for at most ``TRACE_SLICE_NS`` per turn of the event
+        loop: reading a request's shape costs tens of microseconds, and a burst of answers
+        that end together would otherwise hold up the requests and reads that follow them."""
+        until = time.perf_counter_ns() + TRACE_SLICE_NS
+        due = self._due
+        while due and time.perf_counter_ns() < until:
+            self._trace(*due.popleft())
+        if due:
+            asyncio.get_running_loop().call_soon(self._trace_due)
 
     def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
         """The body to send instead, asking for usage, for a stream that did not; else None."""
@@ -240,13 +325,13 @@ class RecordingProxy:
         body: dict[str, Any],
         arrival_ns: int,
         sent_ns: int,
+        end_ns: int,
         watch: StreamWatch | None,
         outcome: str,
         status: int,
     ) -> None:
-        """Writes one request's trace line, its shape read now that its answer has ended (no
-        request waits for it); a body whose shape cannot be read is not traced."""
-        end_ns = time.perf_counter_ns()
+        """Writes one request's trace line, its shape read after its answer ended (``end_ns``;
+        no request waits for it); a body whose shape cannot be read is not traced."""
         try:
             shape = RequestShape.of(
                 api, body, salt=self.salt, block=self.block, tokenize=self.tokenize
@@ -293,6 +378,12 @@ class RecordingProxy:
             if found is not None:
                 return j, found
         return None
+
+
+def _asks_usage(body: bytes) -> bool:
+    """The body asks for usage in its stream already (``"include_usage": true`` outside any
+    string: a quote inside a JSON string is always escaped)."""
+    return b'"include_usage":true' in body or b'"include_usage": true' in body
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -121,6 +121,18 @@ class StreamWatch:
     def feed(self, chunk: bytes, t_ns: int) -> bytes | None:
         """Read one chunk that arrived at ``t_ns`` (> 0). With ``drop_usage_event``, return the
         bytes to forward now: the whole events so far, the usage-only one taken out."""
+        frame = self._frame
+        if frame is not None and not self._pending and chunk.startswith(frame[0]):
+            # the usual read: one whole token event in the learned frame (the loop's first case)
+            m = frame[2](chunk, frame[1])
+            if m is not None and m.end() == len(chunk):
+                raw = m[1]
+                size = len(raw) if raw.isascii() and _BACKSLASH not in raw else _text_size(raw)
+                if size >= 0:
+                    self.token_times_ns.append(t_ns)
+                    self.reply_chars += size if frame[3] else 0
+                    self._learn = _LEARN_TRIES
+                    return chunk if self.drop_usage_event else None
         if not self.streaming:
             if not self._body_overflow:
                 self._body += chunk

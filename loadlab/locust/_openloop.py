@@ -52,7 +52,7 @@ from loadlab.journal import JournalWriter, default_out_path, prepare_output
 from loadlab.locust import _sender as sender
 from loadlab.locust._fleet import ShardRun, assemble, clock_offset, worker_start
 from loadlab.locust._hooks import JournalFeed
-from loadlab.locust._sender import DONE, PING, PONG, RECORDS, SHARD
+from loadlab.locust._sender import DONE, PING, PONG, RECORDS, SHARD, step_back
 
 __all__ = ["OpenLoopUser"]
 
@@ -201,6 +201,7 @@ def _coordinate(environment: Any) -> None:
         }
         runner.send_message(SHARD, job, client_id=node)
     log.info("loadlab: %d shards start at %.3f (Unix s)", len(nodes), start_at)
+    step_back()  # taking records in gives way to senders on this machine
     while not all(s.finished or s.node not in _alive(runner) for s in _M.shards.values()):
         gevent.sleep(0.2)
     for s in _M.shards.values():

@@ -154,6 +154,12 @@ def test_a_poisson_schedule_spread_over_three_machines(
     report = subprocess.run([sys.executable, "-m", "loadlab", "report", str(tmp_path / "run.json")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert report.returncode == 0 and "TTFT" in report.stdout, report.stderr
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p50 <= 5000", "error_rate <= 0.5"]\n')
+    verdict = subprocess.run([sys.executable, "-m", "loadlab", "slo", str(tmp_path / "run.json"),
+                              "--slo", str(slo)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert verdict.returncode == 0 and "PASS" in verdict.stdout, verdict.stdout + verdict.stderr
 
 
 def test_a_trace_replayed_over_three_machines(machines: Fleet, server: str, tmp_path: Path) -> None:

@@ -90,8 +90,19 @@ def test_shards_started_together_merge_into_the_one_machine_run(tmp_path: Path) 
     lags = [(r["sent_ns"] - r["intended_ns"]) / 1e6 for r in m["records"]]
     assert sorted(lags)[len(lags) // 2] < 50, lags
 
+    assert {r["worker"] for r in m["records"]} == {0, 1, 2}  # each record's shard and host
+    hosts = {str(k): h for k, h in info["hosts"].items()}
+    assert all(r["host"] == hosts[str(r["worker"])] for r in m["records"])
+    assert {len([r for r in m["records"] if r["worker"] == k]) for k in range(3)} == {20}
+
     report = _loadlab("report", str(tmp_path / "merged.json"))
     assert report.returncode == 0 and "TTFT" in report.stdout
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p50 <= 5000", "error_rate <= 0.5"]\n')
+    verdict = _loadlab("slo", str(tmp_path / "merged.json"), "--slo", str(slo))
+    assert verdict.returncode == 0 and "PASS" in verdict.stdout, verdict.stdout + verdict.stderr
+    both = _loadlab("compare", str(tmp_path / "one.json"), str(tmp_path / "merged.json"))
+    assert both.returncode == 0 and "ttft_ms.p50" in both.stdout, both.stdout + both.stderr
     missing = _loadlab("merge", str(tmp_path / "s0.json"), str(tmp_path / "s2.json"),
                        "--out", str(tmp_path / "part.json"))  # fmt: skip
     assert missing.returncode == 1 and "[1] of 3 are missing" in missing.stderr
