@@ -766,6 +766,8 @@ class _Builder:
 def _ints(values: list[Any]) -> np.ndarray:
     """int64 [n] of ints, bools and Nones (NONE); ``ValueError`` past int64's range."""
     if None in values:
+        if values.count(None) == len(values):  # a field no record holds (most runs' many)
+            return np.full(len(values), NONE, dtype=np.int64)
         values = [NONE if v is None else v for v in values]
     try:
         return np.array(values, dtype=np.int64)
