@@ -1,6 +1,7 @@
 """How long ``loadlab report``, ``slo`` and ``compare`` take on a results file of a million
-records, and how much memory each needs: wall seconds and peak RSS of each command, run as a
-user would (``python -m loadlab ...`` in its own process).
+records, and how much memory each needs: wall seconds, CPU seconds (user and system, its
+parser processes included: on a shared machine the steadier figure) and peak RSS of each
+command, run as a user would (``python -m loadlab ...`` in its own process).
 
     python3 benchmarks/large_results.py                       # 1,000,000 records a file
     python3 benchmarks/large_results.py --records 20000       # a quick check that it runs
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -104,12 +106,21 @@ def _own_pages(pid: int) -> int:
                if line.startswith(("Private_Clean:", "Private_Dirty:")))  # fmt: skip
 
 
-def timed(cmd: list[str]) -> tuple[float, float, float, int, str]:
-    """Wall seconds, peak RSS (MB) of the command's own process and of it with its children
-    (their unique pages: a command may parse in a pool of forked processes), both sampled
-    every 50 ms, exit code, and the last line it wrote on stderr (its progress)."""
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have ended, theirs
+    included."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(cmd: list[str]) -> tuple[float, float, float, float, int, str]:
+    """Wall seconds, CPU seconds (the command's and its children's), peak RSS (MB) of the
+    command's own process and of it with its children (their unique pages: a command may
+    parse in a pool of forked processes), both sampled every 50 ms, exit code, and the last
+    line it wrote on stderr (its progress)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryFile("w+") as err:
+        cpu0 = _children_cpu()
         t0 = time.perf_counter()
         proc = psutil.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
         own = tree = 0.0
@@ -122,9 +133,10 @@ def timed(cmd: list[str]) -> tuple[float, float, float, int, str]:
                 pass  # a member ended between the listing and the reading
             time.sleep(0.05)
         wall = time.perf_counter() - t0
+        cpu = _children_cpu() - cpu0
         err.seek(0)
         lines = err.read().strip().splitlines()
-    return wall, own, max(tree, own), proc.returncode, lines[-1] if lines else ""
+    return wall, cpu, own, max(tree, own), proc.returncode, lines[-1] if lines else ""
 
 
 def main() -> int:
@@ -156,10 +168,10 @@ def main() -> int:
             "compare": [*py, "compare", str(files[0]), str(files[1]), "--fail-on-regression", "5"],
         }
         for name, cmd in commands.items():
-            wall, own, tree, code, last = timed(cmd)
-            print(f"  {name:8s} {wall:7.1f} s  peak RSS {tree:7,.0f} MB (all its processes; "
-                  f"the command's own {own:,.0f} MB)  exit {code}  (stderr's last line: "
-                  f"{last[:60]!r})", flush=True)  # fmt: skip
+            wall, cpu, own, tree, code, last = timed(cmd)
+            print(f"  {name:8s} {wall:7.1f} s  CPU {cpu:6.1f} s  peak RSS {tree:7,.0f} MB "
+                  f"(all its processes; the command's own {own:,.0f} MB)  exit {code}  "
+                  f"(stderr's last line: {last[:60]!r})", flush=True)  # fmt: skip
     print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")
     return 0
 

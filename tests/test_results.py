@@ -8,9 +8,11 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import loadlab.results as results_module
+from loadlab._analysis import columns
 from loadlab._analysis.summary import summarize
 from loadlab.cli import main
 from loadlab.errors import ResultsError
@@ -119,3 +121,92 @@ def test_records_of_a_file_are_read_only_views(tmp_path: Path) -> None:
     assert len(read.records) == 30 and read.records[-1] == run.records[-1]
     assert read.records[2:4] == run.records[2:4]
     assert isinstance(RequestRecord.from_dict(read.records[0].to_dict()), RequestRecord)
+
+
+def _every_field_set(i: int) -> RequestRecord:
+    """A record whose every field holds something other than its default."""
+    return RequestRecord(
+        request_id=f"r{i}", outcome="stream_error", session_id=f"s{i}", turn=2, request_class="chat",
+        worker=3, endpoint="vendorA", intended_ns=90, sent_ns=100, headers_ns=150,
+        chunk_ns=[200, 260, 330], chunk_tokens=[1, 3, 2], end_ns=400, http_status=500,
+        error='broke: "quoted" \\ \u00e9\u4e2d', prompt_tokens_requested=12, prompt_tokens=11,
+        cached_prompt_tokens=4, shared_prefix_tokens=8, max_tokens=64, output_tokens=6,
+        output_tokens_source="usage", output_tokens_chunks=3, output_tokens_disagree=True,
+        finish_reason="length", late=True, response_id=f"chatcmpl-{i}", answer_ns=260,
+        reasoning_chunks=1, reasoning_start_ns=200, reasoning_end_ns=200, reasoning_tokens=2,
+        tool_call_chunks=1, tool_calls=1, inputs=2, images=1, image_pixels=4096,
+        audio_clips=1, audio_ms=1500, streamed=False, host="node-b",
+        server={"kv_transfer_bytes": 4096, "echo": [{"x": 1.5}, None, "\u00e9"], "ok": True},
+    )  # fmt: skip
+
+
+def _parts(raw: bytes) -> tuple[columns.Part, columns.Part]:
+    """``raw``'s records decoded into their types, and read as JSON then checked."""
+    cut, lists = columns._cut(raw)
+    typed = columns._typed_part(cut, lists)
+    assert typed is not None
+    return typed, columns.Part(*columns._parse(cut, lists))
+
+
+def test_typed_and_json_reads_of_records_give_the_same_columns() -> None:
+    """Every field at a value of its own (text, None-able numbers, server data, the answer's
+    and reasoning's fields) and at its default: decoded straight into the record's types,
+    the columns equal those of the JSON read, and the records come back as written."""
+    records = [_every_field_set(i) if i % 3 else r for i, r in enumerate(varied_records(60))]
+    assert {f for f in columns._FIELDS if getattr(records[1], f) == columns._DEFAULTS[f]} == set()
+    raw = b",".join(json.dumps(r.to_dict(), separators=(",", ":")).encode() for r in records)
+    typed, read = _parts(raw)
+    assert typed.n == read.n == len(records)
+    for name in ("ints", "codes", "text", "lists"):
+        mine, theirs = getattr(typed, name), getattr(read, name)
+        assert mine.keys() == theirs.keys(), name
+        for f in mine:
+            for a, b in zip(mine[f], theirs[f], strict=True):
+                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, (name, f)
+    assert typed.server == read.server and typed.server[1]["echo"] == [{"x": 1.5}, None, "é"]
+    back = columns.RecordColumns.from_dicts([raw])
+    assert list(columns.RecordView(back)) == records
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"turn": True},  # a bool is not an int
+        {"late": 1},  # nor an int a bool
+        {"sent_ns": 1.0},
+        {"shiny": 1},  # a field no record has
+        {"sent_ns": 2**63},  # past int64
+        {"sent_ns": 10**30},
+        {"server": None},
+    ],
+)
+def test_what_the_typed_read_refuses_goes_the_way_of_json(change: dict[str, object]) -> None:
+    """A record the typed decode refuses is left to the JSON read, which names it."""
+    records = [r.to_dict() for r in varied_records(5)]
+    records[2].update(change)
+    raw = b",".join(json.dumps(r, separators=(",", ":")).encode() for r in records)
+    assert columns._typed_part(*columns._cut(raw)) is None
+    with pytest.raises((ValueError, columns.Unparsed)) as caught:
+        columns.part_of(raw)
+    said = str(caught.value)
+    assert caught.type is columns.Unparsed or said.startswith(("record 'r2'", "unknown record"))
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"turn": True}, "record 'r7': field 'turn' must be int, got True"),
+        ({"late": 1}, "record 'r7': field 'late' must be bool, got 1"),
+        ({"shiny": 1}, "unknown record fields ['shiny']"),
+    ],
+)
+def test_a_bad_record_read_in_pieces_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: dict[str, object], why: str
+) -> None:
+    """A record of the wrong type among records read a piece at a time is named, with its
+    field (not its neighbour's chunk lists, read apart from the rest)."""
+    monkeypatch.setattr(results_module, "_PIECE", 4096)
+    path = _file_with(tmp_path, change)
+    with pytest.raises(ResultsError) as caught:
+        read_results(path)
+    assert f"bad record: {why}" in str(caught.value)

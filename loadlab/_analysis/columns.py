@@ -30,6 +30,7 @@ from itertools import chain, repeat
 from operator import attrgetter, itemgetter
 from typing import Any, overload
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -406,11 +407,15 @@ def _values(batch: Sequence[Any]) -> dict[str, list[Any]]:
 
 
 def _check_types(
-    batch: Sequence[Any], values: Mapping[str, list[Any]], keys_known: bool = False
+    batch: Sequence[Any],
+    values: Mapping[str, list[Any]],
+    keys_known: bool = False,
+    lists: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> None:
     """Each value of the JSON type its field takes (what ``RequestRecord.from_dict`` checks,
     a batch at a time); on any doubt the per-record check names the record and the field.
-    ``keys_known``: every record holds exactly the fields ``to_dict`` writes."""
+    ``keys_known``: every record holds exactly the fields ``to_dict`` writes; ``lists``: the
+    chunk lists read apart (``_cut``), put back into each record that is checked."""
     ok = keys_known or (
         set(map(type, batch)) <= {dict}
         and set(chain.from_iterable(batch)) <= set(_FIELDS)
@@ -419,8 +424,12 @@ def _check_types(
     ok = ok and all(set(map(type, values[f])) <= _TYPES[f] for f in _FIELDS)
     ok = ok and all(set(map(type, chain.from_iterable(values[f]))) <= {int} for f in _LISTS)
     if not ok:
-        for d in batch:
-            RequestRecord.from_dict(d)  # raises naming the record and the field
+        split = {
+            f: np.split(vals, np.cumsum(lens)[:-1]) for f, (lens, vals) in (lists or {}).items()
+        }
+        for i, d in enumerate(batch):
+            # raises naming the record and the field
+            RequestRecord.from_dict({**d, **{f: split[f][i].tolist() for f in split}})
         raise ValueError("a record is not valid")
 
 
@@ -428,7 +437,7 @@ class Unparsed(Exception):
     """Bytes given as records are not a list of JSON records (a cut in the wrong place)."""
 
 
-# Written by ``to_dict``: the two chunk lists side by side, of plain digits. ``_parse`` cuts
+# Written by ``to_dict``: the two chunk lists side by side, of plain digits. ``_cut`` cuts
 # them out and reads them with numpy (which stops a number past int64 at its largest: such a
 # window goes the way of JSON, which names it); JSON parses the rest.
 _LIST_PAIR = re.compile(rb'"chunk_ns":\[([0-9,]*)\],"chunk_tokens":\[([0-9,]*)\]')
@@ -438,18 +447,73 @@ _RECORD_START = b'{"request_id":'
 _WRITTEN = tuple(f for f in _FIELDS if f not in LEFT_OUT_AT_DEFAULT)  # fields always written
 
 
-def _parse(
-    raw: bytes,
-) -> tuple[dict[str, list[Any]], dict[str, tuple[np.ndarray, np.ndarray]] | None]:
-    """The field values of the records in ``raw`` (``{...},{...}``), type-checked, and their
-    chunk lists as (lengths, values) arrays when every record has its pair as loadlab writes
-    it (else None: the lists are among the values)."""
+def _cut(raw: bytes) -> tuple[bytes, dict[str, tuple[np.ndarray, np.ndarray]] | None]:
+    """``raw`` with each record's chunk-list pair put back as ``_PLACEHOLDER``, and the lists
+    as (lengths, values) arrays, when every record has its pair as loadlab writes it (else
+    ``raw`` as given and None: the lists are left for JSON)."""
     parts = _LIST_PAIR.split(raw)
     pairs = (len(parts) - 1) // 3
-    lists = None
-    if pairs and pairs == raw.count(_RECORD_START):
-        raw = _PLACEHOLDER.join(parts[0::3])
-        lists = {f: _numbers(parts[1 + k :: 3]) for k, f in enumerate(_LISTS)}
+    if not pairs or pairs != raw.count(_RECORD_START):
+        return raw, None
+    return _PLACEHOLDER.join(parts[0::3]), {
+        f: _numbers(parts[1 + k :: 3]) for k, f in enumerate(_LISTS)
+    }
+
+
+def _record_struct() -> type[msgspec.Struct]:
+    """A record as its JSON types (``_TYPES``; a bool is not an int, an int not a bool), each
+    field left out holding its default; the chunk lists as their placeholder's 0 (-1: none)."""
+    kinds: dict[type, Any] = {int: int, bool: bool, str: str, dict: dict[str, Any]}
+    fields: list[Any] = []
+    for f in _FIELDS:
+        if f in _LISTS:
+            fields.append((f, int, -1))
+            continue
+        (kind,) = _TYPES[f] - {type(None)}
+        t = kinds[kind] | None if type(None) in _TYPES[f] else kinds[kind]
+        if f in ("request_id", "outcome"):  # what ``RequestRecord.from_dict`` requires
+            fields.append((f, t))
+        else:
+            default = _DEFAULTS[f]
+            fields.append((f, t, msgspec.field(default_factory=dict) if f == "server" else default))
+    # gc=False: a batch's records are never in a cycle, and the collector need not walk them
+    return msgspec.defstruct("_Record", fields, kw_only=True, forbid_unknown_fields=True, gc=False)
+
+
+_DECODE_RECORDS = msgspec.json.Decoder(list[_record_struct()])  # type: ignore[misc]
+
+
+def _typed_part(
+    raw: bytes, lists: Mapping[str, tuple[np.ndarray, np.ndarray]] | None
+) -> Part | None:
+    """The records of ``raw`` (chunk lists cut out: ``_cut``) decoded straight into their
+    JSON types, as a ``Part``; None on anything it refuses (a type, a field, a number past
+    int64, bytes that are not records): ``_parse`` then reads them and names the problem."""
+    if lists is None:
+        return None
+    try:
+        records = _DECODE_RECORDS.decode(b"[" + raw + b"]")
+    except msgspec.MsgspecError:
+        return None
+    if lists["chunk_ns"][0].size != len(records):
+        return None
+    values = {f: list(map(attrgetter(f), records)) for f in _FIELDS}
+    del records
+    if any(set(values[f]) != {0} for f in _LISTS):
+        return None
+    for f in _LISTS:
+        values[f] = [[]] * len(values[f])
+    try:
+        return Part(values, lists)
+    except ValueError:  # a number past int64
+        return None
+
+
+def _parse(
+    raw: bytes, lists: dict[str, tuple[np.ndarray, np.ndarray]] | None
+) -> tuple[dict[str, list[Any]], dict[str, tuple[np.ndarray, np.ndarray]] | None]:
+    """The field values of the records in ``raw`` (``{...},{...}``, cut by ``_cut``),
+    type-checked, and ``lists`` (None: the lists are among the values)."""
     try:
         batch = orjson.loads(b"[" + raw + b"]")
     except orjson.JSONDecodeError:
@@ -476,7 +540,7 @@ def _parse(
         raise Unparsed  # a record's pair was not where its placeholder is
     for f in _LISTS:
         values[f] = [[]] * len(batch)  # read into ``lists``; the type check sees lists
-    _check_types(batch, values, keys_known=written)
+    _check_types(batch, values, keys_known=written, lists=lists)
     return values, lists
 
 
@@ -497,7 +561,8 @@ def _numbers(groups: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 def part_of(batch: Sequence[Any] | bytes) -> Part:
     """One batch of records (parsed, or their bytes) as checked columns (``from_dicts``)."""
     if isinstance(batch, bytes):
-        part = Part(*_parse(batch))
+        raw, lists = _cut(batch)
+        part = _typed_part(raw, lists) or Part(*_parse(raw, lists))
         part.nbytes = len(batch)
         return part
     values = _values(batch)
@@ -701,6 +766,8 @@ class _Builder:
 def _ints(values: list[Any]) -> np.ndarray:
     """int64 [n] of ints, bools and Nones (NONE); ``ValueError`` past int64's range."""
     if None in values:
+        if values.count(None) == len(values):  # a field no record holds (most runs' many)
+            return np.full(len(values), NONE, dtype=np.int64)
         values = [NONE if v is None else v for v in values]
     try:
         return np.array(values, dtype=np.int64)

@@ -210,30 +210,40 @@ class _Resampler:
         return w
 
     def quantile(
-        self, values: np.ndarray, cluster: np.ndarray, q: float, key: str, alpha: float
+        self,
+        values: np.ndarray,
+        cluster: np.ndarray,
+        q: float,
+        key: str,
+        alpha: float,
+        ranked: np.ndarray | None = None,
     ) -> np.ndarray:
         """``n_boot`` replicates of the q-quantile of ``values`` (``cluster``: each value's
         request): resampling every request while ``n_boot`` x requests stays under
         ``EXACT_CELLS``, else from the law of the order statistics (one run, one value a
         request: ``_order_statistic_quantile``) or the Poisson bootstrap of
         ``_poisson_quantile`` (``key``, the row, seeds their draws; ``alpha``, its level,
-        says how close a normal law must be)."""
+        says how close a normal law must be). ``ranked``: ``values`` sorted, when they are
+        already (every rank is read off it)."""
         if self.n_boot * self.k <= EXACT_CELLS:
             return _boot_quantile(values, cluster, q, self)
         rng_seed = [*self.seed, *key.encode()]
+        ranked = np.sort(values) if ranked is None else ranked
         if len(self.sizes) == 1 and not (cluster[1:] <= cluster[:-1]).any():  # one value each
             rng = np.random.default_rng(rng_seed)
-            return _order_statistic_quantile(values, q, self.k, self.n_boot, rng)
+            return _order_statistic_quantile(values, q, self.k, self.n_boot, rng, ranked)
         run_of = np.repeat(np.arange(len(self.sizes)), self.sizes)
         if self._sizes is None or self._sizes[0] is not cluster:  # one metric's two rows: once
             self._sizes = (cluster, _tally(cluster, None, self.k))
         sizes = self._sizes[1]
         if len(self.sizes) == 1:
             rng = np.random.default_rng(rng_seed)
-            drawn = _normal_rank_quantile(values, cluster, q, sizes, self.n_boot, rng, alpha)
+            drawn = _normal_rank_quantile(
+                values, cluster, q, sizes, self.n_boot, rng, alpha, ranked
+            )
             if drawn is not None:
                 return drawn
-        return _poisson_quantile(values, cluster, q, run_of, self.n_boot, rng_seed, sizes)
+        return _poisson_quantile(values, cluster, q, run_of, self.n_boot, rng_seed, sizes, ranked)
 
     def _two_level(self, m: int, rng: np.random.Generator) -> np.ndarray:
         runs = _boot_weights(len(self.sizes), m, rng)  # [m, runs]: how often each run is drawn
@@ -284,11 +294,16 @@ def _boot_quantile(
 
 
 def _order_statistic_quantile(
-    values: np.ndarray, q: float, k: int, n_boot: int, rng: np.random.Generator
+    values: np.ndarray,
+    q: float,
+    k: int,
+    n_boot: int,
+    rng: np.random.Generator,
+    ranked: np.ndarray | None = None,
 ) -> np.ndarray:
     """``n_boot`` replicates of the q-quantile of one run's ``values`` (at most one per
-    request, ``k`` requests) drawn from the bootstrap's exact law, in O(``n_boot``) after
-    one partial sort, not O(``n_boot`` x ``k``).
+    request, ``k`` requests) drawn from the bootstrap's exact law, in O(``n_boot``) once
+    they are sorted (``ranked``: sorted already), not O(``n_boot`` x ``k``).
 
     The bootstrap draws ``k`` requests with replacement; ``T`` of them hold a value,
     ``T ~ Binomial(k, m / k)`` for ``m`` values, and those are ``T`` draws with replacement
@@ -306,9 +321,8 @@ def _order_statistic_quantile(
     rank = np.maximum(np.ceil(q * total), 1)  # the same float product as the weighted target
     idx = np.ceil(m * rng.beta(rank, total - rank + 1)).astype(np.int64) - 1
     idx = np.clip(idx, 0, m - 1)
-    lo, hi = int(idx.min()), int(idx.max())
-    ranked = np.sort(np.partition(values, [lo, hi])[lo : hi + 1])  # the ranks [lo, hi]
-    return ranked[idx - lo].astype(float)
+    ranked = np.sort(values) if ranked is None else ranked
+    return ranked[idx].astype(float)
 
 
 NORMAL_RANK_MIN_SD = 100  # ranks: a smaller spread is drawn by the Poisson bootstrap
@@ -332,10 +346,12 @@ def _normal_rank_quantile(
     n_boot: int,
     rng: np.random.Generator,
     alpha: float,
+    ranked: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """``n_boot`` replicates of the q-quantile of one run's ``values``, several a request
     (ITL: a stream's gaps; ``sizes``: each request's count), from the normal law of the
     replicate's rank; None where that law is not close enough (the Poisson bootstrap then).
+    ``ranked``: ``values`` sorted, when they are already.
 
     A replicate weights request ``c`` by ``w_c`` (multinomial) and its quantile is the first
     rank ``i`` whose weighted count reaches ``q`` of the weighted total. At the point
@@ -354,8 +370,9 @@ def _normal_rank_quantile(
     under that too. The Monte-Carlo noise of a 2,000-replicate tail quantile is over ten
     times more."""
     n, k = values.size, sizes.size
+    ranked = np.sort(values) if ranked is None else ranked
     r = min(max(int(np.ceil(q * n)) - 1, 0), n - 1)
-    at_r = np.partition(values, r)[r]
+    at_r = ranked[r]
     d = _tally(cluster, values < at_r, k) - q * sizes
     total = float(d.sum())
     var = float(np.dot(d, d)) - total * total / k
@@ -369,15 +386,12 @@ def _normal_rank_quantile(
     idx = np.clip(r - 1 + np.ceil(-g).astype(np.int64), 0, n - 1)  # G + j reaches 0 at j
     z = NormalDist().inv_cdf(1 - alpha / 2)
     span = int(4 * sd) + 1
-    lo, hi = max(0, min(int(idx.min()), r - span)), min(n - 1, max(int(idx.max()), r + span))
-    part = np.partition(values, [lo, hi]) if hi > lo else np.partition(values, lo)
-    ranked = np.sort(part[lo : hi + 1])
-    inside = (values >= ranked[max(r - span - lo, 0)]) & (values <= ranked[min(r + span, hi) - lo])
+    inside = (values >= ranked[max(r - span, 0)]) & (values <= ranked[min(r + span, n - 1)])
     m = np.bincount(cluster[inside])
     rho = float(np.dot(m, m)) / max(int(m.sum()), 1)
     if 0.4 * rho / sd * z > NORMAL_ERROR:  # the spread widens by 0.4 rho / sd of itself
         return None
-    return ranked[idx - lo].astype(float)
+    return ranked[idx].astype(float)
 
 
 def _poisson_quantile(
@@ -388,6 +402,7 @@ def _poisson_quantile(
     n_boot: int,
     seed: Sequence[int],
     sizes: np.ndarray | None = None,
+    ranked: np.ndarray | None = None,
 ) -> np.ndarray:
     """``n_boot`` replicates of the q-quantile by the Poisson bootstrap, for setups too large
     to draw a weight for every request of every replicate (a million requests x 2,000).
@@ -401,11 +416,13 @@ def _poisson_quantile(
     values below the window and its size, so the requests alike in (run, values below, size)
     are drawn together, as the sum of their Poisson weights, itself Poisson. Exact for the
     Poisson bootstrap; a replicate that falls outside the window makes the window wider.
-    ``sizes``: each cluster's values, when known (the rows of one metric share them)."""
+    ``sizes``: each cluster's values, when known (the rows of one metric share them);
+    ``ranked``: ``values`` sorted, when they are already."""
     n, k = values.size, int(run_of.size)
     sizes = _tally(cluster, None, k) if sizes is None else sizes
+    ranked = np.sort(values) if ranked is None else ranked
     r0 = min(int(q * n), n - 1)
-    at_r0 = np.partition(values, r0)[r0]  # no sort of them all: ranks from value thresholds
+    at_r0 = ranked[r0]
     sd = float(np.sqrt(np.sum((_tally(cluster, values < at_r0, k) - q * sizes) ** 2)))
     half = max(64, int(6 * sd) + 1)
     runs = int(run_of.max()) + 1 if k else 1
@@ -416,7 +433,7 @@ def _poisson_quantile(
             if runs > 1
             else np.ones((n_boot, 1))
         )  # [B, runs]: how often each replicate drew each run
-        v, c, lo, hi = _window(values, cluster, r0 - half, r0 + half)  # the ranks [lo, hi)
+        v, c, lo, hi = _window(values, cluster, ranked, r0 - half, r0 + half)  # ranks [lo, hi)
         near = np.unique(c)  # requests with a value in the window
         at = np.searchsorted(near, c)  # each window value's request, among ``near``
         below = _tally(cluster, values < v[0], k)
@@ -467,15 +484,15 @@ def _tally(cluster: np.ndarray, keep: np.ndarray | None, k: int) -> np.ndarray:
 
 
 def _window(
-    values: np.ndarray, cluster: np.ndarray, lo: int, hi: int
+    values: np.ndarray, cluster: np.ndarray, ranked: np.ndarray, lo: int, hi: int
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """The values of ranks about [lo, hi) in order, with their clusters, and the ranks they
-    span: widened to whole runs of equal values (which of them has which rank does not move
-    a replicate's quantile: the crossing falls in their run, whatever its order)."""
+    """The values of ranks about [lo, hi) in order (``ranked``: all of them sorted), with
+    their clusters, and the ranks they span: widened to whole runs of equal values (which of
+    them has which rank does not move a replicate's quantile: the crossing falls in their
+    run, whatever its order)."""
     n = values.size
     lo, hi = max(0, lo), min(n, hi)
-    bounds = np.partition(values, [lo, hi - 1])
-    low, high = bounds[lo], bounds[hi - 1]
+    low, high = ranked[lo], ranked[hi - 1]
     inside = np.flatnonzero((values >= low) & (values <= high))
     order = np.argsort(values[inside], kind="stable")
     lo = int(np.count_nonzero(values < low))
@@ -645,21 +662,31 @@ def _latency_rows(
     metric: str,
     alpha: float,
 ) -> list[MetricChange]:
-    """The ``PERCENTILES`` rows of one latency metric (its samples drawn once for both)."""
+    """The ``PERCENTILES`` rows of one latency metric (its samples drawn once for both, and
+    sorted once: each percentile and each rank a bootstrap reads is read off them)."""
     samples = [_latency_samples(runs, metric) for runs in setups]
     n = [int(v.size) for v, _ in samples]
+    point: list[list[float | None]] = []  # [setup][percentile]
+    drawn: list[list[np.ndarray | None]] = []
+    for (v, c), res in zip(samples, resamplers, strict=True):
+        ranked = np.sort(v)  # one setup's at a time: a million streams' gaps are 120 MB
+        point.append([metrics.percentile(ranked, q) for q in PERCENTILES])
+        drawn.append(
+            [
+                (
+                    res.quantile(v, c, q / 100, f"{metric}.p{q:g}", alpha, ranked)
+                    if v.size * min(q, 100 - q) / 100 >= MIN_TAIL_SAMPLES
+                    else None
+                )
+                for q in PERCENTILES
+            ]
+        )
+        del ranked
     rows = []
-    for q in PERCENTILES:
-        values = [metrics.percentile(v, q) for v, _ in samples]
+    for j, q in enumerate(PERCENTILES):
+        values = [p[j] for p in point]
         tail = min(q, 100 - q) / 100
-        boots = [
-            (
-                res.quantile(v, c, q / 100, f"{metric}.p{q:g}", alpha)
-                if v.size * tail >= MIN_TAIL_SAMPLES
-                else None
-            )
-            for (v, c), res in zip(samples, resamplers, strict=True)
-        ]
+        boots = [d[j] for d in drawn]
         note = ""
         if any(b is None for b in boots):
             need = int(np.ceil(MIN_TAIL_SAMPLES / tail))
