@@ -7,7 +7,8 @@ Runs alternate direct, proxy, proxy, direct (``--rounds`` times) so a machine wh
 drifts affects both alike. Timing figures: run it alone on the machine (the load average is
 printed before and after). The proxy's own CPU time per streamed token (user + system over its
 runs, request handling included) is printed too: a busy machine changes it far less than the
-latencies.
+latencies; the trace writer's (a process of its own, at a lower priority) is printed beside it,
+and the proxy's summary line says whether the writer kept up (no trace line lost).
 
     python3 benchmarks/record_proxy.py --streams 64,256 --requests-per-stream 10 --rounds 2
 """
@@ -70,6 +71,8 @@ def main() -> int:
         via = proxy.stdout.readline().split()[1]
         cpu_s = {}  # streams -> the proxy's CPU seconds over its runs
         proc = psutil.Process(proxy.pid)
+        (writer,) = proc.children()  # the trace writer: its CPU is not the proxy's
+        writer_s = {}
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 for streams in map(int, args.streams.split(",")):
@@ -78,16 +81,20 @@ def main() -> int:
                         order = ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct")
                         for how in order:
                             before = sum(proc.cpu_times()[:2])
+                            before_w = sum(writer.cpu_times()[:2])
                             fig = _run(url if how == "direct" else via, streams, n,
                                        Path(tmp) / f"{how}-{streams}-{rnd}.json")  # fmt: skip
                             if how == "proxy":
                                 spent = sum(proc.cpu_times()[:2]) - before
                                 cpu_s[streams] = cpu_s.get(streams, 0.0) + spent
+                                spent_w = sum(writer.cpu_times()[:2]) - before_w
+                                writer_s[streams] = writer_s.get(streams, 0.0) + spent_w
                             rows.append({"streams": streams, "round": rnd, "how": how, **fig})
                             print(json.dumps(rows[-1]), flush=True)
         finally:
             proxy.send_signal(signal.SIGTERM)
-            proxy.communicate(timeout=30)
+            _, err = proxy.communicate(timeout=30)
+    print(err.strip().splitlines()[-1] if err.strip() else "(the proxy printed no summary)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print("\nstreams  via     TTFT p50  TTFT p99  ITL p50  ITL p99   (ms, mean of rounds)")
     worst = 0.0
@@ -107,7 +114,8 @@ def main() -> int:
         tokens = streams * args.requests_per_stream * args.rounds * args.tokens
         print(f"{streams:>7}  cost    {d['ttft_p50']:+8.2f}  {d['ttft_p99']:+8.2f}  "
               f"{d['itl_p50']:+7.2f}  {d['itl_p99']:+7.2f}   proxy CPU "
-              f"{1e6 * cpu_s[streams] / tokens:.1f} us/token")  # fmt: skip
+              f"{1e6 * cpu_s[streams] / tokens:.1f} us/token (trace writer "
+              f"{1e6 * writer_s[streams] / tokens:.1f})")  # fmt: skip
     verdict = "within" if worst <= 1.0 else "NOT within"
     print(f"\nproxy cost at p99: {verdict} 1 ms (worst {worst:+.2f} ms); a busy machine inflates "
           "this figure: run it alone")  # fmt: skip

@@ -80,39 +80,31 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out} exists; give another path or --force")
     if args.out.is_dir() or not args.out.parent.is_dir():
         raise ConfigError(f"--out {args.out}: not a file in an existing folder")
-    tokenize = None
-    if args.tokenizer:
-        from loadlab.workloads._tokenizers import load_tokenizer
-
-        tok = load_tokenizer(args.tokenizer)
-        tokenize = tok.encode
     from loadlab._runner.runner import run_async  # uvloop where installed
 
-    return run_async(_serve(args, host, port, upstream, tokenize))
+    return run_async(_serve(args, host, port, upstream))
 
 
-async def _serve(args: argparse.Namespace, host: str, port: int, upstream: str, tokenize) -> int:  # type: ignore[no-untyped-def]
+async def _serve(args: argparse.Namespace, host: str, port: int, upstream: str) -> int:
     from loadlab._headers import public_url
+    from loadlab._record.handoff import TraceChild
     from loadlab._record.proxy import RecordingProxy
-    from loadlab._record.tracefile import TraceWriter
 
     header = {
-        "unit": "tokens" if tokenize else "chars",
+        "unit": "tokens" if args.tokenizer else "chars",
         "block": args.block,
         "asked_usage": not args.no_ask_usage,
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    writer = TraceWriter(args.out, header)
-    proxy = RecordingProxy(
-        upstream, writer, block=args.block, tokenize=tokenize, ask_usage=not args.no_ask_usage
-    )
+    tracer = TraceChild(args.out, header, block=args.block, tokenizer=args.tokenizer)
+    proxy = RecordingProxy(upstream, tracer, ask_usage=not args.no_ask_usage)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        bound = await proxy.start(host, port)
+        bound = await proxy.start(host, port)  # ConfigError: the trace writer cannot start
     except OSError as exc:
         raise ConfigError(f"--listen {host}:{port}: cannot listen ({exc.strerror})") from None
     # what start-up made (modules, the event loop) lives as long as the process: moved out of
@@ -125,10 +117,11 @@ async def _serve(args: argparse.Namespace, host: str, port: int, upstream: str, 
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(stop.wait(), args.duration)
     await proxy.stop()
-    lost = writer.dropped + writer.failed
+    lost = tracer.lost
     print(
-        f"recorded {writer.written} request(s) to {args.out}"
-        + (f"; {lost} trace line(s) lost ({writer.last_error or 'queue full'})" if lost else "")
+        f"recorded {tracer.written} request(s) to {args.out}"
+        + (f"; {lost} trace line(s) lost ({tracer.why()})" if lost else "")
+        + (f"; the trace is incomplete: its writer {tracer.died}" if tracer.died else "")
         + (
             f"; upstream unreachable {proxy.upstream_failures} time(s)"
             if proxy.upstream_failures
@@ -137,4 +130,4 @@ async def _serve(args: argparse.Namespace, host: str, port: int, upstream: str, 
         file=sys.stderr,
         flush=True,
     )
-    return 1 if lost else 0
+    return 1 if lost or tracer.died else 0

@@ -17,7 +17,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from loadlab._record.relay import (
     ChunkDecoder,
@@ -186,7 +186,7 @@ class Exchange:
         self.req = req
         self.request_bytes = request_bytes
         self.api = api
-        self.traced: dict[str, Any] | None = None
+        self.traced = False  # a JSON object to an API the trace knows: its line is due
         self.watch: StreamWatch | None = None
         self.up: UpstreamConn | None = None
         self.reused = False

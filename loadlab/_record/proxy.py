@@ -10,9 +10,11 @@ buffered but what the client's socket has not taken yet (past 64 KiB the proxy s
 the upstream until it drains) and, when the proxy asked for usage itself, a partial SSE event
 (then the proxy sends the body in chunks of its own, that one event taken out). Per traced
 request (OpenAI chat, completions, Responses and Anthropic messages; other paths pass through
-untraced) one trace line goes to a bounded queue that a writer task empties: a write that fails
-is counted and said once, and the traffic goes on. The request's shape (``RequestShape``: block
-hashes, the tokenizer's counts) is read when its answer has ended, never on its way upstream.
+untraced), once its answer has ended, the request's body as it came, its times and what its
+stream's watch counted go in one pipe write to the trace writer's process
+(``loadlab._record.handoff``), which reads its shape (``RequestShape``: block hashes, the
+tokenizer's counts) and writes its line; this loop never reads a shape or writes a line. A
+writer that falls behind or dies costs trace lines (counted and said), never traffic.
 
 The proxy answers 502 only when the upstream could not be reached, or closed or timed out
 before its answer's head; an upstream answer, error statuses included, is passed on as it came.
@@ -20,7 +22,8 @@ An upstream that breaks off mid-answer closes the client's connection at the sam
 
 Example::
 
-    proxy = RecordingProxy("http://127.0.0.1:8000", TraceWriter(Path("trace.jsonl"), ...))
+    tracer = TraceChild(Path("trace.jsonl"), {"unit": "chars", "block": 16})
+    proxy = RecordingProxy("http://127.0.0.1:8000", tracer)
     await proxy.start("127.0.0.1", 9000)
     ...
     await proxy.stop()
@@ -29,21 +32,18 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
 import ssl
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
 from loadlab._record.exchange import Client, Exchange, UpstreamConn
+from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.relay import Request, Upstream, upstream_request
-from loadlab._record.shape import RequestShape, Tokenize
 from loadlab._record.stream import StreamWatch
-from loadlab._record.tracefile import TraceWriter
 
 __all__ = ["API_PATHS", "RecordingProxy", "api_of"]
 
@@ -71,47 +71,24 @@ def api_of(path: str) -> str | None:
     return API_PATHS.get(path)
 
 
-CONTINUATIONS_KEPT = 200_000  # conversations remembered to find a request's previous turn
 IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
 STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
-TRACE_SLICE_NS = 200_000  # trace lines written per turn of the event loop, in time
-TRACE_DUE_MAX = 4096  # answers waiting for their trace line (each holds its request's JSON)
-
-
-class _Turn(NamedTuple):
-    """A conversation's last request, remembered to find its next turn. A tuple of ints: the
-    collector stops tracking it, so a full collection never walks the remembered turns."""
-
-    line_id: int  # its trace line's ``id``
-    session: int
-    turn: int
-    end_ns: int
 
 
 class RecordingProxy:
     def __init__(
         self,
         upstream: str,
-        writer: TraceWriter,
+        tracer: TraceChild,
         *,
-        salt: bytes | None = None,
-        block: int = 16,
-        tokenize: Tokenize | None = None,
         ask_usage: bool = True,
         timeout_s: float = 600.0,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self._up = Upstream.of(self.upstream)
-        self.writer = writer
-        self.salt = salt if salt is not None else os.urandom(32)  # never written anywhere
-        self.block = block
-        self.tokenize = tokenize
+        self.tracer = tracer
         self.ask_usage = ask_usage
         self.timeout_s = timeout_s
-        self._turns: OrderedDict[bytes, _Turn] = OrderedDict()
-        self._count = 0
-        self._sessions = 0
-        self._t0_ns: int | None = None
         self._server: asyncio.Server | None = None
         self._ssl = ssl.create_default_context() if self._up.tls else None
         self._idle: list[UpstreamConn] = []
@@ -120,15 +97,22 @@ class RecordingProxy:
         self.clients: set[Client] = set()
         self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._due: deque[tuple[Any, ...]] = deque()  # trace lines to write (_trace_due)
         self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
         self.upstream_failures = 0
 
     async def start(self, host: str, port: int) -> int:
-        """Starts listening; returns the port (a free one when ``port`` is 0)."""
+        """Listens, starts the trace writer (``ConfigError`` if it cannot start), then serves;
+        returns the port (a free one when ``port`` is 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Client(self), host, port, backlog=4096)
-        await self.writer.start()
+        self._server = await loop.create_server(
+            lambda: Client(self), host, port, backlog=4096, start_serving=False
+        )
+        try:
+            await self.tracer.start()
+        except BaseException:
+            self._server.close()
+            raise
+        await self._server.start_serving()
         self._spawn(self._watch_timeouts())
         return int(self._server.sockets[0].getsockname()[1]) if self._server.sockets else port
 
@@ -150,9 +134,7 @@ class RecordingProxy:
         self._idle.clear()
         for task in list(self._tasks):
             task.cancel()
-        while self._due:
-            self._trace(*self._due.popleft())
-        await self.writer.stop()
+        await self.tracer.stop()
 
     def exchange(self, client: Client, req: Request) -> Exchange:
         """A whole request from a client: send it upstream (its answer comes back in reads),
@@ -166,10 +148,11 @@ class RecordingProxy:
         self._active.add(ex)
         ex.sent_ns = time.perf_counter_ns()
         self._send(ex)
-        if api is not None:  # its shape is read after the answer
-            ex.traced = traced if read else _json_object(req.body)
-            if ex.traced is not None:
-                stream = bool(ex.traced.get("stream", False))
+        if api is not None:  # its shape is read by the trace writer, after the answer
+            obj = traced if read else _json_object(req.body)
+            if obj is not None:
+                ex.traced = True
+                stream = bool(obj.get("stream", False))
                 ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
         return ex
 
@@ -277,34 +260,23 @@ class RecordingProxy:
             watch.feed(payload, t_ns)
 
     def finished(self, ex: Exchange, outcome: str) -> None:
-        """An exchange has ended: its trace line is due, written when no read is waiting."""
+        """An exchange has ended: it goes to the trace writer's process for its line."""
         self.feed_all()  # what its watch has yet to read
         self._active.discard(ex)
         if outcome == "upstream_error":
             self.upstream_failures += 1
-        if ex.api is None or ex.traced is None:
+        if ex.api is None or not ex.traced:
             return
         if outcome == "ok" and ex.watch is not None and ex.watch.stream_error:
             outcome = "stream_error"
         status = ex.status if outcome != "upstream_error" else 0
         watch = ex.watch if outcome != "upstream_error" else None
-        due = (ex.api, ex.traced, ex.req.arrival_ns, ex.sent_ns, time.perf_counter_ns(), watch)
-        if len(self._due) >= TRACE_DUE_MAX:  # behind: catch up now rather than hold more
-            self._trace(*self._due.popleft())
-        self._due.append((*due, outcome, status))
-        if len(self._due) == 1:
-            asyncio.get_running_loop().call_soon(self._trace_due)
-
-    def _trace_due(self) -> None:
-        """Writes the trace lines due, for at most ``TRACE_SLICE_NS`` per turn of the event
-        loop: reading a request's shape costs tens of microseconds, and a burst of answers
-        that end together would otherwise hold up the requests and reads that follow them."""
-        until = time.perf_counter_ns() + TRACE_SLICE_NS
-        due = self._due
-        while due and time.perf_counter_ns() < until:
-            self._trace(*due.popleft())
-        if due:
-            asyncio.get_running_loop().call_soon(self._trace_due)
+        if self.tracer.accepts():
+            end_ns, req = time.perf_counter_ns(), ex.req
+            self.tracer.put(
+                request_frame(ex.api, req.body, req.arrival_ns, ex.sent_ns, end_ns, watch,
+                              outcome, status)
+            )  # fmt: skip
 
     def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
         """The body to send instead, asking for usage, for a stream that did not; else None."""
@@ -319,66 +291,6 @@ class RecordingProxy:
             return None
         return orjson.dumps(body | {"stream_options": {**(options or {}), "include_usage": True}})
 
-    def _trace(
-        self,
-        api: str,
-        body: dict[str, Any],
-        arrival_ns: int,
-        sent_ns: int,
-        end_ns: int,
-        watch: StreamWatch | None,
-        outcome: str,
-        status: int,
-    ) -> None:
-        """Writes one request's trace line, its shape read after its answer ended (``end_ns``;
-        no request waits for it); a body whose shape cannot be read is not traced."""
-        try:
-            shape = RequestShape.of(
-                api, body, salt=self.salt, block=self.block, tokenize=self.tokenize
-            )
-        except (TypeError, ValueError, AttributeError):
-            return
-        if self._t0_ns is None:
-            self._t0_ns = arrival_ns
-        index = self._count
-        self._count += 1
-        prev = self._continues(shape)
-        if prev is None:
-            session, turn, new_from = self._sessions, 0, 0
-            self._sessions += 1
-        else:
-            (j, before) = prev
-            session, turn, new_from = before.session, before.turn + 1, j
-        chain = shape.message_chain
-        if chain:
-            self._turns[chain[-1]] = _Turn(index, session, turn, end_ns)
-            self._turns.move_to_end(chain[-1])
-            while len(self._turns) > CONTINUATIONS_KEPT:
-                self._turns.popitem(last=False)
-        line = _line(shape, watch, outcome, status)
-        line.update(
-            id=index,
-            timestamp=round((arrival_ns - self._t0_ns) / 1e6, 3),
-            session=session,
-            turn=turn,
-            continues=None if prev is None else prev[1].line_id,
-            think_ms=None if prev is None else round((arrival_ns - prev[1].end_ns) / 1e6, 3),
-            new_length=_new_length(shape, new_from),
-            new_kind=_new_kind(shape, new_from),
-            proxy_ms=round((sent_ns - arrival_ns) / 1e6, 3),
-        )
-        line.update(_latencies(watch, sent_ns, end_ns))
-        self.writer.put(line)
-
-    def _continues(self, shape: RequestShape) -> tuple[int, _Turn] | None:
-        """The earlier request whose messages this one repeats and adds to (the longest)."""
-        chain = shape.message_chain
-        for j in range(len(chain) - 1, 0, -1):
-            found = self._turns.get(chain[j - 1])
-            if found is not None:
-                return j, found
-        return None
-
 
 def _asks_usage(body: bytes) -> bool:
     """The body asks for usage in its stream already (``"include_usage": true`` outside any
@@ -392,69 +304,3 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def _new_length(shape: RequestShape, start: int) -> int:
-    """What a request adds to the one it continues: its messages after the repeated ones, less
-    the earlier answer (the first assistant messages), in the trace's unit."""
-    lengths = shape.message_lengths[start:]
-    roles = shape.message_roles[start:]
-    i = 0
-    while start and i < len(roles) and roles[i] == "assistant":
-        i += 1
-    return sum(lengths[i:])
-
-
-def _new_kind(shape: RequestShape, start: int) -> str:
-    """``tool`` when what a request adds is tool results (an agent's next step), else ``user``."""
-    return "tool" if "tool" in shape.message_roles[start:] and start else "user"
-
-
-def _line(
-    shape: RequestShape, watch: StreamWatch | None, outcome: str, status: int
-) -> dict[str, Any]:
-    usage = watch.usage if watch is not None else None
-    return {
-        "input_length": usage.prompt_tokens if usage and usage.prompt_tokens is not None else None,
-        "output_length": usage.output_tokens if usage and usage.output_tokens is not None else None,
-        "hash_ids": shape.hash_ids,
-        "api": shape.api,
-        "model": shape.model,
-        "stream": shape.stream,
-        "max_tokens": shape.max_tokens,
-        "params": shape.params,
-        "status": status,
-        "outcome": outcome,
-        "cached_tokens": usage.cached_tokens if usage else None,
-        "reasoning_tokens": usage.reasoning_tokens if usage else None,
-        "prompt_length": shape.prompt_length,
-        "messages": shape.roles,
-        "tools": shape.tools,
-        "tools_length": shape.tools_length,
-        "tool_calls": shape.tool_calls,
-        "images": shape.images,
-        "images_unsized": shape.images_unsized,
-        "reply_length": watch.reply_chars if watch else 0,
-        "answer_tool_call": watch.called_tool if watch else False,
-        "tool_choice": shape.tool_choice,
-        "chunks": len(watch.token_times_ns) if watch else 0,
-    }
-
-
-def _latencies(watch: StreamWatch | None, sent_ns: int, end_ns: int) -> dict[str, Any]:
-    """TTFT, ITL (p50 and max) and E2E as the proxy saw them, in ms from its send upstream."""
-    times = watch.token_times_ns if watch is not None else []
-    if not times:
-        return {
-            "ttft_ms": None,
-            "itl_ms_p50": None,
-            "itl_ms_max": None,
-            "e2e_ms": round((end_ns - sent_ns) / 1e6, 3),
-        }
-    gaps = sorted(b - a for a, b in itertools.pairwise(times))
-    return {
-        "ttft_ms": round((times[0] - sent_ns) / 1e6, 3),
-        "itl_ms_p50": round(gaps[len(gaps) // 2] / 1e6, 3) if gaps else None,
-        "itl_ms_max": round(gaps[-1] / 1e6, 3) if gaps else None,
-        "e2e_ms": round((times[-1] - sent_ns) / 1e6, 3),
-    }

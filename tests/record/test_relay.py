@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from loadlab._record.handoff import TraceChild
 from loadlab._record.proxy import RecordingProxy
 from loadlab._record.relay import ChunkDecoder, HTTPError, RequestReader
-from loadlab._record.tracefile import TraceWriter
 
 BODY = json.dumps(
     {
@@ -186,8 +186,8 @@ async def relay(
     tmp_path: Path, timeout_s: float = 600.0
 ) -> AsyncIterator[tuple[Upstream, RecordingProxy, int]]:
     async with Upstream() as up:
-        writer = TraceWriter(tmp_path / "t.jsonl", {"unit": "chars"})
-        proxy = RecordingProxy(up.url, writer, timeout_s=timeout_s)
+        tracer = TraceChild(tmp_path / "t.jsonl", {"unit": "chars"})
+        proxy = RecordingProxy(up.url, tracer, timeout_s=timeout_s)
         port = await proxy.start("127.0.0.1", 0)
         try:
             yield up, proxy, port
