@@ -13,10 +13,13 @@ loadlab's send times). Timing figures: run it alone on the machine (about 40 s).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/ too
 
 from tests.record.test_record import (
     AGENT,
