@@ -24,6 +24,7 @@ from typing import Any
 import gevent
 import orjson
 
+from loadlab._runner.signals import stop_parent_death
 from loadlab.journal import journal_path
 from loadlab.locust._fleet import JournalTail
 
@@ -83,9 +84,8 @@ def step_back() -> None:
 
 def _sender_process() -> None:
     """In the shard's child before it runs: stop with the worker, and take back the normal
-    priority where a worker that stepped back for an earlier shard may grant it."""
-    from loadlab._runner.signals import stop_parent_death
-
+    priority where a worker that stepped back for an earlier shard may grant it. Runs between
+    fork and exec: it imports nothing."""
     stop_parent_death()
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, 0)
