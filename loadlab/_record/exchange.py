@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Protocol, cast
 
 from loadlab._record.relay import (
+    MAX_HEAD,
     ChunkDecoder,
     HTTPError,
     Request,
@@ -186,7 +187,6 @@ class Exchange:
         self.req = req
         self.request_bytes = request_bytes
         self.api = api
-        self.traced = False  # a JSON object to an API the trace knows: its line is due
         self.watch: StreamWatch | None = None
         self.up: UpstreamConn | None = None
         self.reused = False
@@ -196,7 +196,7 @@ class Exchange:
         self.on_body: Callable[[bytes, int], None] | None = None
         self.decoder: ChunkDecoder | None = None
         self.left = 0  # a Content-Length body's bytes still to come
-        self.length_framed = self.framed = False  # by Content-Length; by it or chunks
+        self.length_framed = False  # by Content-Length (chunked: ``decoder`` is set)
         self.got = False  # a byte of the answer came
         self.chunk_out = False  # the body goes out in the proxy's own chunks
         self.close_client = False
@@ -222,7 +222,7 @@ class Exchange:
             while self.on_body is None and not self.finished:
                 end = self.head.find(b"\r\n\r\n")
                 if end < 0:
-                    if len(self.head) > 64 << 10:
+                    if len(self.head) > MAX_HEAD:
                         raise HTTPError(502, "the upstream's answer head is past 64 KiB")
                     return
                 head = ResponseHead.parse(bytes(self.head[:end]))
@@ -250,7 +250,7 @@ class Exchange:
         )
         self.keep_upstream = head.keep_alive and (no_body or delimited)
         self.left = head.length or 0
-        self.length_framed, self.framed = head.length is not None, delimited
+        self.length_framed = head.length is not None
         self.decoder = ChunkDecoder() if head.chunked else None
         out = client_head(head, own_framing=own, chunked=self.chunk_out, close=self.close_client)
         if no_body:
@@ -274,7 +274,8 @@ class Exchange:
             self.on_body(rest, t_ns)
 
     def _pass_chunked(self, data: bytes, t_ns: int) -> None:
-        """A chunked answer's read: to the client untouched, then its payload to the watch."""
+        """A chunked answer's read: to the client untouched, then its payload to the watch
+        (``_pass`` then ``_watch`` and ``_payload`` inlined: this runs for every read)."""
         self.out.write(data)
         decoder: ChunkDecoder = self.decoder  # type: ignore[assignment]  # set with this handler
         try:
@@ -371,7 +372,7 @@ class Exchange:
         if self.finished:
             return
         if self.on_body is not None:
-            if not self.framed and exc is None:
+            if not self.length_framed and self.decoder is None and exc is None:
                 self.end()  # the answer's end is the connection's
             else:
                 self.broke()

@@ -151,7 +151,6 @@ class RecordingProxy:
         if api is not None:  # its shape is read by the trace writer, after the answer
             obj = traced if read else _json_object(req.body)
             if obj is not None:
-                ex.traced = True
                 stream = bool(obj.get("stream", False))
                 ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
         return ex
@@ -265,9 +264,9 @@ class RecordingProxy:
         self._active.discard(ex)
         if outcome == "upstream_error":
             self.upstream_failures += 1
-        if ex.api is None or not ex.traced:
+        if ex.api is None or ex.watch is None:  # not a JSON object to an API the trace knows
             return
-        if outcome == "ok" and ex.watch is not None and ex.watch.stream_error:
+        if outcome == "ok" and ex.watch.stream_error:
             outcome = "stream_error"
         status = ex.status if outcome != "upstream_error" else 0
         watch = ex.watch if outcome != "upstream_error" else None
@@ -281,10 +280,8 @@ class RecordingProxy:
     def _ask_usage(self, api: str, body: dict[str, Any]) -> bytes | None:
         """The body to send instead, asking for usage, for a stream that did not; else None."""
         options = body.get("stream_options")
-        if (
-            not self.ask_usage
-            or api not in ("chat", "completions")
-            or not body.get("stream", False)
+        if (  # the caller asks only for chat and completions, with ``ask_usage`` on
+            not body.get("stream", False)
             or not isinstance(options, Mapping | None)
             or (options or {}).get("include_usage")
         ):
