@@ -142,10 +142,9 @@ def _every_field_set(i: int) -> RequestRecord:
 
 def _parts(raw: bytes) -> tuple[columns.Part, columns.Part]:
     """``raw``'s records decoded into their types, and read as JSON then checked."""
-    cut, lists = columns._cut(raw)
-    typed = columns._typed_part(cut, lists)
+    typed = columns._typed_part(raw)
     assert typed is not None
-    return typed, columns.Part(*columns._parse(cut, lists))
+    return typed, columns.Part(*columns._parse(*columns._cut(raw)))
 
 
 def test_typed_and_json_reads_of_records_give_the_same_columns() -> None:
@@ -178,6 +177,11 @@ def test_typed_and_json_reads_of_records_give_the_same_columns() -> None:
         {"sent_ns": 2**63},  # past int64
         {"sent_ns": 10**30},
         {"server": None},
+        {"chunk_ns": [[1], [2]], "chunk_tokens": 7},  # as many brackets as lists, one nested
+        {"chunk_ns": [1.5, 2]},
+        {"chunk_ns": ["1", "2"]},
+        {"chunk_ns": [2**63, 2**63 + 1]},
+        {"chunk_tokens": None},
     ],
 )
 def test_what_the_typed_read_refuses_goes_the_way_of_json(change: dict[str, object]) -> None:
@@ -185,11 +189,22 @@ def test_what_the_typed_read_refuses_goes_the_way_of_json(change: dict[str, obje
     records = [r.to_dict() for r in varied_records(5)]
     records[2].update(change)
     raw = b",".join(json.dumps(r, separators=(",", ":")).encode() for r in records)
-    assert columns._typed_part(*columns._cut(raw)) is None
+    assert columns._typed_part(raw) is None
     with pytest.raises((ValueError, columns.Unparsed)) as caught:
         columns.part_of(raw)
     said = str(caught.value)
     assert caught.type is columns.Unparsed or said.startswith(("record 'r2'", "unknown record"))
+
+
+def test_a_negative_chunk_time_is_read_by_json_and_refused_by_the_check() -> None:
+    """The typed read takes only digits in a chunk list; a minus sign goes the way of JSON,
+    whose columns hold it, and the check of the whole names the record."""
+    records = [r.to_dict() for r in varied_records(5)]
+    records[2]["chunk_ns"] = [-1, *records[2]["chunk_ns"][1:]]
+    raw = b",".join(json.dumps(r, separators=(",", ":")).encode() for r in records)
+    assert columns._typed_part(raw) is None
+    with pytest.raises(ValueError, match="record 'r2'"):
+        columns.RecordColumns.from_dicts([raw], (0, 10**12))
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
 from typing import Any, overload
 
@@ -143,7 +144,7 @@ class RecordColumns:
     @classmethod
     def from_dicts(
         cls,
-        batches: Iterable[Sequence[Any] | bytes],
+        batches: Iterable[Sequence[Any] | bytes | Callable[[], bytes]],
         bounds: tuple[int, int] | None = None,
         map_parts: Callable[..., Iterable[Part]] = map,
         total_bytes: int | None = None,
@@ -153,7 +154,8 @@ class RecordColumns:
         ns); raises ``ValueError`` naming the first record that fails.
 
         Each batch is a list of parsed records, or the bytes of records as loadlab writes
-        them (``{...},{...}``, compact, in ``to_dict``'s order): those are parsed here, their
+        them (``{...},{...}``, compact, in ``to_dict``'s order) or what reads them when
+        called (a span of a file): those are parsed here, their
         token chunk lists straight into arrays (``part_of``); bytes that are not records raise
         ``Unparsed``. ``map_parts(part_of, batches)`` may run ``part_of`` in other processes
         (a pool's bounded map): the parts come back in order. ``total_bytes``: the size of
@@ -462,12 +464,13 @@ def _cut(raw: bytes) -> tuple[bytes, dict[str, tuple[np.ndarray, np.ndarray]] | 
 
 def _record_struct() -> type[msgspec.Struct]:
     """A record as its JSON types (``_TYPES``; a bool is not an int, an int not a bool), each
-    field left out holding its default; the chunk lists as their placeholder's 0 (-1: none)."""
+    field left out holding its default; the chunk lists as their JSON text (``_raw_lists``
+    reads them)."""
     kinds: dict[type, Any] = {int: int, bool: bool, str: str, dict: dict[str, Any]}
     fields: list[Any] = []
     for f in _FIELDS:
         if f in _LISTS:
-            fields.append((f, int, -1))
+            fields.append((f, msgspec.Raw, _EMPTY_LIST))
             continue
         (kind,) = _TYPES[f] - {type(None)}
         t = kinds[kind] | None if type(None) in _TYPES[f] else kinds[kind]
@@ -480,33 +483,72 @@ def _record_struct() -> type[msgspec.Struct]:
     return msgspec.defstruct("_Record", fields, kw_only=True, forbid_unknown_fields=True, gc=False)
 
 
+_EMPTY_LIST = msgspec.Raw(b"[]")
 _DECODE_RECORDS = msgspec.json.Decoder(list[_record_struct()])  # type: ignore[misc]
+_NOT_DIGITS = b"0123456789,[]"  # what a list of plain non-negative integers is made of
+_BRACKETS = bytes.maketrans(b"[]", b" ,")  # "[1,2][3]" -> " 1,2, 3,": one list of numbers
 
 
-def _typed_part(
-    raw: bytes, lists: Mapping[str, tuple[np.ndarray, np.ndarray]] | None
-) -> Part | None:
-    """The records of ``raw`` (chunk lists cut out: ``_cut``) decoded straight into their
-    JSON types, as a ``Part``; None on anything it refuses (a type, a field, a number past
-    int64, bytes that are not records): ``_parse`` then reads them and names the problem."""
-    if lists is None:
-        return None
+def _typed_part(raw: bytes) -> Part | None:
+    """The records of ``raw`` (``{...},{...}``) decoded straight into their JSON types, as a
+    ``Part``; None on anything it refuses (a type, a field, a number past int64, a chunk list
+    that is not plain integers, bytes that are not records): ``_parse`` then reads them and
+    names the problem."""
     try:
         records = _DECODE_RECORDS.decode(b"[" + raw + b"]")
     except msgspec.MsgspecError:
         return None
-    if lists["chunk_ns"][0].size != len(records):
-        return None
-    values = {f: list(map(attrgetter(f), records)) for f in _FIELDS}
-    del records
-    if any(set(values[f]) != {0} for f in _LISTS):
-        return None
-    for f in _LISTS:
-        values[f] = [[]] * len(values[f])
+    n = len(records)
     try:
-        return Part(values, lists)
-    except ValueError:  # a number past int64
+        lists = {f: _raw_lists(list(map(attrgetter(f), records))) for f in _LISTS}
+        ints = {f: _typed_ints(records, f) for f in (*_OPT_INTS, *_INTS, *_BOOLS)}
+    except (Unparsed, ValueError):  # a list of something else; a number past int64
         return None
+    part = Part.__new__(Part)
+    part.n, part.ints, part.lists, part.nbytes = n, ints, lists, 0
+    part.codes = {f: _encode(list(map(attrgetter(f), records))) for f in _CODED}
+    part.text = {f: _pack(list(map(attrgetter(f), records))) for f in _TEXT}
+    part.server = {i: r.server for i, r in enumerate(records) if r.server}
+    return part
+
+
+def _typed_ints(records: list[Any], field: str) -> np.ndarray:
+    """A field's int64 column (NONE for None) from decoded records: straight from the
+    records, unless a None is among them."""
+    try:
+        return np.fromiter(map(attrgetter(field), records), np.int64, len(records))
+    except TypeError:  # a None
+        return _ints(list(map(attrgetter(field), records)))
+    except OverflowError:
+        raise ValueError(field) from None
+
+
+def _raw_lists(raws: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, values) of each record's list as JSON text (valid JSON: the decoder checked
+    it); ``Unparsed`` unless every one is a flat list of integers within int64."""
+    joined = b"".join(raws)
+    n = len(raws)
+    if joined.translate(None, _NOT_DIGITS) or joined.count(b"[") != n:
+        raise Unparsed  # a string, a float, a negative number, a nested list
+    sizes = np.fromiter(map(len, raws), np.int64, n)
+    starts = np.cumsum(sizes) - sizes
+    text = np.frombuffer(joined, np.uint8)
+    if n and (text[starts] != ord("[")).any():
+        raise Unparsed  # a bare number, and so a list holding a list
+    commas = joined.count(b",")
+    full = sizes > 2
+    total = commas + int(np.count_nonzero(full))  # a list's numbers: its commas, and one more
+    if len(joined) - 2 * n - commas == total:  # one digit a number ("[1,1,1]": chunk_tokens)
+        digits = text - np.uint8(ord("0"))  # a comma or bracket wraps past 9
+        return (sizes - 1) // 2, digits[digits < 10].astype(np.int64)
+    lens = np.diff(np.searchsorted(np.flatnonzero(text == ord(",")), starts), append=commas)
+    lens += full
+    if not full.all():
+        joined = b"".join(compress(raws, full.tolist()))
+    values = np.fromstring(joined.translate(_BRACKETS)[:-1], dtype=np.int64, sep=",")
+    if values.size != total or values.max() == _INT64_MAX:  # numpy stops past int64 there
+        raise Unparsed
+    return lens, values
 
 
 def _parse(
@@ -558,11 +600,23 @@ def _numbers(groups: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return lens, values
 
 
-def part_of(batch: Sequence[Any] | bytes) -> Part:
-    """One batch of records (parsed, or their bytes) as checked columns (``from_dicts``)."""
+def part_of(batch: Sequence[Any] | bytes | Callable[[], bytes]) -> Part:
+    """One batch of records (parsed, their bytes, or what reads their bytes: a span of a
+    file) as checked columns (``from_dicts``)."""
+    if callable(batch):
+        batch = batch()
     if isinstance(batch, bytes):
-        raw, lists = _cut(batch)
-        part = _typed_part(raw, lists) or Part(*_parse(raw, lists))
+        try:
+            part = _typed_part(batch) or Part(*_parse(*_cut(batch)))
+        except ValueError as exc:
+            # orjson reads an integer past 64 bits as a float, which the check calls a wrong
+            # type; Python's parser keeps it whole, and the message says what it is
+            try:
+                parsed = json.loads(b"[" + batch + b"]")
+            except ValueError:
+                raise exc from None
+            part_of(parsed)
+            raise
         part.nbytes = len(batch)
         return part
     values = _values(batch)
@@ -601,6 +655,38 @@ class Part:
         self.lists = dict(lists)
         self.server = {i: d for i, d in enumerate(values["server"]) if d}
         self.nbytes = 0  # the bytes it was parsed from (0: parsed already)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to the reading process with each column of one value as that value (most of
+        a run's are: a piece's columns cross a pipe at half their size)."""
+        state = dict(self.__dict__)
+        state["ints"] = {f: _Same.of(a) for f, a in self.ints.items()}
+        state["lists"] = {f: (_Same.of(a), _Same.of(b)) for f, (a, b) in self.lists.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["ints"] = {f: _Same.back(a) for f, a in state["ints"].items()}
+        state["lists"] = {f: (_Same.back(a), _Same.back(b)) for f, (a, b) in state["lists"].items()}
+        self.__dict__.update(state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Same:
+    """An int column of ``n`` equal values, as sent between processes."""
+
+    value: int
+    n: int
+
+    @staticmethod
+    def of(a: np.ndarray) -> np.ndarray | _Same:
+        return _Same(int(a[0]), a.size) if a.size > 1 and not (a != a[0]).any() else a
+
+    @staticmethod
+    def back(a: np.ndarray | _Same) -> np.ndarray:
+        """The column again, as a view of one value (``_Grow`` reads it, never writes it)."""
+        if isinstance(a, _Same):
+            return np.broadcast_to(np.int64(a.value), (a.n,))
+        return a
 
 
 class TextColumn(Sequence["str | None"]):
