@@ -1,4 +1,5 @@
-"""Open loop: the coming requests built ahead of their send time, in the scheduler's waits.
+"""The coming requests built ahead of their send time: in an open loop's waits, and in a
+closed loop between reads (``Runner._closed_loop``).
 
 Building a unit (one request, or a whole chat session) runs the workload's lazy stream: prompt
 text, the prompt fitted to its token count under the run's sizing, and the client encoding the
@@ -69,6 +70,11 @@ class Lookahead:
 
     def __len__(self) -> int:
         return len(self._built)
+
+    @property
+    def ended(self) -> bool:
+        """The stream has given its last unit (some may still wait here)."""
+        return self._ended
 
     def full(self) -> bool:
         return self._ended or len(self._built) >= self.max_units or self._chars >= self.max_chars

@@ -82,6 +82,7 @@ from loadlab.results import Results, environment_info
 __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
+_REFILL_S = 0.002  # a closed loop's full read-ahead is looked at again this often
 SWITCH_INTERVAL_S = 0.0002  # the GIL switch interval while a run lasts (_SwitchInterval)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
@@ -450,10 +451,30 @@ class Runner:
         self._spawn(self._run_unit(item.unit, intended_rel, item.body))
 
     def _closed_loop(self) -> None:
+        """Closed loop: each worker sends its next unit when its last one ends. The units are
+        built ahead (``Lookahead``, up to a whole wave of them) by a task that builds one each
+        turn of the event loop, between reads: built when a worker takes it, a unit is built
+        in the burst of requests that end together, and every read waiting in that burst is
+        stamped that much late."""
+        encode = getattr(self.client, "encode_body", None)
+        ahead = Lookahead(  # a request its workload could not build is never encoded
+            self._units,
+            (lambda unit: encode(unit[0]) if unit[0].error is None else None) if encode else None,
+            max_units=self.concurrency or 1,
+        )
+        self._spawn(self._build_ahead(ahead))
         for _ in range(self.concurrency or 1):
-            self._spawn(self._closed_worker())
+            self._spawn(self._closed_worker(ahead))
 
-    async def _closed_worker(self) -> None:
+    async def _build_ahead(self, ahead: Lookahead) -> None:
+        """Keep ``ahead`` full, one unit a turn of the loop, until the stream or the run ends."""
+        while not self._sending_over() and not ahead.ended:
+            if ahead.build_one():
+                await asyncio.sleep(0)
+            elif not ahead.ended:
+                await self._wait_or_stop(_REFILL_S)
+
+    async def _closed_worker(self, ahead: Lookahead) -> None:
         while not self._sending_over():
             if self.connect_errors_in_a_row:
                 wait_s = min(
@@ -464,11 +485,11 @@ class Runner:
                 await self._wait_or_stop(wait_s)
                 if self._sending_over():
                     return
-            unit = next(self._units, None)  # lazy: the stream may be infinite
-            if unit is None:
+            built = ahead.pop()  # lazy: the stream may be infinite
+            if built is None:
                 return
             self.stats.in_flight += 1
-            await self._run_unit(unit, None)
+            await self._run_unit(built[0], None, built[1])
 
     async def _run_unit(
         self,
