@@ -361,11 +361,7 @@ class Runner:
         and the scheduler fires its gate when due: the write runs inside that call. With a
         cap, whether a request goes is decided when it is due, so it starts then; a client
         without gates is asked for a spare connection ``PRECONNECT_AHEAD_NS`` ahead instead."""
-        encode = getattr(self.client, "encode_body", None)  # a client that can, ahead of time
-        ahead = Lookahead(  # a request its workload could not build is never encoded
-            self._units,
-            (lambda unit: encode(unit[0]) if unit[0].error is None else None) if encode else None,
-        )
+        ahead = self._lookahead()
         ahead.build_one()  # the first unit (prepare() built it before t0)
         gated = getattr(self.client, "SENDS_AT_GATE", False) and self.max_in_flight is None
         preconnect = None if gated else getattr(self.client, "preconnect", None)
@@ -396,6 +392,16 @@ class Runner:
                 item = ready.popleft()
                 if item.gate is not None:
                     item.gate.withdraw()
+
+    def _lookahead(self, **bounds: int) -> Lookahead:
+        """The run's units built ahead, each first request's body encoded with them by a
+        client that can (a request its workload could not build is never encoded)."""
+        encode = getattr(self.client, "encode_body", None)
+        return Lookahead(
+            self._units,
+            (lambda unit: encode(unit[0]) if unit[0].error is None else None) if encode else None,
+            **bounds,
+        )
 
     def _next_due(self, ahead: Lookahead) -> _Due | None:
         """The next unit of the schedule with its due time; None past the end or the duration."""
@@ -456,12 +462,7 @@ class Runner:
         turn of the event loop, between reads: built when a worker takes it, a unit is built
         in the burst of requests that end together, and every read waiting in that burst is
         stamped that much late."""
-        encode = getattr(self.client, "encode_body", None)
-        ahead = Lookahead(  # a request its workload could not build is never encoded
-            self._units,
-            (lambda unit: encode(unit[0]) if unit[0].error is None else None) if encode else None,
-            max_units=self.concurrency or 1,
-        )
+        ahead = self._lookahead(max_units=self.concurrency or 1)
         self._spawn(self._build_ahead(ahead))
         for _ in range(self.concurrency or 1):
             self._spawn(self._closed_worker(ahead))
