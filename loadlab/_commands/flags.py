@@ -17,7 +17,7 @@ from loadlab._headers import check_header
 from loadlab.config import APIS, DEMO, EndpointConfig, RunConfig, extra_body_from_flag
 from loadlab.errors import ConfigError
 
-__all__ = ["add_run_arguments", "config_from_args"]
+__all__ = ["add_run_arguments", "config_from_args", "refuse_shards"]
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 _ENDPOINT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EndpointConfig)}
@@ -156,6 +156,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # flag attribute -> RunConfig field (for the flags that map one to one)
+def refuse_shards(args: argparse.Namespace, command: str, why: str) -> None:
+    """``ConfigError`` when ``--shard`` or ``--start-at`` is given to a command whose load
+    is not one run split over machines (``why``: what it does instead, and what to do)."""
+    given = [flag for flag, key in (("--shard", "shard"), ("--start-at", "start_at"))
+             if getattr(args, key, None) is not None]  # fmt: skip
+    if given:
+        raise ConfigError(f"{command} takes no {' or '.join(given)}: {why}")
+
+
 def _shard(text: str) -> tuple[int, int]:
     k, sep, n = text.partition("/")
     if not sep or not k.strip().isdigit() or not n.strip().isdigit():

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loadlab._commands import run as run_cmd
-from loadlab._commands.flags import add_run_arguments, config_from_args
+from loadlab._commands.flags import add_run_arguments, config_from_args, refuse_shards
 
 if TYPE_CHECKING:
     from loadlab.simulate._steptime import StepTimeModel
@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(fitted, int):
         return fitted
     try:
+        refuse_shards(args, "simulate", "it simulates the whole schedule, on no clock but its own")
         cfg = config_from_args(args)
         check(cfg)
         step_model = jitter_as_asked(args, fitted) if fitted else step_model_from_args(args)

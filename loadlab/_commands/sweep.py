@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadlab._commands.flags import add_run_arguments, config_from_args
+from loadlab._commands.flags import add_run_arguments, config_from_args, refuse_shards
 from loadlab._report.output import check_folder, write_output
 from loadlab.config import EndpointConfig
 from loadlab.errors import ConfigError, at_least, require
@@ -108,6 +108,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("a sweep sets the load itself: use --rates / --concurrencies")
     if not args.slo:
         raise ConfigError("a sweep needs --slo FILE: the SLOs decide each level")
+    refuse_shards(
+        args,
+        "sweep",
+        "its levels run one after another from this machine "
+        "(--workers N spreads each over this machine's processes); over several "
+        "machines, run each level as one distributed run and judge its file with "
+        'loadlab slo (docs/distributed.md, "A sweep over several machines")',
+    )
     at_least("--bisect-steps", args.bisect_steps, 0, error=ConfigError)
     mode = "rate" if args.rates is not None else "concurrency"
     levels = parse_levels(args.rates or args.concurrencies, integer=mode == "concurrency")

@@ -140,3 +140,60 @@ def test_the_kubernetes_example_uses_real_flags() -> None:
     run_command.add_arguments(parser)
     args = parser.parse_args(argv[2:])
     assert args.shard == (2, 4) and args.start_at == 1767225600.0 and args.seed == 7
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["sweep", "--rates", "1,2", "--shard", "0/2", "--seed", "1"], "sweep takes no --shard"),
+        (["sweep", "--rates", "1,2", "--start-at", "1900000000"], "sweep takes no --start-at"),
+        (
+            ["simulate", "--rate", "2", "--requests", "10", "--shard", "1/3", "--seed", "2"],
+            "simulate takes no --shard",
+        ),
+    ],
+)
+def test_a_sweep_or_a_simulation_refuses_shard_flags_before_any_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """A sweep given ``--shard 0/2`` judged half of each level's load as the whole (and a
+    simulation ignored it): both refuse, naming the flag, before anything is sent."""
+    from loadlab.cli import main
+
+    slo = tmp_path / "slo.toml"
+    slo.write_text('objectives = ["ttft_ms.p50 <= 1000"]\n')
+    if argv[0] == "sweep":  # a closed port: a request sent would fail, not hang
+        argv = [*argv, "--slo", str(slo), "--endpoint", "http://127.0.0.1:9", "--model", "m"]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_the_sweep_over_machines_example_uses_real_flags() -> None:
+    """Every loadlab command of docs/distributed.md's sweep over several machines parses
+    with its own command's flags, and the two shards share one schedule."""
+    import importlib
+
+    from loadlab.cli import COMMANDS
+
+    def parse(argv: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        importlib.import_module(COMMANDS[argv[0]][0]).add_arguments(parser)
+        return parser.parse_args(argv[1:])
+
+    text = (ROOT / "docs" / "distributed.md").read_text()
+    section = text.split("## A sweep over several machines", 1)[1]
+    block = re.search(r"```bash\n(.+?)```", section, re.S)
+    assert block, "no example in the section"
+    lines = [re.sub(r"^ssh \S+ ", "", ln.strip()) for ln in block.group(1).splitlines()]
+    commands = [ln.split("  #")[0].split(" || ")[0].split(" &")[0] for ln in lines]
+    commands = [c.replace("$RATE", "200").replace("$START", "1900000000").replace("URL", "http://h:8000")
+                for c in commands if c.startswith("loadlab ")]  # fmt: skip
+    parsed = [parse(c.split()[1:]) for c in commands]
+    assert [c.split()[1] for c in commands] == ["run", "run", "merge", "slo"]
+    shards = parsed[:2]
+    assert [p.shard for p in shards] == [(0, 2), (1, 2)]
+    assert {(p.rate, p.duration, p.seed, p.start_at) for p in shards} == {
+        (200.0, 60.0, 7, 1900000000.0)
+    }
+    assert str(parsed[2].out) == "level-200.json" and parsed[3].slo == "slo.toml"
