@@ -154,12 +154,17 @@ def test_the_kubernetes_example_uses_real_flags() -> None:
     ],
 )
 def test_a_sweep_or_a_simulation_refuses_shard_flags_before_any_request(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    said: str,
 ) -> None:
     """A sweep given ``--shard 0/2`` judged half of each level's load as the whole (and a
     simulation ignored it): both refuse, naming the flag, before anything is sent."""
     from loadlab.cli import main
 
+    monkeypatch.chdir(tmp_path)  # where a sweep or a simulation that ran writes reports/
     slo = tmp_path / "slo.toml"
     slo.write_text('objectives = ["ttft_ms.p50 <= 1000"]\n')
     if argv[0] == "sweep":  # a closed port: a request sent would fail, not hang
