@@ -670,7 +670,8 @@ def _latency_rows(
     drawn: list[list[np.ndarray | None]] = []
     for (v, c), res in zip(samples, resamplers, strict=True):
         ranked = np.sort(v)  # one setup's at a time: a million streams' gaps are 120 MB
-        point.append([metrics.percentile(ranked, q) for q in PERCENTILES])
+        dist = metrics.distribution(ranked, PERCENTILES)  # both from one partition
+        point.append([dist.at(q) for q in PERCENTILES])
         drawn.append(
             [
                 (
