@@ -10,7 +10,9 @@ Writes two files in the shape ``loadlab run`` writes (every record field, in its
 second "B" file whose TTFT is 10 % slower, for ``compare``): seeded records of ``--tokens``
 chunks each, arriving at ``--rate`` requests/s (a day-long soak at the default: 1,000,000
 requests at 12 rps), 1 % failed (HTTP 500 with an error text, timeouts). Building the files is
-not timed. The target: each command under 20 s and under 1.5 GB peak RSS.
+not timed. The target: each command under 20 s and under 1.5 GB peak RSS. Last, the first
+file is read and written again as a run writes its results (``write_results``): the seconds
+of the write alone are its last stderr line.
 """
 
 from __future__ import annotations
@@ -95,6 +97,15 @@ def write_file(path: Path, a: argparse.Namespace, seed: int) -> None:
         fh.write(b'],"server_samples":[],"extra":{}}')
 
 
+WRITE = """import sys, time
+from loadlab.results import read_results, write_results
+res = read_results(sys.argv[1], workers=2)
+t = time.perf_counter()
+write_results(res, sys.argv[2])
+print(f"written in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+"""
+
+
 def _own_pages(pid: int) -> int:
     """Bytes of a process's pages no other process shares (a forked child shares its
     parent's until it writes them): its private ones, from the kernel's summary."""
@@ -166,6 +177,8 @@ def main() -> int:
             "report": [*py, "report", str(files[0])],
             "slo": [*py, "slo", str(files[0]), "--slo", str(SLO)],
             "compare": [*py, "compare", str(files[0]), str(files[1]), "--fail-on-regression", "5"],
+            # the file read (not timed), then written again as a run writes its results
+            "write": [sys.executable, "-c", WRITE, str(files[0]), str(d / "written.json")],
         }
         for name, cmd in commands.items():
             wall, cpu, own, tree, code, last = timed(cmd)

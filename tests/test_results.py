@@ -225,3 +225,35 @@ def test_a_bad_record_read_in_pieces_is_named(
     with pytest.raises(ResultsError) as caught:
         read_results(path)
     assert f"bad record: {why}" in str(caught.value)
+
+
+def test_a_file_is_written_a_batch_of_records_at_a_time_as_one_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records serialised in batches (7 here) between the sections before and after them:
+    the document is the one ``to_dict`` gives, text outside ASCII and an integer past 64 bits
+    (orjson refuses it; json writes it) included, and it reads back record for record."""
+    monkeypatch.setattr(results_module, "_WRITE_BATCH", 7)
+    run = _varied_run(50)
+    run.records[3].error = "caf\u00e9 \u4e2d \x1b[2J"
+    run.records[9].server["huge"] = 2**70
+    run.extra["note"] = "\u00e9"
+    path = write_results(run, tmp_path / "r.json")
+    assert json.loads(path.read_text(encoding="utf-8")) == json.loads(json.dumps(run.to_dict()))
+    back = read_results(path)
+    assert list(back.records) == list(run.records)
+    assert back.records[9].server["huge"] == 2**70
+
+
+@pytest.mark.parametrize("where", ["record", "extra"])
+def test_a_nan_is_refused_and_leaves_no_file(tmp_path: Path, where: str) -> None:
+    """JSON holds no NaN: the write refuses it (orjson would write null) and leaves neither
+    the file nor its temporary copy."""
+    run = _varied_run(20)
+    if where == "record":
+        run.records[4].server["ratio"] = float("nan")
+    else:
+        run.extra["ratio"] = float("inf")
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        write_results(run, tmp_path / "r.json")
+    assert list(tmp_path.iterdir()) == []
