@@ -327,8 +327,8 @@ def _dumps(value: dict[str, Any], floats_in: tuple[str, ...] | None = None) -> b
         out = orjson.dumps(value)
     except TypeError:
         return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-    if b"null" in out and (floats_in is None or any(value.get(k) for k in floats_in)):
-        inside = value if floats_in is None else {k: value.get(k) for k in floats_in}
+    if b"null" in out:
+        inside = value if floats_in is None else [value[k] for k in floats_in if value.get(k)]
         if _has_nonfinite(inside):
             raise ValueError("Out of range float values are not JSON compliant")
     return out
@@ -381,6 +381,9 @@ def _give_back() -> None:
         pass
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
 def _keep_heap() -> None:
     """In a parser process: keep freed memory for the next piece (glibc gives back a freed
     block over a few MB, and the next piece's pages then fault in again: a sixth of a
@@ -391,9 +394,6 @@ def _keep_heap() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
     except (OSError, AttributeError):
         pass
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 class _NotStreamable(Exception):

@@ -82,7 +82,6 @@ from loadlab.results import Results, environment_info
 __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
-_REFILL_S = 0.002  # a closed loop's full read-ahead is looked at again this often
 SWITCH_INTERVAL_S = 0.0002  # the GIL switch interval while a run lasts (_SwitchInterval)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
@@ -207,6 +206,7 @@ class Runner:
         self._unit_tasks: set[asyncio.Task[None]] = set()
         self._unit_errors: list[BaseException] = []
         self._stop_sending: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None  # a closed loop's builder waits on it
         self._ready: deque[_Due] = deque()  # open loop: started ahead, waiting to be due
 
     # ------------------------------------------------------------------ control
@@ -224,6 +224,12 @@ class Runner:
     def _end_sending(self) -> None:
         if self._stop_sending is not None and not self._stop_sending.done():
             self._stop_sending.set_result(None)
+        self._made_room()
+
+    def _made_room(self) -> None:
+        """Wake the closed loop's builder (``_build_ahead``) if it waits."""
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
 
     def _sending_over(self) -> bool:
         return self._stop_sending is None or self._stop_sending.done()
@@ -468,12 +474,15 @@ class Runner:
             self._spawn(self._closed_worker(ahead))
 
     async def _build_ahead(self, ahead: Lookahead) -> None:
-        """Keep ``ahead`` full, one unit a turn of the loop, until the stream or the run ends."""
+        """Keep ``ahead`` full, one unit a turn of the loop, until the stream or the run ends;
+        while it is full, wait for a worker to take a unit (or for sending to end)."""
+        loop = asyncio.get_running_loop()
         while not self._sending_over() and not ahead.ended:
             if ahead.build_one():
                 await asyncio.sleep(0)
             elif not ahead.ended:
-                await self._wait_or_stop(_REFILL_S)
+                self._room = loop.create_future()
+                await self._room
 
     async def _closed_worker(self, ahead: Lookahead) -> None:
         while not self._sending_over():
@@ -487,6 +496,7 @@ class Runner:
                 if self._sending_over():
                     return
             built = ahead.pop()  # lazy: the stream may be infinite
+            self._made_room()
             if built is None:
                 return
             self.stats.in_flight += 1
