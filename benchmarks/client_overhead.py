@@ -104,6 +104,47 @@ async def bare_aiohttp(url: str, streams: int, requests: int, tokens: int) -> No
         await asyncio.gather(*(worker(s) for _ in range(streams)))
 
 
+class _Discard(asyncio.Protocol):
+    """Reads a keep-alive connection's chunked responses and keeps nothing: the floor."""
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[None] | None = None
+        self.tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        time.perf_counter_ns()
+        self.tail = (self.tail + data)[-5:]
+        if self.tail == b"0\r\n\r\n" and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+
+async def bare_protocol(url: str, streams: int, requests: int, tokens: int) -> None:
+    """Floor: an asyncio protocol that sends each request and reads its stream to the end, with
+    no HTTP or SSE parsing at all (the event loop's and the kernel's cost a read)."""
+    host, port = url.split("//")[1].split(":")
+    body = json.dumps({"model": "m", "messages": [], "max_tokens": tokens, "stream": True}).encode()
+    ids = iter(range(requests))
+    loop = asyncio.get_running_loop()
+
+    async def worker() -> None:
+        _, proto = await loop.create_connection(_Discard, host, int(port))
+        for i in ids:
+            proto.done, proto.tail = loop.create_future(), b""
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nX-Request-Id: p{i}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            proto.transport.write(head.encode() + body)
+            await proto.done
+        proto.transport.close()
+
+    await asyncio.gather(*(worker() for _ in range(streams)))
+
+
 async def loadlab_client(
     url: str, streams: int, requests: int, tokens: int, transport: str
 ) -> None:
@@ -121,7 +162,7 @@ async def loadlab_client(
         await asyncio.gather(*(worker(c) for _ in range(streams)))
 
 
-def e2e(streams: int, requests: int, tokens: int, itl_ms: float) -> None:
+def e2e(streams: int, requests: int, tokens: int, itl_ms: float, rounds: int) -> None:
     try:
         import uvloop
 
@@ -131,7 +172,10 @@ def e2e(streams: int, requests: int, tokens: int, itl_ms: float) -> None:
     print(
         f"\nwhole client over loopback: {streams} streams x {requests} requests x {tokens} tokens,"
     )
-    print(f"fixed server (own process) at ITL {itl_ms} ms; client CPU only:")
+    print(
+        f"fixed server (own process) at ITL {itl_ms} ms; client CPU only; {rounds} round(s),"
+        " alternating the order (the machine's speed drifts: compare within a round)"
+    )
     with FixedServerProcess(ttft_ms=10, itl_ms=itl_ms, tokens=tokens) as url:
         cases = [
             (
@@ -143,15 +187,19 @@ def e2e(streams: int, requests: int, tokens: int, itl_ms: float) -> None:
                 lambda: loadlab_client(url, streams, requests, tokens, "aiohttp"),
             ),
             ("bare aiohttp, no parsing", lambda: bare_aiohttp(url, streams, requests, tokens)),
+            ("bare protocol (floor)", lambda: bare_protocol(url, streams, requests, tokens)),
         ]
-        for name, make in cases:
-            c0, w0 = cpu_s(), time.perf_counter()
-            run(make())
-            cpu, wall = cpu_s() - c0, time.perf_counter() - w0
-            n = requests * tokens
-            print(
-                f"  {name:27s} {cpu / n * 1e6:6.1f} us CPU/token   ({n / wall:,.0f} tokens/s reached)"
-            )
+        for r in range(rounds):
+            for name, make in cases if r % 2 == 0 else cases[::-1]:
+                t0, w0 = os.times(), time.perf_counter()
+                run(make())
+                t1, wall = os.times(), time.perf_counter() - w0
+                n = requests * tokens
+                user, system = (t1.user - t0.user) / n * 1e6, (t1.system - t0.system) / n * 1e6
+                print(
+                    f"  {name:27s} {user + system:6.1f} us CPU/token ({user:4.1f} user,"
+                    f" {system:4.1f} system)   ({n / wall:,.0f} tokens/s reached)"
+                )
 
 
 async def _send_delays(url: str, n: int, transport: str) -> tuple[list[float], list[float]]:
@@ -192,6 +240,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=512)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--itl-ms", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the whole-client cases")
     p.add_argument("--skip-e2e", action="store_true")
     p.add_argument("--send-requests", type=int, default=300, help="requests for the sent_ns check")
     a = p.parse_args()
@@ -199,7 +248,7 @@ def main() -> None:
     micro(a.events)
     send_stamp(a.send_requests)
     if not a.skip_e2e:
-        e2e(a.streams, a.requests, a.tokens, a.itl_ms)
+        e2e(a.streams, a.requests, a.tokens, a.itl_ms, a.rounds)
 
 
 if __name__ == "__main__":
