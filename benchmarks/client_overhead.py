@@ -16,6 +16,7 @@ import json
 import os
 import time
 import urllib.request
+from typing import cast
 
 import aiohttp
 import numpy as np
@@ -112,8 +113,7 @@ class _Discard(asyncio.Protocol):
         self.tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         time.perf_counter_ns()

@@ -20,7 +20,14 @@ A, B, ... (the order cancels a drift that is linear in time). Per run it prints:
 - client us/tok: loadlab's own CPU (user + system, every worker process) per token read;
 - server CPU: the server process's CPU time over its busy span (first arrival to last
   write), in % of one core (near 100: the server, not the client, was the limit);
-- the 1-minute load average before the run, and whether loadlab called itself saturated.
+- the 1-minute load average before the run, and whether loadlab called itself saturated;
+- late / counted: the first tokens read more than the saturation threshold (20 ms) after the
+  server wrote them, beside how many of them loadlab itself counted as read just after its
+  event loop had been away that long (``stalled_first_tokens``; "-" for a tree without that
+  watch), and the worst of each (ms).
+
+``--burn`` runs a process that keeps one core busy beside every run (the client and the
+server then share what is left): the way to see the generator's own saturation checks work.
 
 Requests the tree sent before its load (a prompt-length calibration) are left out: only the
 request ids in the results file count.
@@ -84,6 +91,8 @@ def measure(results: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
     ]
     generator = results.get("generator") or {}
     parts = generator.get("parts") or [generator]
+    threshold = float(generator.get("threshold_ms") or parts[0].get("threshold_ms") or 20.0)
+    counted = [p.get("stalled_first_tokens") for p in parts]
     cpu_s = sum(float(p.get("cpu_s") or 0.0) for p in parts)
     read = sum(len(r["chunk_ns"]) for r in ok)
     return {
@@ -95,6 +104,10 @@ def measure(results: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
         "ttft_err_p99_ms": _pct(errors, 99),
         "client_us_per_token": 1e6 * cpu_s / read if read else None,
         "saturated": bool(generator.get("saturated")),
+        "late": sum(e > threshold for e in errors),
+        "late_max_ms": max(errors, default=0.0),
+        "counted": None if None in counted else sum(int(c or 0) for c in counted),
+        "counted_max_ms": max(float(p.get("stalled_first_token_ms_max") or 0.0) for p in parts),
     }
 
 
@@ -132,6 +145,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=1, help="loadlab processes per run")
     p.add_argument("--python", default=sys.executable, help="interpreter for both trees")
     p.add_argument("--timeout-s", type=float, default=600.0, help="the most one run may take")
+    p.add_argument("--burn", action="store_true", help="a process burning one core beside each run")
     a = p.parse_args()
     trees = {}
     for label, tree in zip(a.labels.split(","), (a.a, a.b), strict=True):
@@ -149,7 +163,10 @@ def main() -> int:
     )
     for label, tree in trees.items():
         print(f"  {label}: {tree}")
-    head = "run  tree   server tok/s   TTFT err p50 / p99 ms   client us/tok   server CPU   load1"
+    head = (
+        "run  tree   server tok/s   TTFT err p50 / p99 ms   client us/tok   server CPU   load1"
+        "   late / counted (max ms)"
+    )
     print(head)
     rows: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
     n = 0
@@ -158,6 +175,7 @@ def main() -> int:
             for label in pair:
                 n += 1
                 server = FixedServerProcess(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens=a.tokens)
+                burner = subprocess.Popen([a.python, "-c", "while True: pass"]) if a.burn else None
                 with server as url:
                     assert server.proc is not None
                     load1 = os.getloadavg()[0]
@@ -166,6 +184,9 @@ def main() -> int:
                     rc, said = run_tree(trees[label], url, out, a)
                     ticks1 = _cpu_ticks(server.proc.pid)
                     truth = _http_json(f"{url}/truth")
+                if burner is not None:
+                    burner.kill()
+                    burner.wait()
                 if rc != 0 or not out.is_file():
                     print(f"{n:>3}  {label:5s}  loadlab run failed (exit {rc}): {said}")
                     continue
@@ -177,11 +198,15 @@ def main() -> int:
                 rows[label].append(m)
                 flag = "  saturated" if m["saturated"] else ""
                 lost = "" if m["ok"] == m["requests"] else f"  ({m['ok']} of {m['requests']} ok)"
+                counted = (
+                    "-" if m["counted"] is None else f"{m['counted']} ({m['counted_max_ms']:.1f})"
+                )
                 print(
                     f"{n:>3}  {label:5s}  {m['server_tps']:>12,.0f}   "
                     f"{_f(m['ttft_err_p50_ms'], '7.2f')} / {_f(m['ttft_err_p99_ms'], '7.2f')}"
                     f"       {_f(m['client_us_per_token'], '9.1f')}   "
-                    f"{m['server_cpu_pct']:8.0f} %   {load1:5.2f}{flag}{lost}"
+                    f"{m['server_cpu_pct']:8.0f} %   {load1:5.2f}"
+                    f"   {m['late']} ({m['late_max_ms']:.1f}) / {counted}{flag}{lost}"
                 )
     print("median per tree:")
     for label, ms in rows.items():

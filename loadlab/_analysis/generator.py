@@ -24,12 +24,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "STALLED_SHARE",
     "generator_parts",
     "merge_parts",
     "parser_fell_behind",
     "saturation_warning",
+    "stalled_first_tokens",
     "worst_process",
 ]
+
+# a run is saturated when more than this share of its first tokens were read after the loop
+# had been away the threshold or more (``loadlab._runner.monitor.LoopMonitor.judge_first_tokens``)
+STALLED_SHARE = 0.01
 
 
 def merge_parts(sections: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -62,6 +68,21 @@ def parser_fell_behind(generator: Mapping[str, Any]) -> float | None:
     return backlog if threshold is not None and backlog > threshold else None
 
 
+def stalled_first_tokens(generator: Mapping[str, Any]) -> tuple[int, int, float] | None:
+    """(first tokens read after a stall of the threshold or more, first tokens, the longest
+    such stall in ms) over the run's processes, when they passed ``STALLED_SHARE``; else
+    None (also for sections written before the watch existed)."""
+    parts = generator_parts(generator)
+    if not all("stalled_first_tokens" in p for p in parts):
+        return None
+    stalled = sum(int(p["stalled_first_tokens"]) for p in parts)
+    total = sum(int(p.get("first_tokens") or 0) for p in parts)
+    if stalled <= STALLED_SHARE * total:
+        return None
+    worst = max(float(p.get("stalled_first_token_ms_max") or 0.0) for p in parts)
+    return stalled, total, worst
+
+
 def saturation_warning(generator: Mapping[str, Any]) -> str | None:
     """The loud line the CLI prints for a saturated generator, or None."""
     if not generator.get("saturated"):
@@ -84,6 +105,15 @@ def saturation_warning(generator: Mapping[str, Any]) -> str | None:
             f"(median parse backlog {backlog:.1f} ms, threshold {threshold:.0f} ms{cpu_text}). "
             "Timestamps are not affected, but each finished response was handled late, so a "
             f"closed loop started its next request late and sent less than asked; {cause}"
+        )
+    stalled = stalled_first_tokens(generator)
+    if stalled is not None and lag <= threshold:
+        n, total, worst = stalled
+        return (
+            f"GENERATOR SATURATED: {n} of {total} first tokens ({100 * n / total:.1f} %) were "
+            f"read after loadlab's event loop had been away {threshold:.0f} ms or more (up to "
+            f"{worst:.1f} ms{cpu_text}), in bursts its ticker's p99 does not show: those TTFTs "
+            f"may be late by as much, enough to move the p99; {cause}"
         )
     return (
         "GENERATOR SATURATED: loadlab's own event loop lagged "

@@ -18,7 +18,7 @@ import numpy as np
 from loadlab._analysis import metrics, vectors
 from loadlab._analysis.batch_job import BatchJob, batch_jobs
 from loadlab._analysis.columns import NONE, columns_of
-from loadlab._analysis.generator import parser_fell_behind, worst_process
+from loadlab._analysis.generator import parser_fell_behind, stalled_first_tokens, worst_process
 from loadlab._analysis.metrics import Distribution
 from loadlab._analysis.prefix_cache import prefix_cache_summary
 from loadlab._analysis.shards import run_notes
@@ -170,6 +170,9 @@ def _saturation_banner(results: Results) -> str:
                 "!!! the load generator was the bottleneck: its timestamps are exact, but it "
                 "sent less load than asked !!!"
             )
+    stalled = stalled_first_tokens(g)
+    if stalled is not None:
+        detail += f", {stalled[0]} of {stalled[1]} first tokens read just after such a lag"
     detail += f" (threshold {fmt_num(thr)} ms)" if thr is not None else ""
     text = f"!!! GENERATOR SATURATED{detail} !!!"
     bar = "!" * max(len(text), len(why))

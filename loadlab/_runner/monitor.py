@@ -21,12 +21,21 @@ whose median backlog exceeds ``threshold_ms`` cannot keep up with interpreting w
 (the backlog sits near its 50 ms cap, past which the parser stops yielding): that run is
 ``saturated`` too.
 
+A third watch is per request: a bare timer callback every ``WATCH_MS`` (2 ms) keeps each span
+in which it ran 2 ms or more late, and at the end every first token's read time is looked up
+in them. A stall in the moment many first tokens arrive together (256 streams that started
+together) is one late tick among hundreds, invisible to the p99, and yet dozens of TTFTs
+absorbed it. When more than ``STALLED_SHARE`` (1 %) of the first tokens were stamped after the
+loop had been away ``threshold_ms`` or more, the run is ``saturated``: the TTFT p99 itself may
+be off by that much.
+
 Example::
 
     mon = LoopMonitor(threshold_ms=20.0)
     mon.start(t0_ns)
     ...  # the run
     generator = await mon.stop()   # the results file's "generator" section
+    mon.judge_first_tokens(generator, [r.chunk_ns[0] for r in records if r.chunk_ns])
 
 ``loadlab._analysis.generator`` reads that section (for the CLI's warning and the reports).
 """
@@ -36,14 +45,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from array import array
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from loadlab._analysis.metrics import distribution
+from loadlab._analysis.generator import STALLED_SHARE
+from loadlab._analysis.metrics import distribution, percentile
 from loadlab.clients._pool import parse_backlog_ms
 
-__all__ = ["LoopMonitor"]
+__all__ = ["WATCH_MS", "LoopMonitor"]
+
+WATCH_MS = 2.0  # the stall watcher's period
+STALL_NS = 2_000_000  # a watcher call at least this late is kept as a stall
 
 
 class LoopMonitor:
@@ -58,6 +73,14 @@ class LoopMonitor:
         self.lags_ms: list[float] = []
         self.backlog_ms: list[float] = []
         self.samples: list[list[float]] = []  # [t_ns, max lag in the interval ms, cpu %]
+        # every late call of the watcher as the span the loop was seen away: from when the
+        # call was due to when it ran (ns from t0); a read stamped in that span waited up to
+        # its length (the watcher is a bare timer callback, every WATCH_MS: a stall is seen
+        # from at most that long after it began)
+        self.stall_from = array("q")
+        self.stall_to = array("q")
+        self._watch_due = 0
+        self._watch: asyncio.TimerHandle | None = None
         self.cpu: list[float] = []
         self._task: asyncio.Task[None] | None = None
         self._t0_ns = 0
@@ -69,7 +92,18 @@ class LoopMonitor:
     def start(self, t0_ns: int) -> None:
         self._t0_ns = t0_ns
         self._cpu_start_s = self._cpu_s()
-        self._task = asyncio.get_running_loop().create_task(self._tick())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._tick())
+        self._watch_due = time.perf_counter_ns() + int(WATCH_MS * 1e6)
+        self._watch = loop.call_later(WATCH_MS / 1e3, self._watcher, loop)
+
+    def _watcher(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = time.perf_counter_ns()
+        if now - self._watch_due >= STALL_NS:
+            self.stall_from.append(self._watch_due - self._t0_ns)
+            self.stall_to.append(now - self._t0_ns)
+        self._watch_due = now + int(WATCH_MS * 1e6)
+        self._watch = loop.call_later(WATCH_MS / 1e3, self._watcher, loop)
 
     async def _tick(self) -> None:
         proc = self._proc
@@ -94,6 +128,42 @@ class LoopMonitor:
                 interval_max = 0.0
                 next_sample = now + self.sample_ns
 
+    def stalled_stamps(self, stamps_ns: Iterable[int]) -> np.ndarray:
+        """For each read time (ns from t0), how long the loop had been seen away when it was
+        stamped: its time minus the start of the stall it fell in, 0 outside every stall.
+
+        A read that arrives while the loop is busy (or the process waits for a CPU) is
+        stamped when the loop returns, just before the late tick runs: in the span the
+        tick saw. Its stamp may be late by up to the figure (or more: a stall is seen from
+        when the tick was due, not from when it began)."""
+        t = np.fromiter(stamps_ns, dtype=np.int64)
+        if not len(self.stall_to) or not t.size:
+            return np.zeros(t.size)
+        ends = np.frombuffer(self.stall_to, dtype=np.int64)
+        starts = np.frombuffer(self.stall_from, dtype=np.int64)
+        i = np.minimum(
+            np.searchsorted(ends, t), ends.size - 1
+        )  # the first stall ending at or after t
+        inside = (starts[i] <= t) & (t <= ends[i])
+        return np.where(inside, (t - starts[i]) / 1e6, 0.0)
+
+    def judge_first_tokens(self, section: dict[str, Any], stamps_ns: Iterable[int]) -> None:
+        """Add to ``section`` (``summary``'s) how many first tokens (their read times, ns from
+        t0) were stamped after the loop had been away ``threshold_ms`` or more, and mark the
+        run saturated when they are more than ``STALLED_SHARE`` of them: their TTFT may be
+        late by that much, and they are enough to move its p99. The ticker's p99 misses this
+        when the stalls come in the bursts where many first tokens arrive together (a closed
+        loop's streams that started together): a few late ticks, many late stamps."""
+        away = self.stalled_stamps(stamps_ns)
+        stalled = int(np.count_nonzero(away >= self.threshold_ms))
+        section["first_tokens"] = int(away.size)
+        section["stalled_first_tokens"] = stalled
+        section["stalled_first_token_ms_p99"] = round(percentile(away, 99) or 0.0, 3)
+        section["stalled_first_token_ms_max"] = round(float(away.max()), 3) if away.size else 0.0
+        section["stalls"] = len(self.stall_to)
+        if stalled > STALLED_SHARE * away.size:
+            section["saturated"] = True
+
     def _cpu_s(self) -> float:
         if self._proc is None:
             return 0.0
@@ -102,6 +172,9 @@ class LoopMonitor:
 
     async def stop(self) -> dict[str, Any]:
         """Stop sampling; the ``generator`` section of the results file."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -128,7 +201,8 @@ class LoopMonitor:
             "threshold_ms": self.threshold_ms,
             "rule": (
                 "saturated when the p99 of a 10 ms ticker's oversleep, or the median age of the "
-                "oldest read not yet parsed, exceeds threshold_ms"
+                "oldest read not yet parsed, exceeds threshold_ms, or when more than 1 % of the "
+                "first tokens were read after the loop had been away threshold_ms or more"
             ),
             "samples": [[int(s[0]), s[1], s[2] if s[2] == s[2] else None] for s in self.samples],
         }

@@ -7,10 +7,11 @@ import asyncio
 import io
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from loadlab._analysis.generator import saturation_warning
+from loadlab._analysis.generator import merge_parts, saturation_warning, stalled_first_tokens
 from loadlab._analysis.metrics import count_outcomes
 from loadlab._commands import run as run_cmd
 from loadlab._runner.fanout import partition, run_processes, share
@@ -40,6 +41,41 @@ def test_monitor_flags_a_blocked_loop() -> None:
     assert busy["saturated"] is True and busy["loop_lag_ms_max"] >= 40.0
     assert busy["samples"] and "SATURATED" in (saturation_warning(busy) or "")
     assert saturation_warning({"saturated": False}) is None
+
+
+def test_monitor_counts_first_tokens_read_after_a_stall() -> None:
+    """One 40 ms stall in 1.5 s of calm: one late tick in 150 leaves the ticker's p99 low, but
+    first tokens stamped as the loop came back are counted, and past 1 % of the first tokens
+    the run is saturated (their TTFT may be 40 ms late); one in 100 is reported, not flagged."""
+
+    async def go() -> tuple[LoopMonitor, dict[str, Any], int, int]:
+        mon = LoopMonitor(threshold_ms=20.0, sample_s=0.05)
+        t0 = time.perf_counter_ns()
+        mon.start(t0)
+        await asyncio.sleep(1.5)
+        time.sleep(0.04)  # the loop away: work between awaits, or no CPU for the process
+        back = time.perf_counter_ns() - t0  # a read stamped as the loop comes back
+        await asyncio.sleep(0.1)
+        calm = time.perf_counter_ns() - t0
+        return mon, await mon.stop(), back, calm
+
+    mon, section, back, calm = asyncio.run(go())
+    assert section["saturated"] is False and section["loop_lag_ms_p99"] < 20.0
+    away = mon.stalled_stamps([back, calm])
+    assert away[0] >= 30.0 and away[1] == 0.0
+    one = dict(section)
+    mon.judge_first_tokens(one, [back] + [calm] * 99)
+    assert one["saturated"] is False and one["stalled_first_tokens"] == 1
+    assert stalled_first_tokens(one) is None and saturation_warning(one) is None
+    two = dict(section)
+    mon.judge_first_tokens(two, [back] * 2 + [calm] * 98)
+    assert two["saturated"] is True and two["first_tokens"] == 100
+    assert two["stalled_first_token_ms_max"] >= 30.0
+    assert stalled_first_tokens(two) == (2, 100, two["stalled_first_token_ms_max"])
+    assert "2 of 100 first tokens" in (saturation_warning(two) or "")
+    # a --workers run: the processes' counts add up
+    assert stalled_first_tokens(merge_parts([one, one])) is None
+    assert stalled_first_tokens(merge_parts([one, two]))[:2] == (3, 200)  # type: ignore[index]
 
 
 def test_monitor_flags_a_parse_backlog_that_does_not_drain() -> None:
