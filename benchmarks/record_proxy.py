@@ -11,6 +11,23 @@ latencies; the trace writer's (a process of its own, at a lower priority) is pri
 and the proxy's summary line says whether the writer kept up (no trace line lost).
 
     python3 benchmarks/record_proxy.py --streams 64,256 --requests-per-stream 10 --rounds 2
+    python3 benchmarks/record_proxy.py --wire       # and the proxy's own delay, by the kernel
+
+Before the measured runs, one unmeasured run through the proxy at the most streams opens the
+proxy's upstream connections, as a proxy that has been serving has them (``--no-warm-up``: a
+cold proxy, whose first request on each new client connection waits for the upstream connection
+the proxy opens then).
+
+Client-side TTFT and ITL through the proxy include more than the proxy's work: on a machine
+whose cores the client, the proxy and the server share, each hop can wait for a CPU, and the
+fixed server stamps a request's arrival when its loop reads it, so a request that comes a
+little later can meet the server busy writing a tick's tokens. ``--wire`` (root or
+CAP_NET_RAW) then starts a fresh proxy, captures the packets on both its sides over two runs
+at each stream count (cold: each upstream connection opened as its client's first request
+comes; warm: those kept) and prints the proxy's own delay, by the kernel's timestamps, request
+by request (matched by ``X-Request-Id``, which the proxy passes on): the request's last byte
+out to the server minus its last byte in from the client, and each token event out to the
+client minus the same event in from the server.
 """
 
 from __future__ import annotations
@@ -28,6 +45,8 @@ import numpy as np
 import psutil
 
 from loadlab._analysis import metrics
+from loadlab._wire.capture import Capture, check_capture
+from loadlab._wire.http import Exchange, read_exchanges
 from loadlab.results import read_results
 from loadlab.selftest import FixedServerProcess
 
@@ -50,6 +69,66 @@ def _run(url: str, streams: int, requests: int, out: Path) -> dict[str, float]:
     }
 
 
+def start_proxy(url: str) -> tuple[subprocess.Popen[str], str]:
+    """``loadlab record`` in front of ``url``: its process and its address."""
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "loadlab", "record", "--listen", "127.0.0.1:0",
+         "--upstream", url, "--out", os.devnull, "--force"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proxy.stdout is not None
+    return proxy, proxy.stdout.readline().split()[1]
+
+
+def proxy_delays(inbound: list[Exchange], outbound: list[Exchange]) -> list[dict[str, list[float]]]:
+    """The proxy's own delays (ms) by the kernel's packet times, one dict a run (the same
+    request id comes once a run, so its k-th time on each side is the same run's): each
+    request's last byte, and each token event, out of the proxy minus into it."""
+    ups: dict[str | None, list[Exchange]] = {}
+    for ex in sorted(outbound, key=lambda e: e.request_last_ns):
+        ups.setdefault(ex.request_id, []).append(ex)
+    seen: dict[str | None, int] = {}
+    runs: list[dict[str, list[float]]] = []
+    for ex in sorted(inbound, key=lambda e: e.request_last_ns):
+        k = seen[ex.request_id] = seen.get(ex.request_id, -1) + 1
+        mates = ups.get(ex.request_id) or []
+        if ex.request_id is None or k >= len(mates):
+            continue
+        u = mates[k]
+        while len(runs) <= k:
+            runs.append({"request": [], "first token": [], "tokens": []})
+        runs[k]["request"].append((u.request_last_ns - ex.request_last_ns) / 1e6)
+        gaps = [(a - b) / 1e6 for a, b in zip(ex.times(), u.times(), strict=False)]
+        runs[k]["first token"] += gaps[:1]
+        runs[k]["tokens"] += gaps
+    return runs
+
+
+def wire_phase(url: str, args: argparse.Namespace) -> dict[tuple[int, str], dict[str, list[float]]]:
+    """A fresh proxy, both its sides captured: at each stream count, one run with the proxy
+    cold (every upstream connection opened as its client's first request comes), then one
+    with it warm (those connections kept)."""
+    out = {}
+    for streams in map(int, args.streams.split(",")):
+        proxy, via = start_proxy(url)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                caps = [Capture(int(u.rsplit(":", 1)[1]), None, Path(tmp) / f"{side}.pcap")
+                        for side, u in (("in", via), ("out", url))]  # fmt: skip
+                with caps[0], caps[1]:
+                    for state in ("cold", "warm"):
+                        _run(via, streams, streams * args.requests_per_stream,
+                             Path(tmp) / f"{state}.json")  # fmt: skip
+                _, inbound = read_exchanges(caps[0].pcap, caps[0].port)
+                _, outbound = read_exchanges(caps[1].pcap, caps[1].port)
+        finally:
+            proxy.send_signal(signal.SIGTERM)
+            proxy.communicate(timeout=30)
+        for state, got in zip(("cold", "warm"), proxy_delays(inbound, outbound), strict=False):
+            out[(streams, state)] = got
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", default="64,256")
@@ -58,23 +137,26 @@ def main() -> int:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="measure from a cold proxy (no upstream connection open yet)")  # fmt: skip
+    ap.add_argument("--wire", action="store_true",
+                    help="capture both sides of the proxy: its own delay by the kernel's clock")  # fmt: skip
     args = ap.parse_args()
+    if args.wire:
+        check_capture(None)
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     rows = []
     with FixedServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens) as url:
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "loadlab", "record", "--listen", "127.0.0.1:0",
-             "--upstream", url, "--out", os.devnull, "--force"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert proxy.stdout is not None
-        via = proxy.stdout.readline().split()[1]
+        proxy, via = start_proxy(url)
         cpu_s = {}  # streams -> the proxy's CPU seconds over its runs
         proc = psutil.Process(proxy.pid)
         (writer,) = proc.children()  # the trace writer: its CPU is not the proxy's
         writer_s = {}
         try:
             with tempfile.TemporaryDirectory() as tmp:
+                if not args.no_warm_up:  # the proxy's upstream connections, as in service
+                    most = max(map(int, args.streams.split(",")))
+                    _run(via, most, most, Path(tmp) / "warm-up.json")
                 for streams in map(int, args.streams.split(",")):
                     n = streams * args.requests_per_stream
                     for rnd in range(args.rounds):
@@ -94,6 +176,7 @@ def main() -> int:
         finally:
             proxy.send_signal(signal.SIGTERM)
             _, err = proxy.communicate(timeout=30)
+        wire = wire_phase(url, args) if args.wire else {}
     print(err.strip().splitlines()[-1] if err.strip() else "(the proxy printed no summary)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print("\nstreams  via     TTFT p50  TTFT p99  ITL p50  ITL p99   (ms, mean of rounds)")
@@ -116,6 +199,13 @@ def main() -> int:
               f"{d['itl_p50']:+7.2f}  {d['itl_p99']:+7.2f}   proxy CPU "
               f"{1e6 * cpu_s[streams] / tokens:.1f} us/token (trace writer "
               f"{1e6 * writer_s[streams] / tokens:.1f})")  # fmt: skip
+    for (streams, state), got in wire.items():
+        print(f"\nthe proxy's own delay at {streams} streams, {state}, by the kernel's packet "
+              "times (ms):")  # fmt: skip
+        for k, v in got.items():
+            if v:
+                q = np.percentile(v, [50, 99])
+                print(f"  {k:12s} p50 {q[0]:6.3f}  p99 {q[1]:6.3f}  max {max(v):7.3f}  ({len(v)})")
     verdict = "within" if worst <= 1.0 else "NOT within"
     print(f"\nproxy cost at p99: {verdict} 1 ms (worst {worst:+.2f} ms); a busy machine inflates "
           "this figure: run it alone")  # fmt: skip
