@@ -59,6 +59,7 @@ __all__ = ["WATCH_MS", "LoopMonitor"]
 
 WATCH_MS = 2.0  # the stall watcher's period
 STALL_NS = 2_000_000  # a watcher call at least this late is kept as a stall
+STALLS_KEPT = 1 << 20  # at most this many (16 MiB): past them stalls are counted, not kept
 
 
 class LoopMonitor:
@@ -79,6 +80,7 @@ class LoopMonitor:
         # from at most that long after it began)
         self.stall_from = array("q")
         self.stall_to = array("q")
+        self.stall_count = 0
         self._watch_due = 0
         self._watch: asyncio.TimerHandle | None = None
         self.cpu: list[float] = []
@@ -100,8 +102,10 @@ class LoopMonitor:
     def _watcher(self, loop: asyncio.AbstractEventLoop) -> None:
         now = time.perf_counter_ns()
         if now - self._watch_due >= STALL_NS:
-            self.stall_from.append(self._watch_due - self._t0_ns)
-            self.stall_to.append(now - self._t0_ns)
+            self.stall_count += 1
+            if self.stall_count <= STALLS_KEPT:
+                self.stall_from.append(self._watch_due - self._t0_ns)
+                self.stall_to.append(now - self._t0_ns)
         self._watch_due = now + int(WATCH_MS * 1e6)
         self._watch = loop.call_later(WATCH_MS / 1e3, self._watcher, loop)
 
@@ -133,17 +137,16 @@ class LoopMonitor:
         stamped: its time minus the start of the stall it fell in, 0 outside every stall.
 
         A read that arrives while the loop is busy (or the process waits for a CPU) is
-        stamped when the loop returns, just before the late tick runs: in the span the
-        tick saw. Its stamp may be late by up to the figure (or more: a stall is seen from
-        when the tick was due, not from when it began)."""
+        stamped when the loop returns, before the late watcher call runs: in the span that
+        call saw. Its stamp may be late by up to the figure (or by up to ``WATCH_MS`` more: a
+        stall is seen from when the call was due, not from when it began)."""
         t = np.fromiter(stamps_ns, dtype=np.int64)
         if not len(self.stall_to) or not t.size:
             return np.zeros(t.size)
         ends = np.frombuffer(self.stall_to, dtype=np.int64)
         starts = np.frombuffer(self.stall_from, dtype=np.int64)
-        i = np.minimum(
-            np.searchsorted(ends, t), ends.size - 1
-        )  # the first stall ending at or after t
+        # the first stall that ends at or after each stamp: the only one it can lie in
+        i = np.minimum(np.searchsorted(ends, t), ends.size - 1)
         inside = (starts[i] <= t) & (t <= ends[i])
         return np.where(inside, (t - starts[i]) / 1e6, 0.0)
 
@@ -160,7 +163,7 @@ class LoopMonitor:
         section["stalled_first_tokens"] = stalled
         section["stalled_first_token_ms_p99"] = round(percentile(away, 99) or 0.0, 3)
         section["stalled_first_token_ms_max"] = round(float(away.max()), 3) if away.size else 0.0
-        section["stalls"] = len(self.stall_to)
+        section["stalls"] = self.stall_count  # the first tokens after the kept ones: not judged
         if stalled > STALLED_SHARE * away.size:
             section["saturated"] = True
 
