@@ -20,7 +20,9 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "note: chromium could not be installed; the browser test will be skipped"
 fi
 set +e
-"$PY" -m pytest "$@"
+# Two workers, each taking whole test files (a file's module-wide servers stay in one process):
+# most tests wait on servers and subprocesses, so two at once fit the two cores.
+"$PY" -m pytest -n 2 --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
