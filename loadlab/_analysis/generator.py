@@ -30,6 +30,7 @@ __all__ = [
     "parser_fell_behind",
     "saturation_warning",
     "stalled_first_tokens",
+    "stalled_later_tokens",
     "worst_process",
 ]
 
@@ -72,15 +73,28 @@ def stalled_first_tokens(generator: Mapping[str, Any]) -> tuple[int, int, float]
     """(first tokens read after a stall of the threshold or more, first tokens, the longest
     such stall in ms) over the run's processes, when they passed ``STALLED_SHARE``; else
     None (also for sections written before the watch existed)."""
+    got = _stalled(generator, "stalled_first_tokens", "first_tokens")
+    if got is None:
+        return None
+    worst = max(
+        float(p.get("stalled_first_token_ms_max") or 0.0) for p in generator_parts(generator)
+    )
+    return (*got, worst)
+
+
+def stalled_later_tokens(generator: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(tokens after a request's first read after a stall of the threshold or more, such
+    tokens looked up) over the run's processes, when they passed ``STALLED_SHARE``; else None."""
+    return _stalled(generator, "stalled_later_tokens", "later_tokens_checked")
+
+
+def _stalled(generator: Mapping[str, Any], count: str, total: str) -> tuple[int, int] | None:
     parts = generator_parts(generator)
-    if not all("stalled_first_tokens" in p for p in parts):
+    if not all(count in p for p in parts):
         return None
-    stalled = sum(int(p["stalled_first_tokens"]) for p in parts)
-    total = sum(int(p.get("first_tokens") or 0) for p in parts)
-    if stalled <= STALLED_SHARE * total:
-        return None
-    worst = max(float(p.get("stalled_first_token_ms_max") or 0.0) for p in parts)
-    return stalled, total, worst
+    stalled = sum(int(p[count]) for p in parts)
+    seen = sum(int(p.get(total) or 0) for p in parts)
+    return (stalled, seen) if stalled > STALLED_SHARE * seen else None
 
 
 def saturation_warning(generator: Mapping[str, Any]) -> str | None:
@@ -114,6 +128,15 @@ def saturation_warning(generator: Mapping[str, Any]) -> str | None:
             f"read after loadlab's event loop had been away {threshold:.0f} ms or more (up to "
             f"{worst:.1f} ms{cpu_text}), in bursts its ticker's p99 does not show: those TTFTs "
             f"may be late by as much, enough to move the p99; {cause}"
+        )
+    later = stalled_later_tokens(generator)
+    if later is not None and lag <= threshold:
+        n, total = later
+        return (
+            f"GENERATOR SATURATED: {n} of {total} tokens after the first ({100 * n / total:.1f} "
+            f"%) were read after loadlab's event loop had been away {threshold:.0f} ms or more"
+            f"{cpu_text}, in bursts its ticker's p99 does not show: the gaps around them (ITL) "
+            f"may be off by as much, enough to move the p99; {cause}"
         )
     return (
         "GENERATOR SATURATED: loadlab's own event loop lagged "

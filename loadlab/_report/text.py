@@ -18,7 +18,12 @@ import numpy as np
 from loadlab._analysis import metrics, vectors
 from loadlab._analysis.batch_job import BatchJob, batch_jobs
 from loadlab._analysis.columns import NONE, columns_of
-from loadlab._analysis.generator import parser_fell_behind, stalled_first_tokens, worst_process
+from loadlab._analysis.generator import (
+    parser_fell_behind,
+    stalled_first_tokens,
+    stalled_later_tokens,
+    worst_process,
+)
 from loadlab._analysis.metrics import Distribution
 from loadlab._analysis.prefix_cache import prefix_cache_summary
 from loadlab._analysis.shards import run_notes
@@ -173,6 +178,9 @@ def _saturation_banner(results: Results) -> str:
     stalled = stalled_first_tokens(g)
     if stalled is not None:
         detail += f", {stalled[0]} of {stalled[1]} first tokens read just after such a lag"
+    later = stalled_later_tokens(g)
+    if later is not None:
+        detail += f", {later[0]} of {later[1]} later tokens read just after such a lag"
     detail += f" (threshold {fmt_num(thr)} ms)" if thr is not None else ""
     text = f"!!! GENERATOR SATURATED{detail} !!!"
     bar = "!" * max(len(text), len(why))

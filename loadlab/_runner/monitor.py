@@ -27,7 +27,7 @@ in them. A stall in the moment many first tokens arrive together (256 streams th
 together) is one late tick among hundreds, invisible to the p99, and yet dozens of TTFTs
 absorbed it. When more than ``STALLED_SHARE`` (1 %) of the first tokens were stamped after the
 loop had been away ``threshold_ms`` or more, the run is ``saturated``: the TTFT p99 itself may
-be off by that much.
+be off by that much. The later tokens' stamps (what ITL is made of) are judged the same way.
 
 Example::
 
@@ -36,6 +36,7 @@ Example::
     ...  # the run
     generator = await mon.stop()   # the results file's "generator" section
     mon.judge_first_tokens(generator, [r.chunk_ns[0] for r in records if r.chunk_ns])
+    mon.judge_later_tokens(generator, [r.chunk_ns for r in records])
 
 ``loadlab._analysis.generator`` reads that section (for the CLI's warning and the reports).
 """
@@ -44,9 +45,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,7 @@ __all__ = ["WATCH_MS", "LoopMonitor"]
 WATCH_MS = 2.0  # the stall watcher's period
 STALL_NS = 2_000_000  # a watcher call at least this late is kept as a stall
 STALLS_KEPT = 1 << 20  # at most this many (16 MiB): past them stalls are counted, not kept
+TOKENS_CHECKED = 1_000_000  # later tokens' stamps looked up at most (a sample of requests past it)
 
 
 class LoopMonitor:
@@ -167,6 +170,21 @@ class LoopMonitor:
         if stalled > STALLED_SHARE * away.size:
             section["saturated"] = True
 
+    def judge_later_tokens(self, section: dict[str, Any], chunks: Sequence[Sequence[int]]) -> None:
+        """The same for the stamps of every token after a request's first (what its ITL gaps
+        are made of), ``chunks`` each request's read times: more than ``STALLED_SHARE`` of them
+        stamped after a stall of ``threshold_ms`` or more marks the run saturated (the ITL p99
+        may be off by that much). Past ``TOKENS_CHECKED`` stamps, every k-th request's are
+        looked up (a stall touches the streams alike, so a sample gives the share)."""
+        total = sum(max(0, len(c) - 1) for c in chunks)
+        every = max(1, -(-total // TOKENS_CHECKED))
+        away = self.stalled_stamps(itertools.chain.from_iterable(c[1:] for c in chunks[::every]))
+        stalled = int(np.count_nonzero(away >= self.threshold_ms))
+        section["later_tokens_checked"] = int(away.size)
+        section["stalled_later_tokens"] = stalled
+        if stalled > STALLED_SHARE * away.size:
+            section["saturated"] = True
+
     def _cpu_s(self) -> float:
         if self._proc is None:
             return 0.0
@@ -205,7 +223,8 @@ class LoopMonitor:
             "rule": (
                 "saturated when the p99 of a 10 ms ticker's oversleep, or the median age of the "
                 "oldest read not yet parsed, exceeds threshold_ms, or when more than 1 % of the "
-                "first tokens were read after the loop had been away threshold_ms or more"
+                "first tokens, or of the later ones, were read after the loop had been away "
+                "threshold_ms or more"
             ),
             "samples": [[int(s[0]), s[1], s[2] if s[2] == s[2] else None] for s in self.samples],
         }

@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from loadlab._analysis.generator import merge_parts, saturation_warning, stalled_first_tokens
+from loadlab._analysis.generator import (
+    merge_parts,
+    saturation_warning,
+    stalled_first_tokens,
+    stalled_later_tokens,
+)
 from loadlab._analysis.metrics import count_outcomes
 from loadlab._commands import run as run_cmd
 from loadlab._runner.fanout import partition, run_processes, share
@@ -73,6 +78,12 @@ def test_monitor_counts_first_tokens_read_after_a_stall() -> None:
     assert two["stalled_first_token_ms_max"] >= 30.0
     assert stalled_first_tokens(two) == (2, 100, two["stalled_first_token_ms_max"])
     assert "2 of 100 first tokens" in (saturation_warning(two) or "")
+    # the tokens after the first, the same way: 3 of 200 read as the loop came back
+    later = dict(section)
+    mon.judge_later_tokens(later, [[calm, back, calm]] * 3 + [[calm, calm, calm]] * 97)
+    assert later["later_tokens_checked"] == 200 and later["stalled_later_tokens"] == 3
+    assert later["saturated"] is True and stalled_later_tokens(later) == (3, 200)
+    assert "3 of 200 tokens after the first" in (saturation_warning(later) or "")
     # a --workers run: the processes' counts add up
     assert stalled_first_tokens(merge_parts([one, one])) is None
     assert stalled_first_tokens(merge_parts([one, two]))[:2] == (3, 200)  # type: ignore[index]
