@@ -82,6 +82,24 @@ def test_a_parse_backlog_saturation_says_what_it_cost() -> None:
     assert "timestamps are exact, but it sent less load than asked" in text
 
 
+def test_tokens_read_after_a_stall_are_counted_in_the_banner() -> None:
+    """A run the ticker's p99 passed, saturated by the first and later tokens its stalls met."""
+    res = hand_made()
+    res.generator = {
+        "saturated": True, "loop_lag_ms_max": 31.0, "threshold_ms": 20.0, "loop_lag_ms_p99": 4.0,
+        "first_tokens": 2560, "stalled_first_tokens": 46, "stalled_first_token_ms_max": 24.7,
+        "later_tokens_checked": 325120, "stalled_later_tokens": 4100,
+    }  # fmt: skip
+    text = render_summary(res)
+    assert "46 of 2560 first tokens read just after such a lag" in text
+    assert "4100 of 325120 later tokens read just after such a lag" in text
+    # under 1 % of each (saturated by the ticker here): counted in the file, not in the banner
+    res.generator = {**res.generator, "loop_lag_ms_p99": 25.0, "stalled_first_tokens": 25,
+                     "stalled_later_tokens": 3000}  # fmt: skip
+    text = render_summary(res)
+    assert "GENERATOR SATURATED" in text and "read just after such a lag" not in text
+
+
 def test_empty_run_and_number_format() -> None:
     text = render_summary(Results(records=[]))
     assert _row(text, "TTFT (ms)")[:2] == ["0", "-"]
