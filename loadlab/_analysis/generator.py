@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # a run is saturated when more than this share of its first tokens were read after the loop
-# had been away the threshold or more (``loadlab._runner.monitor.LoopMonitor.judge_first_tokens``)
+# had been away the threshold or more (``loadlab._runner.monitor.LoopMonitor.judge_tokens``)
 STALLED_SHARE = 0.01
 
 

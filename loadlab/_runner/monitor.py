@@ -35,8 +35,7 @@ Example::
     mon.start(t0_ns)
     ...  # the run
     generator = await mon.stop()   # the results file's "generator" section
-    mon.judge_first_tokens(generator, [r.chunk_ns[0] for r in records if r.chunk_ns])
-    mon.judge_later_tokens(generator, [r.chunk_ns for r in records])
+    mon.judge_tokens(generator, [r.chunk_ns for r in records])
 
 ``loadlab._analysis.generator`` reads that section (for the CLI's warning and the reports).
 """
@@ -153,37 +152,34 @@ class LoopMonitor:
         inside = (starts[i] <= t) & (t <= ends[i])
         return np.where(inside, (t - starts[i]) / 1e6, 0.0)
 
-    def judge_first_tokens(self, section: dict[str, Any], stamps_ns: Iterable[int]) -> None:
-        """Add to ``section`` (``summary``'s) how many first tokens (their read times, ns from
-        t0) were stamped after the loop had been away ``threshold_ms`` or more, and mark the
-        run saturated when they are more than ``STALLED_SHARE`` of them: their TTFT may be
-        late by that much, and they are enough to move its p99. The ticker's p99 misses this
-        when the stalls come in the bursts where many first tokens arrive together (a closed
-        loop's streams that started together): a few late ticks, many late stamps."""
-        away = self.stalled_stamps(stamps_ns)
-        stalled = int(np.count_nonzero(away >= self.threshold_ms))
-        section["first_tokens"] = int(away.size)
-        section["stalled_first_tokens"] = stalled
-        section["stalled_first_token_ms_p99"] = round(percentile(away, 99) or 0.0, 3)
-        section["stalled_first_token_ms_max"] = round(float(away.max()), 3) if away.size else 0.0
-        section["stalls"] = self.stall_count  # the first tokens after the kept ones: not judged
-        if stalled > STALLED_SHARE * away.size:
-            section["saturated"] = True
+    def judge_tokens(self, section: dict[str, Any], chunks: Sequence[Sequence[int]]) -> None:
+        """Add to ``section`` (``summary``'s), from each request's token read times
+        (``chunks``, ns from t0), how many were stamped after the loop had been away
+        ``threshold_ms`` or more: first tokens (TTFT's ends) and the later ones (what ITL is
+        made of), each apart. More than ``STALLED_SHARE`` of either marks the run saturated:
+        they may be late by that much, and are enough to move the p99. The ticker's p99 misses
+        this when the stalls come in the bursts where many tokens arrive together (a closed
+        loop's streams that started together): a few late ticks, many late stamps. Past
+        ``TOKENS_CHECKED`` later stamps, every k-th request's are looked up (a stall touches
+        the streams alike, so a sample gives the share)."""
+        first = self.stalled_stamps(c[0] for c in chunks if c)
+        section["first_tokens"] = int(first.size)
+        section["stalled_first_tokens"] = self._judge(section, first)
+        section["stalled_first_token_ms_p99"] = round(percentile(first, 99) or 0.0, 3)
+        section["stalled_first_token_ms_max"] = round(float(first.max()), 3) if first.size else 0.0
+        section["stalls"] = self.stall_count  # tokens after the kept ones: not judged
+        every = max(1, -(-sum(max(0, len(c) - 1) for c in chunks) // TOKENS_CHECKED))
+        later = self.stalled_stamps(itertools.chain.from_iterable(c[1:] for c in chunks[::every]))
+        section["later_tokens_checked"] = int(later.size)
+        section["stalled_later_tokens"] = self._judge(section, later)
 
-    def judge_later_tokens(self, section: dict[str, Any], chunks: Sequence[Sequence[int]]) -> None:
-        """The same for the stamps of every token after a request's first (what its ITL gaps
-        are made of), ``chunks`` each request's read times: more than ``STALLED_SHARE`` of them
-        stamped after a stall of ``threshold_ms`` or more marks the run saturated (the ITL p99
-        may be off by that much). Past ``TOKENS_CHECKED`` stamps, every k-th request's are
-        looked up (a stall touches the streams alike, so a sample gives the share)."""
-        total = sum(max(0, len(c) - 1) for c in chunks)
-        every = max(1, -(-total // TOKENS_CHECKED))
-        away = self.stalled_stamps(itertools.chain.from_iterable(c[1:] for c in chunks[::every]))
+    def _judge(self, section: dict[str, Any], away: np.ndarray) -> int:
+        """How many of ``away`` reach the threshold; past ``STALLED_SHARE``, ``section`` is
+        marked saturated."""
         stalled = int(np.count_nonzero(away >= self.threshold_ms))
-        section["later_tokens_checked"] = int(away.size)
-        section["stalled_later_tokens"] = stalled
         if stalled > STALLED_SHARE * away.size:
             section["saturated"] = True
+        return stalled
 
     def _cpu_s(self) -> float:
         if self._proc is None:

@@ -308,8 +308,7 @@ class Runner:
                 journaling.cancel()
                 await self.journal.close()
         end_ns = time.perf_counter_ns() - self.t0_ns
-        monitor.judge_first_tokens(generator, (r.chunk_ns[0] for r in self.records if r.chunk_ns))
-        monitor.judge_later_tokens(generator, [r.chunk_ns for r in self.records])
+        monitor.judge_tokens(generator, [r.chunk_ns for r in self.records])
         lag_p99_ns = percentile(self.dispatch_lag_ns, 99)
         generator["dispatch_lag_ms_p99"] = None if lag_p99_ns is None else lag_p99_ns / 1e6
         if self.cfg.rate_rps is not None:

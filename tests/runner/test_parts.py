@@ -69,18 +69,18 @@ def test_monitor_counts_first_tokens_read_after_a_stall() -> None:
     away = mon.stalled_stamps([back, calm])
     assert away[0] >= 30.0 and away[1] == 0.0
     one = dict(section)
-    mon.judge_first_tokens(one, [back] + [calm] * 99)
+    mon.judge_tokens(one, [[back]] + [[calm]] * 99)
     assert one["saturated"] is False and one["stalled_first_tokens"] == 1
     assert stalled_first_tokens(one) is None and saturation_warning(one) is None
     two = dict(section)
-    mon.judge_first_tokens(two, [back] * 2 + [calm] * 98)
+    mon.judge_tokens(two, [[back]] * 2 + [[calm]] * 98)
     assert two["saturated"] is True and two["first_tokens"] == 100
     assert two["stalled_first_token_ms_max"] >= 30.0
     assert stalled_first_tokens(two) == (2, 100, two["stalled_first_token_ms_max"])
     assert "2 of 100 first tokens" in (saturation_warning(two) or "")
     # the tokens after the first, the same way: 3 of 200 read as the loop came back
     later = dict(section)
-    mon.judge_later_tokens(later, [[calm, back, calm]] * 3 + [[calm, calm, calm]] * 97)
+    mon.judge_tokens(later, [[calm, back, calm]] * 3 + [[calm, calm, calm]] * 97)
     assert later["later_tokens_checked"] == 200 and later["stalled_later_tokens"] == 3
     assert later["saturated"] is True and stalled_later_tokens(later) == (3, 200)
     assert "3 of 200 tokens after the first" in (saturation_warning(later) or "")
