@@ -24,16 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadlab._lab.machine import pin_threads
 from loadlab._runner.run import Prepared, prepare
 from loadlab._runner.sweep import find_max_load, run_level
 from loadlab._slo import parse_slo
 from loadlab.config import EndpointConfig, RunConfig
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of process ``pid`` onto ``cpus`` (affinity is per thread on Linux)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
 
 
 def main() -> int:
@@ -71,7 +66,7 @@ def main() -> int:
         # first (same seed), which a shared server's prefix cache would answer warm.
         with start_server(mode=a.mode, preset=a.preset, port=None) as server:
             if a.pin:
-                pin(server.process.pid, {0})
+                pin_threads(server.process.pid, {0})
                 os.sched_setaffinity(0, {1})
             prepared = prepare(base, EndpointConfig(url=server.url, name="reference"))
             out = Path(tempfile.mkdtemp(prefix=f"sweep{i}-"))

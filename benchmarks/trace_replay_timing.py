@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from loadlab._analysis.metrics import distribution  # noqa: E402
+from loadlab._lab.machine import pin_threads  # noqa: E402
 from loadlab._wire.capture import Capture, check_capture  # noqa: E402
 from loadlab._wire.http import read_exchanges  # noqa: E402
 from loadlab.results import read_results  # noqa: E402
@@ -89,12 +90,6 @@ def pcts(values: list[float]) -> str:
 
 def _ms(value: object) -> str:
     return f"{value:.3f} ms" if isinstance(value, float) else str(value)
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of process ``pid`` onto ``cpus`` (affinity is per thread on Linux)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
 
 
 def loadavg() -> str:
@@ -138,7 +133,7 @@ def main() -> int:
             cpus = sorted(os.sched_getaffinity(0))
             pin_run = None
             if args.pin and len(cpus) >= 2 and server.proc is not None:
-                pin(server.proc.pid, {cpus[-1]})
+                pin_threads(server.proc.pid, {cpus[-1]})
                 pin_run = set(cpus[:-1])
                 print(f"pinned: the server (and a capture) on CPU {cpus[-1]}, loadlab run on "
                       f"{sorted(pin_run)}")  # fmt: skip
@@ -157,7 +152,7 @@ def main() -> int:
             cap = Capture(port, None, Path(tmp) / "run.pcap") if args.wire else None
             with cap or contextlib.nullcontext():
                 if cap is not None and cap.proc is not None and pin_run:
-                    pin(cap.proc.pid, {cpus[-1]})
+                    pin_threads(cap.proc.pid, {cpus[-1]})
                 done = subprocess.run(
                     cmd, cwd=args.loadlab_root, env=env, check=False, capture_output=True,
                     text=True, preexec_fn=(lambda: os.sched_setaffinity(0, pin_run)) if pin_run else None,

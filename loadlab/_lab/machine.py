@@ -44,6 +44,7 @@ __all__ = [
     "busy_reasons",
     "histogram_quantile",
     "pin",
+    "pin_threads",
     "placement_report",
     "plan_placement",
     "step_jitter",
@@ -236,6 +237,13 @@ def pin(pid: int, cpus: Sequence[int]) -> bool:
     except OSError:
         return False
     return True
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of running process ``pid`` onto ``cpus`` (affinity is per thread on
+    Linux, so ``pin`` on a process already running moves only its main thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
 
 
 def placement_report(pids: Mapping[str, int], children: bool = True) -> dict[str, str]:
