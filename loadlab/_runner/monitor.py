@@ -165,8 +165,10 @@ class LoopMonitor:
         first = self.stalled_stamps(c[0] for c in chunks if c)
         section["first_tokens"] = int(first.size)
         section["stalled_first_tokens"] = self._judge(section, first)
-        section["stalled_first_token_ms_p99"] = round(percentile(first, 99) or 0.0, 3)
-        section["stalled_first_token_ms_max"] = round(float(first.max()), 3) if first.size else 0.0
+        # None where no token was read (not streamed, embeddings): no figure, not a zero
+        p99 = percentile(first, 99)
+        section["stalled_first_token_ms_p99"] = None if p99 is None else round(p99, 3)
+        section["stalled_first_token_ms_max"] = round(float(first.max()), 3) if first.size else None
         section["stalls"] = self.stall_count  # tokens after the kept ones: not judged
         every = max(1, -(-sum(max(0, len(c) - 1) for c in chunks) // TOKENS_CHECKED))
         later = self.stalled_stamps(itertools.chain.from_iterable(c[1:] for c in chunks[::every]))
