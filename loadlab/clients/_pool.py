@@ -21,9 +21,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import time
 import weakref
+from collections.abc import Callable
 
 from loadlab.clients._gate import SendGate
 from loadlab.clients._http1 import Failure, RawResult, ResponseReader, Sink, Target
@@ -47,9 +49,13 @@ class _Conn(ResponseReader, asyncio.Protocol):
         self._items = deferred.items  # looked up once, not on every read
         self._call_soon, self._turn = deferred.loop.call_soon, deferred.turn
         self.transport: asyncio.Transport | None = None
+        self.fd = -1  # the socket's descriptor, for a sender thread's write (-1: TLS)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self.fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         t = _clock()  # first: this is the chunk's arrival time
@@ -280,11 +286,49 @@ class RawPool:
         if gate is None:
             write()
         else:
+            # the sender's thread writes on a duplicate of the socket's descriptor, taken here
+            # while the connection is open: the loop may close its own at any time, and a
+            # descriptor number closed and reused must never get this request
+            fd = -1
+            if conn.fd >= 0 and not conn.lost and not conn.transport.is_closing():  # type: ignore[union-attr]
+                fd = os.dup(conn.fd)
+
+            def direct() -> Callable[[], None] | None:
+                """``write`` in the sender's thread: stamp, write what the socket takes; the
+                loop writes the rest, if any, and sets the timer (what this returns)."""
+                nonlocal result, deadline_ns
+                try:
+                    if conn.lost or conn.transport is None or conn.transport.is_closing():
+                        return write  # (the loop's write finds it closed: a fresh one)
+                    result = conn.start(sink, done)
+                    sent = conn.last_ns = result.sent_ns = clock()
+                    deadline_ns = max(deadline_ns, sent + budget_ns)
+                    try:
+                        n = os.write(fd, request)
+                    except OSError:  # full (the loop writes it), or broken (its write says)
+                        n = 0
+                    rest = request[n:] if n < len(request) else b""
+                    return lambda: after(rest, sent)
+                finally:
+                    os.close(fd)
+
+            def after(rest: bytes, sent: int) -> None:
+                if rest and not conn.lost and conn.transport is not None:
+                    conn.transport.write(rest)
+                timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
+
             try:
-                held = await gate.hold(write)
+                held = await gate.hold(write, direct if fd >= 0 else None)
             except asyncio.CancelledError:
-                self._release(idle, conn)
+                gate.withdraw()  # a sender thread that has not fired it never will now
+                if gate.fired and conn.transport is not None:
+                    conn.transport.abort()  # written (or being written): not a clean connection
+                else:
+                    self._release(idle, conn)
                 raise
+            finally:
+                if fd >= 0 and not gate.by_thread:
+                    os.close(fd)  # (the sender's thread closes the one it wrote on)
             if not held:  # withdrawn: never written
                 self._release(idle, conn)
                 return result

@@ -1,12 +1,14 @@
 """Open loop with big prompts: units are built in the scheduler's waits, not when due, and a
-request started ahead is written inside the call that fires its gate (against the fixed
-server on loopback, with the real client). Structural properties only: none of these asserts
-a duration that a loaded machine could miss."""
+request started ahead is written inside the call that fires its gate, in the run's sender
+thread, while the event loop may be busy (against the fixed server on loopback, with the real
+client). Structural properties only: none of these asserts a duration that a loaded machine
+could miss."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -79,20 +81,20 @@ def test_a_unit_with_no_wait_before_it_is_built_when_taken_and_counted() -> None
 def test_a_gated_request_is_written_inside_the_call_that_fires_its_gate(
     server: FixedScheduleServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fires: list[tuple[int, int]] = []  # (start, end) of every fire(), perf_counter_ns
+    fires: list[tuple[int, int, str]] = []  # (start, end, thread) of every fire
     encoded: dict[str, int] = {}
-    fire, encode = SendGate.fire, OpenAIClient.encode_body
+    fire, encode = SendGate.fire_threadsafe, OpenAIClient.encode_body
 
     def timed_fire(gate: SendGate) -> None:
         start = time.perf_counter_ns()
         fire(gate)
-        fires.append((start, time.perf_counter_ns()))
+        fires.append((start, time.perf_counter_ns(), threading.current_thread().name))
 
     def timed_encode(client: OpenAIClient, spec: RequestSpec) -> bytes:
         encoded[spec.request_id] = time.perf_counter_ns()
         return encode(client, spec)
 
-    monkeypatch.setattr(SendGate, "fire", timed_fire)
+    monkeypatch.setattr(SendGate, "fire_threadsafe", timed_fire)
     monkeypatch.setattr(OpenAIClient, "encode_body", timed_encode)
     times = [0.05 + 0.01 * i for i in range(30)] + [0.4] * 10  # spaced, then a burst
     specs = [RequestSpec(f"g{i}", BIG, 2, intended_at_s=t) for i, t in enumerate(times)]
@@ -107,15 +109,60 @@ def test_a_gated_request_is_written_inside_the_call_that_fires_its_gate(
     assert runner.t0_ns is not None
     t0 = runner.t0_ns
     assert len(res.records) == 40 and all(r.ok for r in res.records)
-    assert len(fires) == 40
+    assert len(fires) == 40 and {name for _, _, name in fires} == {"loadlab-sender"}
     for r in res.records:
         assert r.sent_ns is not None and r.intended_ns is not None
         assert r.sent_ns >= r.intended_ns  # never early
         sent = t0 + r.sent_ns
-        # the stamp (and the write right after it) happened inside one fire() call
-        assert any(start <= sent <= end for start, end in fires), r.request_id
+        # the stamp (and the write right after it) happened inside one fire call
+        assert any(start <= sent <= end for start, end, _ in fires), r.request_id
         assert encoded[r.request_id] < t0 + r.intended_ns  # the body was encoded ahead
         assert server.truth[r.request_id]["recv_ns"] >= sent
+    assert not runner._sender.is_alive()  # type: ignore[union-attr]  # stopped with the run
+
+
+def test_a_request_due_while_the_loop_is_busy_goes_out_on_time(
+    server: FixedScheduleServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the loop computes for 0.6 s from 0.1 s, holding the interpreter: the requests due at
+    # 0.12-0.14 s, started 50 ms ahead (SEND_LEAD_NS) before it began, are written by the
+    # sender thread during that time, not after it. One of them is 4 MB, more than a loopback
+    # socket takes at once: the loop writes the rest afterwards.
+    monkeypatch.setattr(runner_mod, "SEND_LEAD_NS", 50_000_000)
+    times = [0.0, 0.12, 0.13, 0.135, 0.14]
+    specs = [RequestSpec(f"b{i}", "hi", 2, intended_at_s=t) for i, t in enumerate(times)]
+    specs[3] = RequestSpec("b3", "word " * 800_000, 2, intended_at_s=0.135)
+    busy: list[int] = []
+
+    def compute() -> None:
+        start = time.perf_counter_ns()
+        while time.perf_counter_ns() - start < 600_000_000:
+            sum(range(100))  # bytecode: the interpreter's lock is handed over between steps
+        busy.extend((start, time.perf_counter_ns()))
+
+    async def go() -> tuple[Results, Runner]:
+        ep = EndpointConfig(url=server.url, model="m")
+        async with OpenAIClient(ep) as client:
+            runner = Runner(RunConfig(rate_rps=10, requests=5), iter(specs), client)
+            task = asyncio.ensure_future(runner.run())
+            await asyncio.sleep(0.01)  # t0 is set once the first connection is made
+            while runner.t0_ns is None:
+                await asyncio.sleep(0.001)
+            due = (runner.t0_ns + 100_000_000 - time.perf_counter_ns()) / 1e9
+            asyncio.get_running_loop().call_later(max(due, 0.0), compute)
+            return await task, runner
+
+    res, runner = asyncio.run(go())
+    assert runner.t0_ns is not None and busy
+    assert len(res.records) == 5 and all(r.ok for r in res.records), [
+        (r.request_id, r.outcome, r.error) for r in res.records
+    ]
+    for r in res.records[1:]:
+        assert r.sent_ns is not None and r.intended_ns is not None
+        assert r.sent_ns >= r.intended_ns > busy[0] - runner.t0_ns  # due once it computed
+        assert runner.t0_ns + r.sent_ns < busy[1], r.request_id  # and sent before it ended
+    big = next(r for r in res.records if r.request_id == "b3")
+    assert big.prompt_tokens == 800_000  # the whole body came (this server counts words)
 
 
 def test_the_aiohttp_transport_sends_when_its_gate_fires(server: FixedScheduleServer) -> None:
