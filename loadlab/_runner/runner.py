@@ -2,14 +2,16 @@
 a ``Results``.
 
 Open loop (``cfg.rate_rps``): every request (or the first turn of a chat session) is sent at
-``t0 + spec.intended_at_s``. The scheduler sleeps until about 1 ms before the due time, then
-yields to the event loop until the time has come (sub-millisecond precision without blocking
-the chunk readers). Nothing heavy waits for the due time: the coming units are built (prompts
-fitted, first bodies encoded) while the scheduler waits (``loadlab._runner.ahead``), and with a
-client that takes a gate (``loadlab.clients._gate``) each request is started ``SEND_LEAD_NS``
-ahead (its connection taken or opened then) and written when due by the run's sender thread
-(``loadlab._runner.sender``), which does not wait for the loop's turn. A client without gates is asked for a spare connection (``preconnect``, where it has one)
-``PRECONNECT_AHEAD_NS`` before each due request; every client that has one, once before t0.
+``t0 + spec.intended_at_s``. Nothing heavy waits for the due time: the coming units are built
+(prompts fitted, first bodies encoded) while the scheduler waits (``loadlab._runner.ahead``),
+and with a client that takes a gate (``loadlab.clients._gate``) each request is started
+``SEND_LEAD_NS`` ahead (its connection taken or opened then) and written when due by the run's
+sender thread (``loadlab._runner.sender``), which does not wait for the loop's turn; the run's
+garbage is collected between sends (``_collect_between_sends``). Otherwise the scheduler sleeps
+until about 1 ms before the due time, then yields to the event loop until the time has come
+(sub-millisecond precision without blocking the chunk readers); a client without gates is
+asked for a spare connection (``preconnect``, where it has one) ``PRECONNECT_AHEAD_NS`` before
+each due request; every client that has one, once before t0.
 With ``cfg.max_in_flight`` a request due while the cap is full is recorded ``dropped`` at
 once: it is never silently delayed (such a run starts each request when due). A request sent
 more than
@@ -756,15 +758,20 @@ async def _collect_between_sends(sender: Sender) -> None:
         while True:
             await asyncio.sleep(GC_EVERY_S)
             now = clock()
-            due = sender.next_due_ns()
-            room = due is None or due - now > max(GC_ROOM_NS, 2 * cost_ns)
-            if room or now - last_ns > GC_OVERDUE_NS:
+            if _time_to_collect(now, sender.next_due_ns(), last_ns, cost_ns):
                 done += 1
                 gc.collect(1 if done % GC_OLDER_EVERY == 0 else 0)
                 last_ns = clock()
                 cost_ns = max(last_ns - now, cost_ns * 9 // 10)
     finally:
         _AUTOMATIC_GC.release()
+
+
+def _time_to_collect(now_ns: int, due_ns: int | None, last_ns: int, cost_ns: int) -> bool:
+    """Whether to collect now: no request due within ``GC_ROOM_NS`` (or twice ``cost_ns``, the
+    recent collections' time), or the last collection ``GC_OVERDUE_NS`` ago."""
+    room = due_ns is None or due_ns - now_ns > max(GC_ROOM_NS, 2 * cost_ns)
+    return room or now_ns - last_ns > GC_OVERDUE_NS
 
 
 async def _unsendable(spec: RequestSpec) -> Completion:

@@ -77,11 +77,10 @@ def test_the_thread_asks_for_a_prompt_wake_up_and_says_what_it_got() -> None:
     assert got[0] in ("realtime", "short slice", "default")
 
 
-def test_a_gated_run_collects_garbage_between_sends_and_gives_back_the_automatic_one(
+def test_a_gated_run_collects_garbage_itself_and_gives_back_the_automatic_collection(
     server: FixedScheduleServer,
 ) -> None:
-    # 300 requests at random times over 1.5 s: every collection during the run starts with
-    # no request due within GC_ROOM_NS; the automatic collection is off while the run lasts
+    # the automatic collection is off while the run lasts, and the run collects by itself
     rng = random.Random(7)
     times = sorted(rng.uniform(0, 1.5) for _ in range(300))
     specs = [RequestSpec(f"c{i}", "hi", 2, intended_at_s=t) for i, t in enumerate(times)]
@@ -111,8 +110,19 @@ def test_a_gated_run_collects_garbage_between_sends_and_gives_back_the_automatic
         gc.callbacks.remove(note)
     assert enabled == [False] and gc.isenabled() == before
     assert runner.t0_ns is not None
-    dues = [runner.t0_ns + int(t * 1e9) for t in times]
-    during = [s for s in starts if dues[0] <= s <= dues[-1]]
-    assert during  # it did collect
-    room = runner_mod.GC_ROOM_NS
-    assert not [s for s in during if any(0 <= d - s <= room for d in dues)]
+    assert [s for s in starts if runner.t0_ns <= s <= runner.t0_ns + 1_500_000_000]
+
+
+def test_a_collection_waits_for_a_moment_with_no_request_due() -> None:
+    room, ms = runner_mod.GC_ROOM_NS, 1_000_000
+    now = 10**12
+    assert runner_mod._time_to_collect(now, None, now - ms, 0)  # nothing due
+    assert runner_mod._time_to_collect(now, now + room + ms, now - ms, 0)
+    assert not runner_mod._time_to_collect(now, now + room // 2, now - ms, 0)
+    assert not runner_mod._time_to_collect(now, now - ms, now - ms, 0)  # one being sent
+    # collections that took 3 ms need 6 ms of room
+    assert not runner_mod._time_to_collect(now, now + 5 * ms, now - ms, 3 * ms)
+    assert runner_mod._time_to_collect(now, now + 7 * ms, now - ms, 3 * ms)
+    # a schedule with no room at all is collected anyway, once overdue
+    overdue = now - runner_mod.GC_OVERDUE_NS - ms
+    assert runner_mod._time_to_collect(now, now + room // 2, overdue, 0)
