@@ -31,8 +31,9 @@ def format_line(
     """One status line; the pure part of the display (tested without a terminal)."""
     span = f"{elapsed_s:6.1f}s" + (f" / {total_s:.0f}s" if total_s else "")
     done = f"done {stats.done:,}" + (f"/{total_requests:,}" if total_requests else "")
+    sent = stats.in_flight - (stats.ahead - stats.fired)  # not those started ahead, not yet due
     return (
-        f"[{span}]  {done}  in flight {stats.in_flight}  dropped {stats.dropped:,}  "
+        f"[{span}]  {done}  in flight {sent}  dropped {stats.dropped:,}  "
         f"errors {stats.failed:,}  out {tokens_per_s:,.0f} tok/s"
     )
 

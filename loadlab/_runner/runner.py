@@ -116,7 +116,9 @@ class LiveStats:
     """Counters the progress display reads while the run goes on."""
 
     scheduled: int = 0
-    in_flight: int = 0
+    in_flight: int = 0  # started (a gated open loop's from SEND_LEAD_NS before they are due)
+    ahead: int = 0  # a gated open loop's requests started ahead (the loop's thread counts)
+    fired: int = 0  # of which their gate has fired (the sender's thread counts)
     done: int = 0
     failed: int = 0
     dropped: int = 0
@@ -408,7 +410,7 @@ class Runner:
         """Each unit started ``SEND_LEAD_NS`` ahead, its gate handed to the sender thread;
         the loop builds the next units meanwhile. Returns once the last unit has started:
         ``_drain`` waits for them, the sender fires them (``stop`` withdraws those left)."""
-        sender = self._sender = Sender(self.dispatch_lag_ns)
+        sender = self._sender = Sender(self.dispatch_lag_ns, self.stats)
         sender.start()
         self._collector = asyncio.get_running_loop().create_task(_collect_between_sends(sender))
         nxt = self._next_due(ahead)
@@ -422,6 +424,7 @@ class Runner:
             while nxt is not None and nxt.due_ns - SEND_LEAD_NS <= clock:
                 gate = SendGate()
                 self.stats.in_flight += 1
+                self.stats.ahead += 1
                 intended_ns = nxt.due_ns - self.t0_ns  # type: ignore[operator]  # set by run()
                 self._spawn(self._run_unit(nxt.unit, intended_ns, nxt.body, gate))
                 sender.add(nxt.due_ns, gate)
@@ -430,7 +433,9 @@ class Runner:
     def _stop_sender(self) -> None:
         """No gate fires after this; those not fired are withdrawn (never sent)."""
         if self._sender is not None:
-            for gate in self._sender.stop():
+            left = self._sender.stop()
+            self.stats.ahead -= len(left)  # never sent
+            for gate in left:
                 gate.withdraw()
         if self._collector is not None:
             self._collector.cancel()  # (the collector gives the automatic collection back)

@@ -12,7 +12,7 @@ what is left when it gets to it (the bytes a full socket did not take, the read 
 
 Example::
 
-    sender = Sender(lags)  # lags: each request's dispatch lag, appended here
+    sender = Sender(lags, stats)  # lags: each request's dispatch lag, appended here
     sender.start()
     sender.add(due_ns, gate)
     ...
@@ -29,8 +29,12 @@ import os
 import platform
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from loadlab.clients._gate import SendGate
+
+if TYPE_CHECKING:
+    from loadlab._runner.runner import LiveStats
 
 __all__ = ["Sender"]
 
@@ -38,9 +42,10 @@ __all__ = ["Sender"]
 class Sender(threading.Thread):
     """Fires the gates it is given, each at its due time (``perf_counter_ns``), in due order."""
 
-    def __init__(self, lags_ns: list[int]) -> None:
+    def __init__(self, lags_ns: list[int], stats: LiveStats | None = None) -> None:
         super().__init__(name="loadlab-sender", daemon=True)
         self.lags_ns = lags_ns  # each fired gate's lag behind its due time (list appends: atomic)
+        self.stats = stats  # its ``fired`` counts the gates fired (this thread alone writes it)
         self._cond = threading.Condition(threading.Lock())
         self._due: list[tuple[int, int, SendGate]] = []  # a heap: (due_ns, order, gate)
         self._order = itertools.count()
@@ -84,6 +89,8 @@ class Sender(threading.Thread):
                 due_ns, _, gate = heapq.heappop(due)
             self.lags_ns.append(clock() - due_ns)
             gate.fire_threadsafe()
+            if self.stats is not None:
+                self.stats.fired += 1
 
 
 SLICE_NS = 100_000  # the sender thread's slice: the shortest Linux grants (0.1 ms)

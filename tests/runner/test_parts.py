@@ -149,6 +149,9 @@ def test_progress_line_and_quiet_without_tty() -> None:
     line = format_line(LiveStats(done=12, in_flight=3, failed=1), 4.0, 1234.0, 60.0, 100)
     assert line == "[   4.0s / 60s]  done 12/100  in flight 3  dropped 0  errors 1  out 1,234 tok/s"
     assert Progress(LiveStats(), stream=io.StringIO()).enabled is False
+    # a gated open loop's 40 requests started ahead, 35 of them due and written: 5 not in flight
+    waiting = LiveStats(in_flight=40, ahead=100, fired=95)
+    assert "in flight 35 " in format_line(waiting, 1.0, 0.0)
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -119,6 +119,7 @@ def test_a_gated_request_is_written_inside_the_call_that_fires_its_gate(
         assert encoded[r.request_id] < t0 + r.intended_ns  # the body was encoded ahead
         assert server.truth[r.request_id]["recv_ns"] >= sent
     assert not runner._sender.is_alive()  # type: ignore[union-attr]  # stopped with the run
+    assert runner.stats.ahead == runner.stats.fired == 40 and runner.stats.in_flight == 0
 
 
 def test_a_request_due_while_the_loop_is_busy_goes_out_on_time(
@@ -193,14 +194,15 @@ def test_stopping_withdraws_requests_started_ahead_unsent(
     times = [0.0, 0.01] + [0.6] * 5
     specs = [RequestSpec(f"w{i}", "hi", 2, intended_at_s=t) for i, t in enumerate(times)]
 
-    async def go() -> Results:
+    async def go() -> tuple[Results, Runner]:
         ep = EndpointConfig(url=server.url, model="m")
         async with OpenAIClient(ep) as client:
             runner = Runner(RunConfig(rate_rps=10, requests=7), iter(specs), client)
             asyncio.get_running_loop().call_later(0.35, runner.stop)
-            return await runner.run()
+            return await runner.run(), runner
 
-    res = asyncio.run(go())
+    res, runner = asyncio.run(go())
+    assert runner.stats.ahead == runner.stats.fired == 2  # the withdrawn ones are not waiting
     assert {r.request_id for r in res.records} == {"w0", "w1"}
     assert res.scheduled_count == 2
     assert not any(f"w{i}" in server.truth for i in range(2, 7))
