@@ -29,20 +29,23 @@ import os
 import platform
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from loadlab.clients._gate import SendGate
 
-if TYPE_CHECKING:
-    from loadlab._runner.runner import LiveStats
+__all__ = ["Counts", "Sender"]
 
-__all__ = ["Sender"]
+
+class Counts(Protocol):
+    """Where the sender counts the gates it fired (the runner's ``LiveStats``)."""
+
+    fired: int
 
 
 class Sender(threading.Thread):
     """Fires the gates it is given, each at its due time (``perf_counter_ns``), in due order."""
 
-    def __init__(self, lags_ns: list[int], stats: LiveStats | None = None) -> None:
+    def __init__(self, lags_ns: list[int], stats: Counts | None = None) -> None:
         super().__init__(name="loadlab-sender", daemon=True)
         self.lags_ns = lags_ns  # each fired gate's lag behind its due time (list appends: atomic)
         self.stats = stats  # its ``fired`` counts the gates fired (this thread alone writes it)
