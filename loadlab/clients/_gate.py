@@ -82,7 +82,12 @@ class SendGate:
             write, direct = self._write, self._direct
             self._write = self._direct = None
             self.by_thread = direct is not None
-        after = direct() if direct is not None else write
+        after = write
+        if direct is not None:
+            try:
+                after = direct()
+            except Exception:  # nothing written yet: the loop writes it (and says why it fails)
+                after = write
         loop.call_soon_threadsafe(self._written, after)
 
     def _written(self, after: Callable[[], None] | None) -> None:

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
 import time
@@ -310,7 +311,8 @@ class RawPool:
                     rest = request[n:] if n < len(request) else b""
                     return lambda: after(rest, sent)
                 finally:
-                    os.close(fd)
+                    with contextlib.suppress(OSError):  # (raising now would write it twice)
+                        os.close(fd)
 
             def after(rest: bytes, sent: int) -> None:
                 if rest and not conn.lost and conn.transport is not None:

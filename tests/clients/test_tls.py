@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from loadlab._runner.runner import Runner, run_async
 from loadlab.clients import OpenAIClient
-from loadlab.config import EndpointConfig
+from loadlab.clients._gate import SendGate
+from loadlab.config import EndpointConfig, RunConfig
 from loadlab.records import RequestSpec
+from loadlab.results import Results
 from loadlab.selftest._fixed_server import FixedScheduleServer
 from tests.helpers.loopback import self_signed_cert
 
@@ -42,3 +45,32 @@ def test_streaming_over_tls(cert: tuple[Path, Path], transport: str) -> None:
                     assert len(done.record.chunk_ns) == 4
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_an_open_loop_on_uvloop_sends_from_its_thread_in_the_clear_only(
+    cert: tuple[Path, Path], tls: bool
+) -> None:
+    # the sender thread writes a request on the socket itself only where the bytes go as they
+    # are; over TLS the loop's transport encrypts them: every request is answered either way
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(*cert)
+    by_thread: list[bool] = []
+    hold = SendGate.hold
+
+    async def watched(gate: SendGate, write, direct=None):  # type: ignore[no-untyped-def]
+        by_thread.append(direct is not None)
+        return await hold(gate, write, direct)
+
+    async def main() -> Results:
+        server = FixedScheduleServer(ttft_ms=2, itl_ms=1, ssl_context=ctx if tls else None)
+        async with server as srv:
+            async with OpenAIClient(EndpointConfig(srv.url, model="m")) as client:
+                specs = [RequestSpec(f"u{i}", "hi", 3, intended_at_s=0.01 * i) for i in range(8)]
+                return await Runner(RunConfig(rate_rps=10, requests=8), iter(specs), client).run()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SendGate, "hold", watched)
+        res = run_async(main())
+    assert [r.outcome for r in res.records] == ["ok"] * 8
+    assert by_thread == [not tls] * 8
