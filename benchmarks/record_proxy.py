@@ -12,6 +12,7 @@ and the proxy's summary line says whether the writer kept up (no trace line lost
 
     python3 benchmarks/record_proxy.py --streams 64,256 --requests-per-stream 10 --rounds 2
     python3 benchmarks/record_proxy.py --wire       # and the proxy's own delay, by the kernel
+    python3 benchmarks/record_proxy.py --pin        # the proxy on a CPU of its own
 
 Before the measured runs, one unmeasured run through the proxy at the most streams opens the
 proxy's upstream connections, as a proxy that has been serving has them (``--no-warm-up``: a
@@ -28,6 +29,10 @@ comes; warm: those kept) and prints the proxy's own delay, by the kernel's times
 by request (matched by ``X-Request-Id``, which the proxy passes on): the request's last byte
 out to the server minus its last byte in from the client, and each token event out to the
 client minus the same event in from the server.
+
+``--pin`` gives the proxy (and its trace writer) the last CPU and the server and the client the
+others, as a proxy in service runs beside the traffic, not on its cores: what is left is the
+proxy's own work, not its waiting for a CPU that the other two hold.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import numpy as np
 import psutil
 
 from loadlab._analysis import metrics
+from loadlab._lab.machine import pin_threads
 from loadlab._wire.capture import Capture, check_capture
 from loadlab._wire.http import Exchange, read_exchanges
 from loadlab.results import read_results
@@ -69,6 +75,9 @@ def _run(url: str, streams: int, requests: int, out: Path) -> dict[str, float]:
     }
 
 
+PROXY_CPUS: set[int] = set()  # --pin: the proxy's (and its trace writer's) CPUs
+
+
 def start_proxy(url: str) -> tuple[subprocess.Popen[str], str]:
     """``loadlab record`` in front of ``url``: its process and its address."""
     proxy = subprocess.Popen(
@@ -77,7 +86,11 @@ def start_proxy(url: str) -> tuple[subprocess.Popen[str], str]:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proxy.stdout is not None
-    return proxy, proxy.stdout.readline().split()[1]
+    via = proxy.stdout.readline().split()[1]  # (listening: its trace writer has started)
+    if PROXY_CPUS:
+        for proc in [psutil.Process(proxy.pid), *psutil.Process(proxy.pid).children()]:
+            pin_threads(proc.pid, PROXY_CPUS)
+    return proxy, via
 
 
 def proxy_delays(inbound: list[Exchange], outbound: list[Exchange]) -> list[dict[str, list[float]]]:
@@ -141,9 +154,16 @@ def main() -> int:
                     help="measure from a cold proxy (no upstream connection open yet)")  # fmt: skip
     ap.add_argument("--wire", action="store_true",
                     help="capture both sides of the proxy: its own delay by the kernel's clock")  # fmt: skip
+    ap.add_argument("--pin", action="store_true",
+                    help="the proxy on the last CPU, the server and the client on the others")  # fmt: skip
     args = ap.parse_args()
     if args.wire:
         check_capture(None)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) >= 2:
+        PROXY_CPUS.add(cpus[-1])
+        os.sched_setaffinity(0, set(cpus[:-1]))  # the server and the clients start from here
+        print(f"pinned: the proxy on CPU {cpus[-1]}, the server and the client on {cpus[:-1]}")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     rows = []
     with FixedServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens) as url:
