@@ -144,6 +144,41 @@ def parse_backlog_ms(loop: asyncio.AbstractEventLoop) -> float:
     return max(0.0, (time.perf_counter_ns() - oldest) / 1e6)
 
 
+class _Watchdog:
+    """A request's read timeout and total timeout, from its write on: one timer per read-timeout
+    period, not one per chunk. ``stop`` drops the timer, and with it the one reference cycle
+    (the timer's callback is this object's method): a run that freezes its heap would keep
+    every request's cycle until it ended."""
+
+    __slots__ = ("conn", "deadline_ns", "handle", "loop", "read_ns", "read_timeout_s")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, conn: _Conn, deadline_ns: int, read_timeout_s: float
+    ) -> None:
+        self.loop, self.conn, self.deadline_ns = loop, conn, deadline_ns
+        self.read_timeout_s, self.read_ns = read_timeout_s, int(read_timeout_s * 1e9)
+        self.handle: asyncio.TimerHandle | None = None
+
+    def start(self, sent_ns: int) -> None:
+        wait_ns = min(self.read_ns, self.deadline_ns - sent_ns)
+        self.handle = self.loop.call_later(wait_ns / 1e9, self.check)
+
+    def check(self) -> None:
+        now, conn = _clock(), self.conn
+        if now >= self.deadline_ns:
+            conn.end(Failure.TIMEOUT, "past the total timeout")
+        elif now - conn.last_ns >= self.read_ns:
+            conn.end(Failure.TIMEOUT, f"no byte for {self.read_timeout_s} s (read timeout)")
+        else:
+            due_ns = min(conn.last_ns + self.read_ns, self.deadline_ns)
+            self.handle = self.loop.call_later((due_ns - now) / 1e9, self.check)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
 class RawPool:
     """Keep-alive connections per target; ``max_connections`` > 0 caps them (others wait)."""
 
@@ -255,34 +290,21 @@ class RawPool:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         result = RawResult()
-        read_ns = int(read_timeout_s * 1e9)
         clock = time.perf_counter_ns
-
-        timer: list[asyncio.TimerHandle] = []
-
-        def watchdog() -> None:  # one timer per read-timeout period, not one per chunk
-            now = clock()
-            if now >= deadline_ns:
-                conn.end(Failure.TIMEOUT, "past the total timeout")
-            elif now - conn.last_ns >= read_ns:
-                conn.end(Failure.TIMEOUT, f"no byte for {read_timeout_s} s (read timeout)")
-            else:
-                timer[0] = loop.call_later(
-                    min(conn.last_ns + read_ns, deadline_ns) / 1e9 - now / 1e9, watchdog
-                )
+        watch = _Watchdog(loop, conn, deadline_ns, read_timeout_s)
 
         budget_ns = deadline_ns - clock()  # the whole-request timeout runs from the write
 
         def write() -> None:  # the send itself: at once, or when the gate fires
-            nonlocal result, deadline_ns
+            nonlocal result
             if conn.lost:  # closed while it waited for the gate: the caller takes a fresh one
                 return
             assert conn.transport is not None  # noqa: S101 (set by connection_made)
             result = conn.start(sink, done)
             sent = conn.last_ns = result.sent_ns = clock()
-            deadline_ns = max(deadline_ns, sent + budget_ns)
+            watch.deadline_ns = max(watch.deadline_ns, sent + budget_ns)
             conn.transport.write(request)
-            timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
+            watch.start(sent)
 
         if gate is None:
             write()
@@ -297,13 +319,13 @@ class RawPool:
             def direct() -> Callable[[], None] | None:
                 """``write`` in the sender's thread: stamp, write what the socket takes; the
                 loop writes the rest, if any, and sets the timer (what this returns)."""
-                nonlocal result, deadline_ns
+                nonlocal result
                 try:
                     if conn.lost or conn.transport is None or conn.transport.is_closing():
                         return write  # (the loop's write finds it closed: a fresh one)
                     result = conn.start(sink, done)
                     sent = conn.last_ns = result.sent_ns = clock()
-                    deadline_ns = max(deadline_ns, sent + budget_ns)
+                    watch.deadline_ns = max(watch.deadline_ns, sent + budget_ns)
                     try:
                         n = os.write(fd, request)
                     except OSError:  # full (the loop writes it), or broken (its write says)
@@ -317,7 +339,7 @@ class RawPool:
             def after(rest: bytes, sent: int) -> None:
                 if rest and not conn.lost and conn.transport is not None:
                     conn.transport.write(rest)
-                timer.append(loop.call_later(min(read_ns, deadline_ns - sent) / 1e9, watchdog))
+                watch.start(sent)
 
             try:
                 held = await gate.hold(write, direct if fd >= 0 else None)
@@ -344,7 +366,7 @@ class RawPool:
             conn.transport.abort()
             raise
         finally:
-            timer[0].cancel()
+            watch.stop()
         if result.error is Failure.CONNECT and reused and not conn.got_bytes:
             result.stale = True
         if conn.reusable and result.error is None and not conn.lost:
