@@ -227,20 +227,10 @@ def test_a_spare_connection_is_opened_ahead_and_the_next_request_goes_out_on_it(
     """``preconnect`` opens one connection when none is idle (and only one while it opens);
     the request that follows is sent on it without a connect of its own; a capped pool opens
     no spare."""
-    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     accepted: list[int] = []
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(1)
-        while await reader.readuntil(b"\r\n\r\n"):
-            await reader.readexactly(2)
-            writer.write(ok)
-            await writer.drain()
-
     async def main() -> None:
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        target = Target("127.0.0.1", server.sockets[0].getsockname()[1], False, "/")
-        request = frame_request(target.request_head({}), "r", b"{}")
+        server, target, request = await _ok_server(accepted)
         raw = pool.RawPool()
         spare = raw.preconnect(target, 5.0)
         assert spare is not None and raw.preconnect(target, 5.0) is None  # one at a time
@@ -271,18 +261,9 @@ def test_a_request_leaves_no_reference_cycle_behind() -> None:
     """A run freezes its heap now and then (``loadlab._runner.runner._freeze_every``), so a
     cycle made by a request waits for the run's end: 60 requests, plain and through a gate,
     leave none (each left 13 objects in one before: its read timer's callback held itself)."""
-    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.readuntil(b"\r\n\r\n"):
-            await reader.readexactly(2)
-            writer.write(ok)
-            await writer.drain()
 
     async def main() -> int:
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        target = Target("127.0.0.1", server.sockets[0].getsockname()[1], False, "/")
-        request = frame_request(target.request_head({}), "r", b"{}")
+        server, target, request = await _ok_server()
         raw = pool.RawPool()
         await raw.request(target, request, Sink(), timeout_s=5.0, read_timeout_s=5.0)
         gc.collect()
@@ -305,3 +286,21 @@ def test_a_request_leaves_no_reference_cycle_behind() -> None:
         return left
 
     assert asyncio.run(main()) < 60  # under one object a request: none is a request's
+
+
+async def _ok_server(accepted: list[int] | None = None) -> tuple[asyncio.Server, Target, bytes]:
+    """A server that answers every request (a 2-byte body) with ``ok`` on a kept-alive
+    connection; each connection it accepts is noted in ``accepted``. Its target and a request."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if accepted is not None:
+            accepted.append(1)
+        while await reader.readuntil(b"\r\n\r\n"):
+            await reader.readexactly(2)
+            writer.write(ok)
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    target = Target("127.0.0.1", server.sockets[0].getsockname()[1], False, "/")
+    return server, target, frame_request(target.request_head({}), "r", b"{}")
