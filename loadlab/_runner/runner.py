@@ -581,7 +581,7 @@ class Runner:
             options["body"] = body
         if gate is not None:
             options["gate"] = gate
-        coro = self.client.send(spec, **options) if spec.error is None else _unsendable(spec)
+        coro = self.client.send(spec, **options) if spec.error is None else _unsendable(spec, gate)
         task = asyncio.ensure_future(coro)
         self._send_tasks.add(task)
         try:
@@ -779,8 +779,12 @@ def _time_to_collect(now_ns: int, due_ns: int | None, last_ns: int, cost_ns: int
     return room or now_ns - last_ns > GC_OVERDUE_NS
 
 
-async def _unsendable(spec: RequestSpec) -> Completion:
-    """A request its workload could not build: recorded as a failure, never sent."""
+async def _unsendable(spec: RequestSpec, gate: SendGate | None = None) -> Completion:
+    """A request its workload could not build: recorded as a failure, never sent. Started
+    ahead with a gate, it is recorded when the gate fires, at its time (a gate withdrawn first,
+    the run stopped before its time: not recorded, as a request that was never due)."""
+    if gate is not None:
+        await gate.wait()
     return Completion(_record_for(spec, OUTCOME_BAD_INPUT, spec.error or "bad input"))
 
 

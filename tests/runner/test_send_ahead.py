@@ -279,3 +279,24 @@ def test_a_run_shortens_the_thread_switch_interval_and_hands_it_back() -> None:
     _run(RunConfig(rate_rps=10, requests=3), iter(specs), Probe())
     assert seen and max(seen) <= runner_mod.SWITCH_INTERVAL_S
     assert sys.getswitchinterval() == before
+
+
+def test_a_request_its_workload_could_not_build_is_recorded_at_its_time(
+    server: FixedScheduleServer,
+) -> None:
+    # started ahead like the others, a broken request waits for its gate and is recorded
+    # bad_input once it fired; it was lost before (its unit ended before its gate fired)
+    specs = [RequestSpec(f"x{i}", "hi", 2, intended_at_s=0.05 * i) for i in range(6)]
+    specs[2] = RequestSpec("x2", "hi", 2, intended_at_s=0.1, error="broken trace line 3")
+
+    async def go() -> tuple[Results, Runner]:
+        async with OpenAIClient(EndpointConfig(url=server.url, model="m")) as client:
+            runner = Runner(RunConfig(rate_rps=10, requests=6), iter(specs), client)
+            return await runner.run(), runner
+
+    res, runner = asyncio.run(go())
+    outcomes = {r.request_id: r.outcome for r in res.records}
+    assert len(res.records) == 6 and res.scheduled_count == 6
+    assert outcomes.pop("x2") == "bad_input" and set(outcomes.values()) == {"ok"}
+    assert "x2" not in server.truth  # never sent
+    assert runner.stats.fired == runner.stats.ahead == 6
