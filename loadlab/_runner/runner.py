@@ -56,10 +56,10 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from loadlab._analysis.metrics import percentile
 from loadlab._runner.ahead import Lookahead
@@ -85,7 +85,7 @@ from loadlab.results import Results, environment_info
 __all__ = ["LiveStats", "Runner", "group_units", "run_async"]
 
 _FREEZE_EVERY_S = 0.1  # the run freezes the heap this often (_freeze_every)
-SWITCH_INTERVAL_S = 0.0002  # the GIL switch interval while a run lasts (_SwitchInterval)
+SWITCH_INTERVAL_S = 0.0002  # the GIL switch interval while a run lasts (_short_switch_interval)
 NS_PER_S = 1_000_000_000
 SPIN_NS = 1_000_000  # the last stretch before a due time is waited by yielding, not sleeping
 # open loop: a request is started (record, framing, connection) this long before it is due
@@ -211,7 +211,6 @@ class Runner:
         self._unit_errors: list[BaseException] = []
         self._stop_sending: asyncio.Future[None] | None = None
         self._room: asyncio.Future[None] | None = None  # a closed loop's builder waits on it
-        self._ready: deque[_Due] = deque()  # open loop: a connection asked for, not yet due
         self._sender: Sender | None = None  # the gated open loop's (``_open_loop_gated``)
         self._collector: asyncio.Task[None] | None = None  # its garbage collection
 
@@ -383,7 +382,7 @@ class Runner:
             return
         preconnect = getattr(self.client, "preconnect", None)
         lead_ns = PRECONNECT_AHEAD_NS if preconnect else 0
-        ready = self._ready  # their connection asked for ahead, in schedule order
+        ready: deque[_Due] = deque()  # their connection asked for ahead, in schedule order
         nxt = self._next_due(ahead)
         while nxt is not None or ready:
             clock = time.perf_counter_ns()
@@ -404,7 +403,7 @@ class Runner:
             if not lead_ns and nxt is not None and nxt.due_ns <= time.perf_counter_ns():
                 self._dispatch(nxt)
                 nxt = self._next_due(ahead)
-        ready.clear()  # the run stopped first: never sent, never recorded
+        # what ``ready`` holds when the run stopped first was never sent: never recorded
 
     async def _open_loop_gated(self, ahead: Lookahead) -> None:
         """Each unit started ``SEND_LEAD_NS`` ahead, its gate handed to the sender thread;
@@ -671,31 +670,39 @@ class Runner:
             raise self._unit_errors[0]
 
 
-class _SwitchInterval:
-    """The run's thread switch interval: ``SWITCH_INTERVAL_S`` while any run of the process
-    lasts, Python's own (5 ms) again after the last.
+class _WhileRuns(Generic[T]):
+    """A process-wide setting held while any run of the process lasts (``hold``), given back
+    as it was after the last (``release``): ``take`` sets it and returns what it was,
+    ``give_back`` restores that."""
 
-    Other threads of a run hold the GIL now and then (the journal encoding a second's records,
-    images being drawn); when the event loop wakes for a due request while one does, it waits
-    for the GIL until the holder blocks or the interval forces a switch: up to 5 ms late."""
-
-    def __init__(self) -> None:
+    def __init__(self, take: Callable[[], T], give_back: Callable[[T], None]) -> None:
+        self.take, self.give_back = take, give_back
         self.runs = 0
-        self.saved = 0.0
+        self.saved: T | None = None
 
     def hold(self) -> None:
         if self.runs == 0:
-            self.saved = sys.getswitchinterval()
-            sys.setswitchinterval(min(self.saved, SWITCH_INTERVAL_S))
+            self.saved = self.take()
         self.runs += 1
 
     def release(self) -> None:
         self.runs -= 1
         if self.runs == 0:
-            sys.setswitchinterval(self.saved)
+            self.give_back(self.saved)  # type: ignore[arg-type]  # set by the first hold
 
 
-_SWITCH = _SwitchInterval()
+def _short_switch_interval() -> float:
+    """The run's thread switch interval: ``SWITCH_INTERVAL_S`` (Python's own is 5 ms).
+
+    Other threads of a run hold the GIL now and then (the journal encoding a second's records,
+    images being drawn, the open loop's sender); when the event loop wakes while one does, it
+    waits for the GIL until the holder blocks or the interval forces a switch: up to 5 ms."""
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(min(saved, SWITCH_INTERVAL_S))
+    return saved
+
+
+_SWITCH = _WhileRuns(_short_switch_interval, sys.setswitchinterval)
 
 
 async def _freeze_every(period_s: float) -> None:
@@ -721,27 +728,15 @@ GC_OVERDUE_NS = 1_000_000_000  # or anyway, this long after the last collection
 GC_OLDER_EVERY = 10  # every this many collections also take the generation above
 
 
-class _Automatic:
-    """Python's automatic garbage collection, off while any gated open loop of the process
-    runs (``hold``), as it was again after the last (``release``)."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-        self.was_on = True
-
-    def hold(self) -> None:
-        if self.runs == 0:
-            self.was_on = gc.isenabled()
-            gc.disable()
-        self.runs += 1
-
-    def release(self) -> None:
-        self.runs -= 1
-        if self.runs == 0 and self.was_on:
-            gc.enable()
+def _automatic_gc_off() -> bool:
+    """Python's automatic garbage collection off (a gated open loop collects its own, between
+    sends: ``_collect_between_sends``); whether it was on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    return was_on
 
 
-_AUTOMATIC_GC = _Automatic()
+_AUTOMATIC_GC = _WhileRuns(_automatic_gc_off, lambda was_on: gc.enable() if was_on else None)
 
 
 async def _collect_between_sends(sender: Sender) -> None:
