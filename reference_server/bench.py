@@ -33,6 +33,7 @@ from reference_server.sequence import SamplingParams, ScheduledBatch, ScheduledS
 
 __all__ = [
     "attention_flops",
+    "decode_batch",
     "decode_step_time_s",
     "machine_peaks",
     "prefill_time_s",
@@ -104,14 +105,20 @@ def _time_step(runner: ModelRunner, batch: ScheduledBatch, repeats: int, warmup:
     return min(times)
 
 
+def decode_batch(runner: ModelRunner, batch: int, context_tokens: int) -> ScheduledBatch:
+    """A decode step's work: ``batch`` sequences each holding ``context_tokens`` tokens of K/V
+    make one token each (the context is not prefilled: its contents do not change the cost)."""
+    seqs = _make_seqs(runner, batch, context_tokens, computed=context_tokens - 1)
+    return ScheduledBatch([ScheduledSeq(s, 1) for s in seqs])
+
+
 def decode_step_time_s(
     runner: ModelRunner, batch: int, context_tokens: int, repeats: int = 5, *, warmup: bool = True
 ) -> float:
     """Seconds (fastest of ``repeats``) of one decode step: ``batch`` sequences each holding ``context_tokens``
     tokens of K/V make one token each (the same step is re-run; the cache contents do not
     change the cost, so the context is not prefilled)."""
-    seqs = _make_seqs(runner, batch, context_tokens, computed=context_tokens - 1)
-    return _time_step(runner, ScheduledBatch([ScheduledSeq(s, 1) for s in seqs]), repeats, warmup)
+    return _time_step(runner, decode_batch(runner, batch, context_tokens), repeats, warmup)
 
 
 def prefill_time_s(
