@@ -57,6 +57,26 @@ _SMALL_MODEL_PARAMS = 5_000_000  # below this, default to one torch thread
 TEXT_OUTPUT_IDS = [10, *range(32, 127)]  # "\n" and printable ASCII
 
 
+def gpu_kv_bytes(free: int, total: int, own: int, share: float = 1.0) -> int:
+    """A GPU KV cache's default size: ``_GPU_KV_FRACTION`` of the memory free once the weights
+    (``own``: what this process holds) are loaded. ``share`` < 1 where processes of one server
+    share the device (disaggregated workers): each takes that share of the device's fraction
+    less its own weights, whatever the others already took, so neither start order nor a
+    race between their starts decides who gets the memory; never more than is free now.
+
+    >>> GiB = 2**30
+    >>> gpu_kv_bytes(100 * GiB, 140 * GiB, 2 * GiB) // GiB  # alone: 0.8 of what is free
+    80
+    >>> gpu_kv_bytes(100 * GiB, 140 * GiB, 2 * GiB, 0.5) // GiB  # half of 0.8 x 140, less 2
+    54
+    >>> gpu_kv_bytes(40 * GiB, 140 * GiB, 2 * GiB, 0.5) // GiB  # the other took more: what is free
+    32
+    """
+    if share >= 1:
+        return int(free * _GPU_KV_FRACTION)
+    return max(0, int(min(free * _GPU_KV_FRACTION, total * _GPU_KV_FRACTION * share - own)))
+
+
 def resolve_args(preset: str | ModelArgs) -> ModelArgs:
     """ModelArgs of a preset name (or the args themselves)."""
     if isinstance(preset, ModelArgs):
@@ -93,8 +113,12 @@ class ModelRunner:
         dtype: torch.dtype | None = None,
         seed: int = 0,
         threads: int | None = None,
+        kv_share: float = 1.0,
     ) -> None:
         self.args = resolve_args(preset)
+        if not 0 < kv_share <= 1:
+            raise ValueError(f"kv_share must be in (0, 1], got {kv_share}")
+        self._kv_share = kv_share
         self.preset = preset if isinstance(preset, str) else "custom"
         at_least("block_size", block_size, 1)
         if threads is None and self.args.num_params < _SMALL_MODEL_PARAMS:
@@ -169,8 +193,9 @@ class ModelRunner:
 
     def _default_kv_bytes(self) -> int:
         if self.device.type == "cuda":
-            free_bytes, _ = torch.cuda.mem_get_info(self.device)
-            return int(free_bytes * _GPU_KV_FRACTION)
+            free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+            own = torch.cuda.memory_allocated(self.device)
+            return gpu_kv_bytes(free_bytes, total_bytes, own, self._kv_share)
         # Enough for 64 full-length sequences, at most 1 GiB and a quarter of free RAM.
         full = 64 * self.args.max_seq_len * self.kv_bytes_per_token
         try:

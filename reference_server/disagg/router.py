@@ -483,6 +483,8 @@ def build_app(config: ServerConfig) -> tuple[Any, DisaggregatedEngine, dict[str,
     max_len = min(model.max_seq_len, config.max_model_len or model.max_seq_len)
     kv_bytes = int(config.kv_cache_mb * 2**20) if config.kv_cache_mb else None
     init = config.dist_init or f"tcp://127.0.0.1:{free_port()}"
+    # rank r runs on cuda:(r % ndev); the workers on one device split its default KV memory
+    on_device = [sum(1 for r in range(world) if r % ndev == d) for d in range(ndev)]
     configs: list[WorkerConfig] = []
     for rank in range(world):
         role = "prefill" if rank < n_pre else "decode"
@@ -496,7 +498,8 @@ def build_app(config: ServerConfig) -> tuple[Any, DisaggregatedEngine, dict[str,
             threads=threads, device=f"cuda:{rank % ndev}" if ndev else None, backend=backend,
             max_held=config.max_held or config.max_num_seqs, api_pid=os.getpid(),
             nice=nice if role == "prefill" else 0,
-            prefix_caching=config.prefix_caching == "on"))  # fmt: skip
+            prefix_caching=config.prefix_caching == "on",
+            kv_share=1 / on_device[rank % ndev] if ndev else 1.0))  # fmt: skip
     engine = DisaggregatedEngine(configs, max_num_seqs=config.max_num_seqs)
     workers = engine.launch()
     max_len = min(max_len, *(int(w["num_kv_blocks"]) * config.block_size for w in workers.values()))

@@ -99,6 +99,7 @@ class WorkerConfig:
     api_pid: int = 0  # the API process: the worker exits when it is gone (0: the parent)
     nice: int = 0  # added to the worker's nice value (CPU: let token delivery preempt prefill)
     prefix_caching: bool = False  # the prefill side's block manager caches prefixes
+    kv_share: float = 1.0  # of its device's default KV memory (workers sharing one GPU)
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -195,7 +196,7 @@ def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any, peers: list[Any]) ->
         runner = ModelRunner(cfg.preset, num_kv_blocks=cfg.num_kv_blocks,
                              kv_cache_bytes=cfg.kv_cache_bytes, block_size=cfg.block_size,
                              seed=cfg.seed, threads=cfg.threads or torch.get_num_threads(),
-                             device=cfg.device)  # fmt: skip
+                             device=cfg.device, kv_share=cfg.kv_share)  # fmt: skip
     except Exception as exc:
         outbox.put(Failed(cfg.rank, f"{type(exc).__name__}: {exc}"))
         return
