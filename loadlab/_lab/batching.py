@@ -53,7 +53,7 @@ def measure(
     import torch
 
     from loadlab._lab.machine import MachineWatch
-    from reference_server.bench import decode_step_time_s, prefill_time_s
+    from reference_server.bench import decode_step_time_s, prefill_time_s, step_bytes
     from reference_server.model_runner import ModelRunner
 
     bs = 16
@@ -96,6 +96,13 @@ def measure(
         "torch_threads": torch.get_num_threads(),
         "decode_context": decode_context,
         "prefill_prompt": prefill_prompt,
+        # what a step must read at least: every weight once, every attended token's K/V
+        "step_bytes": {
+            "decode": {
+                str(b): step_bytes(runner, decode_context - 1, 1, b) for b in decode_batches
+            },
+            "prefill": {str(b): step_bytes(runner, 0, prefill_prompt, b) for b in prefill_batches},
+        },
         "rounds": out_rounds,
         "elapsed_s": time.perf_counter() - t0,
     }

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from loadlab._lab.figures import ratio
+from loadlab._lab.figures import dig, ratio
 
 __all__ = ["CHECKS", "CLAIMS", "condense", "judge", "judge_claims"]
 
@@ -153,6 +153,23 @@ def _batching_values(batching: Mapping[str, Any], phase: str) -> list[float | No
     return list(batching[phase][str(sizes[-1])]["speedup"]["rounds"])
 
 
+def shared_gpu(summary: Mapping[str, Any]) -> str | None:
+    """The GPU a disaggregated server's prefill and decode workers both run on, or None.
+
+    >>> w = [{"role": "prefill", "device": "cuda:0"}, {"role": "decode", "device": "cuda:0"}]
+    >>> shared_gpu({"modes": {"disaggregated": {"server_info": {"workers": w}}}})
+    'cuda:0'
+    >>> w[1]["device"] = "cuda:1"
+    >>> shared_gpu({"modes": {"disaggregated": {"server_info": {"workers": w}}}}) is None
+    True
+    """
+    workers = dig(summary, "modes", "disaggregated", "server_info", "workers") or []
+    on = {role: {str(w.get("device")) for w in workers if w.get("role") == role}
+          for role in ("prefill", "decode")}  # fmt: skip
+    both = sorted(d for d in on["prefill"] & on["decode"] if d.startswith("cuda"))
+    return both[0] if both else None
+
+
 def judge_claims(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every claim of ``CHECKS`` judged from a lab summary's per-round rows and batching."""
     rounds = summary.get("per_round", {})
@@ -175,6 +192,16 @@ def judge_claims(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     for key, (what, direction, threshold) in CHECKS.items():
         values, busy = inputs[key]
-        out.append({"claim": key, "text": CLAIMS[key], "figure": what}
-                   | judge(values, direction, threshold, busy))  # fmt: skip
+        verdict = judge(values, direction, threshold, busy)
+        gpu = shared_gpu(summary) if key == "disagg" else None
+        if gpu and verdict["status"] == "not shown on this machine":
+            # One GPU runs both pools' kernels: a long prompt's prefill takes the device the
+            # decodes need, and its KV goes through host memory. The design is not on trial.
+            verdict["reason"] = (
+                f"its prefill and decode workers share one GPU ({gpu}), so a long prompt's "
+                "prefill runs on the device that decodes and its KV cache travels through host "
+                "memory: the lab cannot separate them here (give each pool its own GPU); "
+                + verdict["reason"]
+            )
+        out.append({"claim": key, "text": CLAIMS[key], "figure": what} | verdict)
     return out

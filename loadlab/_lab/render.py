@@ -192,16 +192,19 @@ def _batching_section(b: Mapping[str, Any]) -> Section:
     for phase in ("decode", "prefill"):
         for size, v in b[phase].items():
             rows.append([phase, size, _f(v["tokens_per_s"]), _f(v["speedup"], x=True),
-                         _f(v["step_ms"], 2)])  # fmt: skip
+                         _f(v["step_ms"], 2), _f(v.get("read_gb_per_s"), 1)])  # fmt: skip
     note = (
         f"{b['preset']} on {b['device']} ({b['dtype']}, {b['torch_threads']} torch threads); "
         f"decode: {b['decode_context']} tokens of context per sequence; prefill: "
         f"{b['prefill_prompt']}-token prompts, whole in one step. Each round times every size "
-        "(the fastest of its repeats), in a rotated order."
+        "(the fastest of its repeats), in a rotated order. Bytes read: what the step must read "
+        "at least (every weight once, every attended token's K/V) over its time; a decode step "
+        "far below the device's memory bandwidth is bound by something else (on a GPU, "
+        "typically the host issuing its kernels: benchmarks/step_profile.py shows it), and "
+        "its cost is flat in the batch for that reason."
     )
-    return Section(
-        title, claim, ["phase", "batch", "tokens/s", "x batch 1", "step (ms)"], rows, note
-    )
+    head = ["phase", "batch", "tokens/s", "x batch 1", "step (ms)", "bytes read (GB/s)"]
+    return Section(title, claim, head, rows, note)
 
 
 def _batch_job_sections(summary: Mapping[str, Any]) -> list[Section]:

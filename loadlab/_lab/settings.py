@@ -71,6 +71,9 @@ class LabSettings:
     chunk_size: int = 64
     max_batched_tokens: int = 256
     threads: int | None = 1
+    # Each server's KV cache (MiB; None: the server's default). On a GPU the four modes' servers
+    # share one device, and a server's default takes most of what is free when it starts.
+    kv_cache_mb: float | None = None
     slo_ttft_ms: float = 10000.0  # goodput: a chat request is good within both limits
     slo_stall_ms: float = 3000.0
     stall_k: float = 3.0  # a stall: a gap over k x the mode's baseline median gap
@@ -131,6 +134,8 @@ class LabSettings:
         args = ["--max-num-seqs", str(self.max_num_seqs), "--prefix-caching", "off"]
         if self.threads is not None and mode != "disaggregated":  # it splits cores itself
             args += ["--threads", str(self.threads)]
+        if self.kv_cache_mb is not None:  # disaggregated: each worker's
+            args += ["--kv-cache-mb", f"{self.kv_cache_mb:g}"]
         if mode == "disaggregated" and placement and placement.prefill and placement.decode:
             args += ["--prefill-cpus", ",".join(map(str, placement.prefill))]
             args += ["--decode-cpus", ",".join(map(str, placement.decode))]
@@ -195,12 +200,15 @@ PRESETS: dict[str, LabSettings] = {
         chunk_size=512,
         max_batched_tokens=1024,
         threads=None,
+        kv_cache_mb=8192,  # 32 slots of 8,192 tokens at 32 KiB each
         slo_ttft_ms=2000.0,
         slo_stall_ms=300.0,
         decode_batches=(1, 4, 16, 64),
         decode_context=512,
-        prefill_batches=(1, 4, 16),
-        prefill_prompt=512,
+        # On an H200 a 512-token prompt's step costs what a decode step does (the host issuing
+        # kernels bounds both); at 2,048 tokens one prompt fills the GPU's matmuls.
+        prefill_batches=(1, 4),
+        prefill_prompt=2048,
         bench_repeats=3,
     ),
 }

@@ -312,6 +312,11 @@ def batching_summary(data: Mapping[str, Any], cpus: int) -> dict[str, Any]:
                     ],
                     busy,
                 ),
+                "read_gb_per_s": figure(
+                    [ratio(nbytes / 1e9, r[f"{phase}_step_s"].get(str(b))) for r in rounds], busy
+                )
+                if (nbytes := dig(data, "step_bytes", phase, str(b))) is not None
+                else None,
             }
             for b in sizes
         }

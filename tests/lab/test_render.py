@@ -17,6 +17,7 @@ def test_report_has_every_section_and_escapes() -> None:
         "torch_threads": 1,
         "decode_context": 64,
         "prefill_prompt": 64,
+        "step_bytes": {"decode": {"1": 2e8, "4": 2.1e8}},  # none for prefill: shown as "-"
         "rounds": [  # decode: 10 and 38 tok/s (3.8x); prefill 1 x 64 / 0.64 s and 4 x 64 / 2.56 s
             {"decode_step_s": {"1": 0.1, "4": 4 / 38}, "prefill_step_s": {"1": 0.64, "4": 2.56},
              "machine": quiet},
@@ -47,7 +48,12 @@ def test_report_has_every_section_and_escapes() -> None:
         assert f"## {title}" in md or title in md
     assert "*Supports: decode is memory-bandwidth-bound" in md
     # the same in both rounds: no spread; round 2 was busy, and says so
-    assert "| decode | 4 | 38.0 [busy 1/2] | 3.80x [busy 1/2] | 105.26 [busy 1/2] |" in md
+    # bytes read: 0.21 GB in 4 / 38 s
+    assert (
+        "| decode | 4 | 38.0 [busy 1/2] | 3.80x [busy 1/2] | 105.26 [busy 1/2] | 2.0 [busy 1/2] |"
+        in md
+    )
+    assert "| prefill | 4 | 100.0 [busy 1/2] | 1.00x [busy 1/2] | 2,560.00 [busy 1/2] | - |" in md
     assert "| 640 |" in md  # KV bytes from the server counter
     assert "step-cost curve: decode step at batch 4 (ms, x batch 1) | 105.3 (1.05x)" in md
     page = render_html(summary)

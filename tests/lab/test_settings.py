@@ -23,3 +23,13 @@ def test_settings_validate() -> None:
     pools = s.server_args("disaggregated", plan_placement([0, 1]))
     assert pools[-4:] == ["--prefill-cpus", "0", "--decode-cpus", "1"]
     assert "--prefill-cpus" not in s.server_args("disaggregated", plan_placement([0]))
+
+
+def test_each_gpu_server_gets_its_own_kv_budget() -> None:
+    # The four modes' servers share one GPU: a default cache (most of what is free) would
+    # leave the later ones nothing.
+    gpu = settings_for("1b")
+    for mode in ("static", "chunked", "disaggregated"):
+        args = gpu.server_args(mode)
+        assert args[args.index("--kv-cache-mb") + 1] == "8192"
+    assert "--kv-cache-mb" not in settings_for("cpu").server_args("static")

@@ -7,7 +7,7 @@ import pytest
 
 from loadlab._lab import settings_for
 from loadlab._lab.batchjob import batch_job_summary, expected_max, job_lengths, schedule_rows
-from loadlab._lab.claims import judge
+from loadlab._lab.claims import judge, judge_claims
 from loadlab._lab.experiments import counter_deltas
 from loadlab._lab.summary import (
     batch_stats,
@@ -109,6 +109,14 @@ def test_claims_per_round_with_spread_and_busy_rounds() -> None:
     assert disagg["rounds"] == pytest.approx([20 / 15, 25 / 15])
     assert disagg["status"] == "not shown on this machine"  # 1.67 > 1.5 in round 2
     assert claims["static"]["status"] == "not measured"  # no batch job ran
+    assert "share one GPU" not in disagg["reason"]
+    # Both pools on one GPU: the reason says the lab cannot separate them there.
+    workers = [{"role": "prefill", "device": "cuda:0"}, {"role": "decode", "device": "cuda:0"}]
+    summary["modes"]["disaggregated"]["server_info"] = {"workers": workers}
+    shared = {c["claim"]: c for c in judge_claims(summary)}["disagg"]
+    assert shared["status"] == "not shown on this machine"
+    assert shared["reason"].startswith("its prefill and decode workers share one GPU (cuda:0)")
+    assert shared["reason"].endswith(disagg["reason"])
     # every figure from a busy round says so
     fig = summary["modes"]["chunked"]["stalls"]["longest_stall_ms"]
     assert fig["median"] == pytest.approx(105.0) and fig["busy_rounds"] == [2]
