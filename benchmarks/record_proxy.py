@@ -45,12 +45,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
 
 from loadlab._analysis import metrics
-from loadlab._lab.machine import pin_threads
+from loadlab._lab.machine import STEAL_LIMIT, MachineWatch, pin_threads
 from loadlab._wire.capture import Capture, check_capture
 from loadlab._wire.http import Exchange, read_exchanges
 from loadlab.results import read_results
@@ -117,11 +118,13 @@ def proxy_delays(inbound: list[Exchange], outbound: list[Exchange]) -> list[dict
     return runs
 
 
-def wire_phase(url: str, args: argparse.Namespace) -> dict[tuple[int, str], dict[str, list[float]]]:
+def wire_phase(
+    url: str, args: argparse.Namespace
+) -> tuple[dict[tuple[int, str], dict[str, list[float]]], dict[tuple[int, str], float]]:
     """A fresh proxy, both its sides captured: at each stream count, one run with the proxy
     cold (every upstream connection opened as its client's first request comes), then one
-    with it warm (those connections kept)."""
-    out = {}
+    with it warm (those connections kept). The delays, and each run's steal share."""
+    out, stolen = {}, {}
     for streams in map(int, args.streams.split(",")):
         proxy, via = start_proxy(url)
         try:
@@ -130,8 +133,10 @@ def wire_phase(url: str, args: argparse.Namespace) -> dict[tuple[int, str], dict
                         for side, u in (("in", via), ("out", url))]  # fmt: skip
                 with caps[0], caps[1]:
                     for state in ("cold", "warm"):
+                        watch = MachineWatch.start()
                         _run(via, streams, streams * args.requests_per_stream,
                              Path(tmp) / f"{state}.json")  # fmt: skip
+                        stolen[(streams, state)] = watch.stop()["steal_share"]
                 _, inbound = read_exchanges(caps[0].pcap, caps[0].port)
                 _, outbound = read_exchanges(caps[1].pcap, caps[1].port)
         finally:
@@ -139,7 +144,7 @@ def wire_phase(url: str, args: argparse.Namespace) -> dict[tuple[int, str], dict
             proxy.communicate(timeout=30)
         for state, got in zip(("cold", "warm"), proxy_delays(inbound, outbound), strict=False):
             out[(streams, state)] = got
-    return out
+    return out, stolen
 
 
 def main() -> int:
@@ -165,13 +170,13 @@ def main() -> int:
         os.sched_setaffinity(0, set(cpus[:-1]))  # the server and the clients start from here
         print(f"pinned: the proxy on CPU {cpus[-1]}, the server and the client on {cpus[:-1]}")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     with FixedServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens) as url:
         proxy, via = start_proxy(url)
-        cpu_s = {}  # streams -> the proxy's CPU seconds over its runs
+        cpu_s: dict[int, float] = {}  # streams -> the proxy's CPU seconds over its runs
         proc = psutil.Process(proxy.pid)
         (writer,) = proc.children()  # the trace writer: its CPU is not the proxy's
-        writer_s = {}
+        writer_s: dict[int, float] = {}
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 if not args.no_warm_up:  # the proxy's upstream connections, as in service
@@ -184,8 +189,10 @@ def main() -> int:
                         for how in order:
                             before = sum(proc.cpu_times()[:2])
                             before_w = sum(writer.cpu_times()[:2])
+                            watch = MachineWatch.start()
                             fig = _run(url if how == "direct" else via, streams, n,
                                        Path(tmp) / f"{how}-{streams}-{rnd}.json")  # fmt: skip
+                            fig["steal"] = watch.stop()["steal_share"]
                             if how == "proxy":
                                 spent = sum(proc.cpu_times()[:2]) - before
                                 cpu_s[streams] = cpu_s.get(streams, 0.0) + spent
@@ -196,11 +203,11 @@ def main() -> int:
         finally:
             proxy.send_signal(signal.SIGTERM)
             _, err = proxy.communicate(timeout=30)
-        wire = wire_phase(url, args) if args.wire else {}
+        wire, wire_steal = wire_phase(url, args) if args.wire else ({}, {})
     print(err.strip().splitlines()[-1] if err.strip() else "(the proxy printed no summary)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print("\nstreams  via     TTFT p50  TTFT p99  ITL p50  ITL p99   (ms, mean of rounds)")
-    worst = 0.0
+    worst = stolen = 0.0
     for streams in sorted({r["streams"] for r in rows}):
         mean = {}
         for how in ("direct", "proxy"):
@@ -215,13 +222,17 @@ def main() -> int:
         d = {k: mean["proxy"][k] - mean["direct"][k] for k in mean["proxy"]}
         worst = max(worst, d["ttft_p99"], d["itl_p99"])
         tokens = streams * args.requests_per_stream * args.rounds * args.tokens
+        steal = max(r["steal"] for r in rows if r["streams"] == streams)
+        stolen = max(stolen, steal)
         print(f"{streams:>7}  cost    {d['ttft_p50']:+8.2f}  {d['ttft_p99']:+8.2f}  "
               f"{d['itl_p50']:+7.2f}  {d['itl_p99']:+7.2f}   proxy CPU "
               f"{1e6 * cpu_s[streams] / tokens:.1f} us/token (trace writer "
-              f"{1e6 * writer_s[streams] / tokens:.1f})")  # fmt: skip
+              f"{1e6 * writer_s[streams] / tokens:.1f}); steal up to {steal:.0%}")  # fmt: skip
     for (streams, state), got in wire.items():
+        steal = wire_steal[(streams, state)]
+        stolen = max(stolen, steal)
         print(f"\nthe proxy's own delay at {streams} streams, {state}, by the kernel's packet "
-              "times (ms):")  # fmt: skip
+              f"times (ms; steal {steal:.0%}):")  # fmt: skip
         for k, v in got.items():
             if v:
                 q = np.percentile(v, [50, 99])
@@ -229,6 +240,9 @@ def main() -> int:
     verdict = "within" if worst <= 1.0 else "NOT within"
     print(f"\nproxy cost at p99: {verdict} 1 ms (worst {worst:+.2f} ms); a busy machine inflates "
           "this figure: run it alone")  # fmt: skip
+    if stolen > STEAL_LIMIT:
+        print(f"the hypervisor took up to {stolen:.0%} of the CPU time during a run (steal): "
+              "these figures are the machine's, not the proxy's; run again")  # fmt: skip
     return 0
 
 
