@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -41,8 +42,15 @@ class Hub(Protocol):
     """What the connections ask of the proxy."""
 
     clients: set[Client]
+    idle_clients: dict[int, Client]  # by descriptor: connections between requests (lookout)
 
     def exchange(self, client: Client, req: Request) -> Exchange: ...
+
+    def await_request(self, client: Client) -> None: ...
+
+    def forget(self, client: Client) -> None: ...
+
+    def look(self) -> None: ...
 
     def warm(self) -> None: ...
 
@@ -70,6 +78,7 @@ class Client(asyncio.Protocol):
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.fd = -1  # the socket's descriptor, for the hub's lookout (-1: none)
         self.reader = RequestReader()
         self.busy: Exchange | None = None
         self.eof = False
@@ -77,11 +86,32 @@ class Client(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         _no_delay(self.transport)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and self.transport.get_extra_info("sslcontext") is None:
+            self.fd = sock.fileno()
         self.hub.clients.add(self)
         self.hub.warm()
+        self.hub.await_request(self)
+
+    def read_now(self) -> None:
+        """The lookout saw this idle connection readable: read its request now, as the loop
+        would have once the reads ahead of it were done. What is not there (a close, an error,
+        nothing after all) is left for the loop's own read to find."""
+        transport = self.transport
+        if self.busy is not None or transport is None or transport.is_closing():
+            return
+        try:
+            data = os.read(self.fd, 1 << 18)
+        except OSError:
+            return
+        if data:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         t_ns = time.perf_counter_ns()
+        idle = self.hub.idle_clients
+        if idle and idle.get(self.fd) is self:
+            del idle[self.fd]  # a request is coming: not idle any more
         if self.busy is not None:  # pipelined: read when its turn comes
             self.reader.hold(data, t_ns)
             if len(self.reader.buf) > _PIPELINED and self.transport is not None:
@@ -125,6 +155,8 @@ class Client(asyncio.Protocol):
         transport.resume_reading()
         t_ns = time.perf_counter_ns()
         self._take(lambda: self.reader.next(t_ns))
+        if self.busy is None:
+            self.hub.await_request(self)
 
     def eof_received(self) -> bool | None:
         if self.busy is not None:  # a client that half-closed still gets its answer
@@ -134,6 +166,7 @@ class Client(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.hub.clients.discard(self)
+        self.hub.forget(self)
         if self.busy is not None:
             self.busy.client_lost()
 
@@ -150,7 +183,8 @@ class UpstreamConn(asyncio.Protocol):
     """A connection to the upstream, kept alive between answers; it hands each read to the
     exchange it serves."""
 
-    def __init__(self) -> None:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.ex: Exchange | None = None
         self.closed = False
@@ -167,6 +201,8 @@ class UpstreamConn(asyncio.Protocol):
                 self.transport.abort()
             return
         ex.received(data)
+        if self.hub.idle_clients:  # a request may have come in while this read went on
+            self.hub.look()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

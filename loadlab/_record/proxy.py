@@ -32,6 +32,8 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import select
 import ssl
 import time
 from collections import deque
@@ -71,6 +73,7 @@ def api_of(path: str) -> str | None:
     return API_PATHS.get(path)
 
 
+_LOOK = select.EPOLLIN | select.EPOLLONESHOT if hasattr(select, "epoll") else 0
 IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
 STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
 
@@ -95,6 +98,12 @@ class RecordingProxy:
         self._opening = 0  # upstream connections being opened ahead of a request (``warm``)
         self._waiting: deque[Exchange] = deque()  # requests waiting for one of those
         self.clients: set[Client] = set()
+        # The lookout: client connections between requests, watched by an epoll of their own
+        # that every upstream read polls, so a request that comes in while the loop forwards a
+        # burst of token events goes upstream at once, not after the burst (``look``).
+        self._lookout = select.epoll() if hasattr(select, "epoll") else None
+        self._armed: set[int] = set()  # descriptors registered with the lookout
+        self.idle_clients: dict[int, Client] = {}
         self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
@@ -134,6 +143,9 @@ class RecordingProxy:
         self._idle.clear()
         for task in list(self._tasks):
             task.cancel()
+        if self._lookout is not None:
+            self._lookout.close()
+            self._lookout = None
         await self.tracer.stop()
 
     def exchange(self, client: Client, req: Request) -> Exchange:
@@ -154,6 +166,48 @@ class RecordingProxy:
                 stream = bool(obj.get("stream", False))
                 ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
         return ex
+
+    def await_request(self, client: Client) -> None:
+        """A client's connection is between requests: the lookout watches it (once)."""
+        fd, lookout = client.fd, self._lookout
+        if fd < 0 or lookout is None:
+            return
+        try:
+            if fd in self._armed:
+                try:
+                    lookout.modify(fd, _LOOK)
+                except FileNotFoundError:  # a closed connection's number, taken again
+                    lookout.register(fd, _LOOK)
+            else:
+                lookout.register(fd, _LOOK)
+                self._armed.add(fd)
+        except OSError:
+            return
+        self.idle_clients[fd] = client
+
+    def forget(self, client: Client) -> None:
+        """A client's connection has closed: out of the lookout."""
+        fd = client.fd
+        if self.idle_clients.get(fd) is not client:
+            return  # not watched, or its number is another connection's by now
+        del self.idle_clients[fd]
+        if fd in self._armed:
+            self._armed.discard(fd)
+            if self._lookout is not None:
+                with contextlib.suppress(OSError):
+                    self._lookout.unregister(fd)
+
+    def look(self) -> None:
+        """Reads now the requests that came in on idle connections since the loop last looked
+        (one non-blocking poll): the loop would read them only after every read it already
+        had in hand, a whole tick of every stream's tokens, milliseconds at 64 streams."""
+        lookout = self._lookout
+        if lookout is None:
+            return
+        for fd, _ in lookout.poll(0):
+            client = self.idle_clients.pop(fd, None)
+            if client is not None:
+                client.read_now()
 
     def _send(self, ex: Exchange) -> None:
         while self._idle:
@@ -210,7 +264,7 @@ class RecordingProxy:
         up = self._up
         _, conn = await asyncio.wait_for(
             asyncio.get_running_loop().create_connection(
-                UpstreamConn, up.host, up.port, ssl=self._ssl,
+                lambda: UpstreamConn(self), up.host, up.port, ssl=self._ssl,
                 server_hostname=up.host if self._ssl else None,
             ),
             self.timeout_s,

@@ -377,3 +377,34 @@ async def test_a_client_that_connects_gets_an_upstream_connection_before_its_req
             assert (await _answer(r))[0].startswith(b"HTTP/1.1 200")
             w.close()
         assert up.connections == 3  # the requests went over them
+
+
+@_in_loop
+async def test_a_request_is_read_at_the_next_upstream_read_not_after_the_loops_other_reads(
+    tmp_path: Path,
+) -> None:
+    # The lookout: a connection between requests is polled at every upstream read, so a
+    # request that comes in during a burst of token reads goes upstream inside that burst.
+    async with relay(tmp_path) as (up, proxy, port):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(200):
+            if proxy.idle_clients:
+                break
+            await asyncio.sleep(0.01)
+        (client,) = proxy.idle_clients.values()
+        for answer in ("stream", "length"):
+            w.write(_request(answer, body=BODY if answer == "stream" else PLAIN))
+            assert client.busy is None  # the loop has not read it (this test holds the loop)
+            proxy.look()  # what every upstream read does
+            assert client.busy is not None and not proxy.idle_clients  # read, sent upstream
+            head, _ = await _answer(r)
+            assert head.startswith(b"HTTP/1.1 200 OK")
+            assert proxy.idle_clients == {client.fd: client}  # idle again: watched again
+        w.close()
+        for _ in range(200):
+            if not proxy.clients:
+                break
+            await asyncio.sleep(0.01)
+        assert not proxy.idle_clients  # a closed connection is not watched
+    assert len(up.requests) == 2  # each request once: the loop's own read found nothing more
+    assert [x["outcome"] for x in _lines(tmp_path)] == ["ok", "ok"]
