@@ -8,7 +8,10 @@ aside); the answer's bytes are written to the client as each read returns them, 
 included (a chunked body passes through untouched), before the proxy reads its copy. Nothing is
 buffered but what the client's socket has not taken yet (past 64 KiB the proxy stops reading
 the upstream until it drains) and, when the proxy asked for usage itself, a partial SSE event
-(then the proxy sends the body in chunks of its own, that one event taken out). Per traced
+(then the proxy sends the body in chunks of its own, that one event taken out). A request, and
+an answer's first token, are read ahead of the loop's other reads when they come in during a
+burst of them (``RecordingProxy.look``: an epoll of those connections, polled after each
+upstream read). Per traced
 request (OpenAI chat, completions, Responses and Anthropic messages; other paths pass through
 untraced), once its answer has ended, the request's body as it came, its times and what its
 stream's watch counted go in one pipe write to the trace writer's process
@@ -42,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from loadlab._record.exchange import Client, Exchange, UpstreamConn
+from loadlab._record.exchange import Client, Exchange, UpstreamConn, Watched
 from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.relay import Request, Upstream, upstream_request
 from loadlab._record.stream import StreamWatch
@@ -74,6 +77,7 @@ def api_of(path: str) -> str | None:
 
 
 _LOOK = select.EPOLLIN | select.EPOLLONESHOT if hasattr(select, "epoll") else 0
+_LOOK_EVERY = 16  # payloads read between two looks
 IDLE_KEPT = 1024  # kept-alive upstream connections waiting for a request
 STOP_GRACE_S = 5.0  # how long ``stop`` lets answers in flight finish
 
@@ -98,12 +102,14 @@ class RecordingProxy:
         self._opening = 0  # upstream connections being opened ahead of a request (``warm``)
         self._waiting: deque[Exchange] = deque()  # requests waiting for one of those
         self.clients: set[Client] = set()
-        # The lookout: client connections between requests, watched by an epoll of their own
-        # that every upstream read polls, so a request that comes in while the loop forwards a
-        # burst of token events goes upstream at once, not after the burst (``look``).
+        # The lookout: client connections between requests and upstream connections whose
+        # answer has not begun, watched by an epoll of their own that every upstream read
+        # polls, so a request, or an answer's first token, that comes in while the loop
+        # forwards a burst of token events goes on at once, not after the burst (``look``).
         self._lookout = select.epoll() if hasattr(select, "epoll") else None
         self._armed: set[int] = set()  # descriptors registered with the lookout
-        self.idle_clients: dict[int, Client] = {}
+        self.watched: dict[int, Watched] = {}
+        self._looking = False
         self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
@@ -167,9 +173,10 @@ class RecordingProxy:
                 ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
         return ex
 
-    def await_request(self, client: Client) -> None:
-        """A client's connection is between requests: the lookout watches it (once)."""
-        fd, lookout = client.fd, self._lookout
+    def watch(self, conn: Watched) -> None:
+        """A connection whose next bytes are urgent (a client's next request; an answer's
+        first token): the lookout watches it, once."""
+        fd, lookout = conn.fd, self._lookout
         if fd < 0 or lookout is None:
             return
         try:
@@ -183,14 +190,14 @@ class RecordingProxy:
                 self._armed.add(fd)
         except OSError:
             return
-        self.idle_clients[fd] = client
+        self.watched[fd] = conn
 
-    def forget(self, client: Client) -> None:
-        """A client's connection has closed: out of the lookout."""
-        fd = client.fd
-        if self.idle_clients.get(fd) is not client:
+    def forget(self, conn: Watched) -> None:
+        """A connection has closed: out of the lookout."""
+        fd = conn.fd
+        if self.watched.get(fd) is not conn:
             return  # not watched, or its number is another connection's by now
-        del self.idle_clients[fd]
+        del self.watched[fd]
         if fd in self._armed:
             self._armed.discard(fd)
             if self._lookout is not None:
@@ -198,16 +205,20 @@ class RecordingProxy:
                     self._lookout.unregister(fd)
 
     def look(self) -> None:
-        """Reads now the requests that came in on idle connections since the loop last looked
-        (one non-blocking poll): the loop would read them only after every read it already
-        had in hand, a whole tick of every stream's tokens, milliseconds at 64 streams."""
+        """Reads now what came in on the watched connections since the loop last looked (one
+        non-blocking poll): the loop would read them only after every read it already had in
+        hand, a whole tick of every stream's tokens, milliseconds at 64 streams."""
         lookout = self._lookout
-        if lookout is None:
+        if lookout is None or self._looking:
             return
-        for fd, _ in lookout.poll(0):
-            client = self.idle_clients.pop(fd, None)
-            if client is not None:
-                client.read_now()
+        self._looking = True
+        try:
+            for fd, _ in lookout.poll(0):
+                conn = self.watched.pop(fd, None)
+                if conn is not None:
+                    conn.read_now()
+        finally:
+            self._looking = False
 
     def _send(self, ex: Exchange) -> None:
         while self._idle:
@@ -309,8 +320,10 @@ class RecordingProxy:
 
     def feed_all(self) -> None:
         feeds, self._feeds = self._feeds, []
-        for watch, payload, t_ns in feeds:
+        for i, (watch, payload, t_ns) in enumerate(feeds, 1):
             watch.feed(payload, t_ns)
+            if not i % _LOOK_EVERY and self.watched:  # a tick's reading takes a while too
+                self.look()
 
     def finished(self, ex: Exchange, outcome: str) -> None:
         """An exchange has ended: it goes to the trace writer's process for its line."""
