@@ -42,13 +42,13 @@ class Hub(Protocol):
     """What the connections ask of the proxy."""
 
     clients: set[Client]
-    watched: dict[int, Watched]  # by descriptor: connections whose next bytes are urgent
+    watched: dict[int, Client]  # by descriptor: connections between requests (the lookout)
 
     def exchange(self, client: Client, req: Request) -> Exchange: ...
 
-    def watch(self, conn: Watched) -> None: ...
+    def watch(self, conn: Client) -> None: ...
 
-    def forget(self, conn: Watched) -> None: ...
+    def forget(self, conn: Client) -> None: ...
 
     def look(self) -> None: ...
 
@@ -65,14 +65,6 @@ class Hub(Protocol):
     def finished(self, ex: Exchange, outcome: str) -> None: ...
 
 
-class Watched(Protocol):
-    """A connection the hub's lookout may read ahead of the loop (``Hub.look``)."""
-
-    fd: int
-
-    def read_now(self) -> None: ...
-
-
 def _raw_fd(transport: asyncio.BaseTransport) -> int:
     """The socket's descriptor, for the lookout to read it; -1 over TLS (its bytes are the
     TLS layer's to read) or where there is none."""
@@ -80,19 +72,6 @@ def _raw_fd(transport: asyncio.BaseTransport) -> int:
     if sock is None or transport.get_extra_info("sslcontext") is not None:
         return -1
     return int(sock.fileno())
-
-
-def _read_now(conn: asyncio.Protocol, transport: asyncio.Transport | None, fd: int) -> None:
-    """Reads what the lookout saw come in and hands it to ``conn`` as the loop would. What
-    is not there (a close, an error, nothing after all) is left for the loop's own read."""
-    if transport is None or transport.is_closing():
-        return
-    try:
-        data = os.read(fd, 1 << 18)
-    except OSError:
-        return
-    if data:
-        conn.data_received(data)
 
 
 def _no_delay(transport: asyncio.BaseTransport) -> None:
@@ -122,9 +101,18 @@ class Client(asyncio.Protocol):
         self.hub.watch(self)  # its first request
 
     def read_now(self) -> None:
-        """The lookout saw this connection readable between requests: its request, now."""
-        if self.busy is None:
-            _read_now(self, self.transport, self.fd)
+        """The lookout saw this connection readable between requests: read its request now, as
+        the loop would have once the reads ahead of it were done. What is not there (a close,
+        an error, nothing after all) is left for the loop's own read to find."""
+        transport = self.transport
+        if self.busy is not None or transport is None or transport.is_closing():
+            return
+        try:
+            data = os.read(self.fd, 1 << 18)
+        except OSError:
+            return
+        if data:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         t_ns = time.perf_counter_ns()
@@ -205,41 +193,26 @@ class UpstreamConn(asyncio.Protocol):
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
-        self.fd = -1  # the socket's descriptor, for the hub's lookout (-1: none)
         self.ex: Exchange | None = None
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         _no_delay(self.transport)
-        self.fd = _raw_fd(self.transport)
-
-    def read_now(self) -> None:
-        """The lookout saw this connection readable before its answer's first payload: it, now."""
-        ex = self.ex
-        if ex is not None and not ex.paused and not self.closed:
-            _read_now(self, self.transport, self.fd)
 
     def data_received(self, data: bytes) -> None:
         ex = self.ex
-        hub = self.hub
-        watched = hub.watched
-        if watched and watched.get(self.fd) is self:
-            del watched[self.fd]
         if ex is None:  # nothing was asked: a connection that cannot be trusted again
             self.closed = True
             if self.transport is not None:
                 self.transport.abort()
             return
         ex.received(data)
-        if not ex.finished and not ex.answering:  # only a head, or part of one: watch on
-            hub.watch(self)
-        if hub.watched:  # a request, or a first token, may have come in meanwhile
-            hub.look()
+        if self.hub.watched:  # a request may have come in while this read went on
+            self.hub.look()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.hub.forget(self)
         if self.ex is not None:
             self.ex.upstream_lost(exc)
 
@@ -273,20 +246,17 @@ class Exchange:
         self.keep_upstream = False
         self.paused = False
         self.finished = False
-        self.answering = False  # a byte of the answer's body has gone to the client
 
     def send(self, up: UpstreamConn, *, reused: bool) -> None:
         self.up, self.reused = up, reused
         up.ex = self
         self.last_ns = time.perf_counter_ns()
         up.transport.write(self.request_bytes)
-        self.hub.watch(up)  # its answer's first token
 
     def received(self, data: bytes) -> None:
         t_ns = time.perf_counter_ns()
         self.last_ns = t_ns
         if self.on_body is not None:
-            self.answering = True
             self.on_body(data, t_ns)
             return
         self.got = True
@@ -340,12 +310,10 @@ class Exchange:
             else:  # the body's first bytes came with the head: one write for both
                 if self.length_framed:
                     rest = rest[: self.left]
-                self.answering = True
                 self.out.write(out + rest)
                 self._watch(rest, t_ns)
                 return
         if rest or (head.length == 0 and not head.chunked):
-            self.answering = True
             self.on_body(rest, t_ns)
 
     def _pass_chunked(self, data: bytes, t_ns: int) -> None:

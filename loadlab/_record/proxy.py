@@ -8,10 +8,10 @@ aside); the answer's bytes are written to the client as each read returns them, 
 included (a chunked body passes through untouched), before the proxy reads its copy. Nothing is
 buffered but what the client's socket has not taken yet (past 64 KiB the proxy stops reading
 the upstream until it drains) and, when the proxy asked for usage itself, a partial SSE event
-(then the proxy sends the body in chunks of its own, that one event taken out). A request, and
-an answer's first token, are read ahead of the loop's other reads when they come in during a
-burst of them (``RecordingProxy.look``: an epoll of those connections, polled after each
-upstream read). Per traced
+(then the proxy sends the body in chunks of its own, that one event taken out). A request is
+read ahead of the loop's other reads when it comes in during a burst of them
+(``RecordingProxy.look``: an epoll of the idle client connections, polled after each upstream
+read and while a burst's payloads are read). Per traced
 request (OpenAI chat, completions, Responses and Anthropic messages; other paths pass through
 untraced), once its answer has ended, the request's body as it came, its times and what its
 stream's watch counted go in one pipe write to the trace writer's process
@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from loadlab._record.exchange import Client, Exchange, UpstreamConn, Watched
+from loadlab._record.exchange import Client, Exchange, UpstreamConn
 from loadlab._record.handoff import TraceChild, request_frame
 from loadlab._record.relay import Request, Upstream, upstream_request
 from loadlab._record.stream import StreamWatch
@@ -102,13 +102,12 @@ class RecordingProxy:
         self._opening = 0  # upstream connections being opened ahead of a request (``warm``)
         self._waiting: deque[Exchange] = deque()  # requests waiting for one of those
         self.clients: set[Client] = set()
-        # The lookout: client connections between requests and upstream connections whose
-        # answer has not begun, watched by an epoll of their own that every upstream read
-        # polls, so a request, or an answer's first token, that comes in while the loop
-        # forwards a burst of token events goes on at once, not after the burst (``look``).
+        # The lookout: client connections between requests, watched by an epoll of their own
+        # that every upstream read polls, so a request that comes in while the loop forwards
+        # a burst of token events goes upstream at once, not after the burst (``look``).
         self._lookout = select.epoll() if hasattr(select, "epoll") else None
         self._armed: set[int] = set()  # descriptors registered with the lookout
-        self.watched: dict[int, Watched] = {}
+        self.watched: dict[int, Client] = {}
         self._looking = False
         self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -173,9 +172,8 @@ class RecordingProxy:
                 ex.watch = StreamWatch(api, stream, drop_usage_event=body is not req.body)
         return ex
 
-    def watch(self, conn: Watched) -> None:
-        """A connection whose next bytes are urgent (a client's next request; an answer's
-        first token): the lookout watches it, once."""
+    def watch(self, conn: Client) -> None:
+        """A client's connection is between requests: the lookout watches it, once."""
         fd, lookout = conn.fd, self._lookout
         if fd < 0 or lookout is None:
             return
@@ -192,8 +190,8 @@ class RecordingProxy:
             return
         self.watched[fd] = conn
 
-    def forget(self, conn: Watched) -> None:
-        """A connection has closed: out of the lookout."""
+    def forget(self, conn: Client) -> None:
+        """A client's connection has closed: out of the lookout."""
         fd = conn.fd
         if self.watched.get(fd) is not conn:
             return  # not watched, or its number is another connection's by now
@@ -205,9 +203,9 @@ class RecordingProxy:
                     self._lookout.unregister(fd)
 
     def look(self) -> None:
-        """Reads now what came in on the watched connections since the loop last looked (one
-        non-blocking poll): the loop would read them only after every read it already had in
-        hand, a whole tick of every stream's tokens, milliseconds at 64 streams."""
+        """Reads now the requests that came in on idle connections since the loop last looked
+        (one non-blocking poll): the loop would read them only after every read it already
+        had in hand, a whole tick of every stream's tokens, milliseconds at 64 streams."""
         lookout = self._lookout
         if lookout is None or self._looking:
             return

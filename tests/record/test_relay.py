@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -409,42 +408,3 @@ async def test_a_request_is_read_at_the_next_upstream_read_not_after_the_loops_o
         assert not proxy.watched  # a closed connection is not watched
     assert len(up.requests) == 2  # each request once: the loop's own read found nothing more
     assert [x["outcome"] for x in _lines(tmp_path)] == ["ok", "ok"]
-
-
-@_in_loop
-async def test_an_answers_first_token_is_read_at_the_next_upstream_read(tmp_path: Path) -> None:
-    # The lookout watches an upstream connection from its request until its answer's body
-    # begins: a first token that comes in during a burst of other streams' reads goes on then.
-    loop = asyncio.get_running_loop()
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.setblocking(False)
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        proxy = RecordingProxy(url, TraceChild(tmp_path / "t.jsonl", {"unit": "chars"}))
-        port = await proxy.start("127.0.0.1", 0)
-        try:
-            r, w = await asyncio.open_connection("127.0.0.1", port)
-            upstream, _ = await asyncio.wait_for(loop.sock_accept(listener), 10)
-            with upstream:
-                w.write(_request("stream"))
-                got = b""
-                while not got.endswith(BODY):
-                    got += await loop.sock_recv(upstream, 65536)
-                (client,) = proxy.clients
-                ex = client.busy
-                assert ex is not None and ex.up is not None and ex.up.fd in proxy.watched
-                upstream.setblocking(True)
-                upstream.sendall(
-                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _frame(_token("a"))
-                )
-                assert not ex.got  # the loop has not read it (this test holds the loop)
-                proxy.look()
-                assert ex.got and ex.answering and ex.up.fd not in proxy.watched
-                head = await r.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200 OK") and b'"content": "a"' in await r.read(4096)
-                upstream.sendall(_frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                assert (await r.readuntil(b"0\r\n\r\n")).endswith(b"[DONE]\n\n\r\n0\r\n\r\n")
-            w.close()
-        finally:
-            await proxy.stop()
