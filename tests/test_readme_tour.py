@@ -400,6 +400,9 @@ def _selftest(row: Row, request: pytest.FixtureRequest, tmp: Path) -> None:
     for lv in levels:
         assert lv["ok"] == lv["requests"] and lv["mismatched"] == 0
         assert 0 <= lv["ttft_err_ms"]["p50"] < 50, lv["ttft_err_ms"]  # read after written
+        # what else took the CPU meanwhile, and what the table says of it
+        assert 0 <= lv["machine"]["steal_share"] <= 1 and isinstance(lv["busy"], list)
+        assert ("busy:" in proc.stdout) is any(x["busy"] for x in levels)
     assert "TTFT err ms p50/p90/p99" in proc.stdout
 
 

@@ -55,6 +55,10 @@ def test_mismatched_chunk_counts_are_counted_not_compared() -> None:
     lv["streams"] = 1
     assert judge(lv, SelftestConfig()) is False
     assert "NO" in render_levels([{**lv, "within_tolerance": False}])
+    # a level measured while something else took the CPU says so on its line
+    assert "busy" not in render_levels([{**lv, "within_tolerance": False, "busy": []}])
+    busy = render_levels([{**lv, "within_tolerance": False, "busy": ["steal 12%"]}])
+    assert busy.endswith("NO (busy: steal 12%)")
 
 
 def test_presets_are_the_documented_loads() -> None:
