@@ -107,17 +107,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"tolerance: {tol}")
     print(f"highest load within tolerance: {f'{best} streams' if best else 'none'}")
     print(f"results: {path}")
-    busy_levels = [lv for lv in levels if lv.get("busy")]
-    if busy_levels:
-        from loadlab._commands.run import warn
+    from loadlab._commands.run import warn
 
-        for lv in busy_levels:
+    for lv in levels:
+        if lv.get("busy"):
             warn(f"the machine was busy at {lv['streams']} streams ({'; '.join(lv['busy'])}): "
                  "those figures are the machine's as much as loadlab's; run again when it is quiet")  # fmt: skip
     saturated = [lv for lv in levels if lv["saturated"]]
     if saturated:
-        from loadlab._commands.run import warn
-
         streams = ", ".join(str(lv["streams"]) for lv in saturated)
         busy = any((lv.get("cpu_percent_mean") or 0.0) >= 50.0 * sc.workers for lv in saturated)
         cause = (

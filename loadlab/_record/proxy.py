@@ -106,9 +106,7 @@ class RecordingProxy:
         # that every upstream read polls, so a request that comes in while the loop forwards
         # a burst of token events goes upstream at once, not after the burst (``look``).
         self._lookout = select.epoll() if hasattr(select, "epoll") else None
-        self._armed: set[int] = set()  # descriptors registered with the lookout
         self.watched: dict[int, Client] = {}
-        self._looking = False
         self._active: set[Exchange] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._feeds: list[tuple[StreamWatch, bytes, int]] = []  # payloads to read (_feed_soon)
@@ -178,14 +176,10 @@ class RecordingProxy:
         if fd < 0 or lookout is None:
             return
         try:
-            if fd in self._armed:
-                try:
-                    lookout.modify(fd, _LOOK)
-                except FileNotFoundError:  # a closed connection's number, taken again
-                    lookout.register(fd, _LOOK)
-            else:
+            try:
+                lookout.modify(fd, _LOOK)  # watched before (one shot, spent)
+            except FileNotFoundError:  # its first time (or a closed connection's number)
                 lookout.register(fd, _LOOK)
-                self._armed.add(fd)
         except OSError:
             return
         self.watched[fd] = conn
@@ -196,27 +190,21 @@ class RecordingProxy:
         if self.watched.get(fd) is not conn:
             return  # not watched, or its number is another connection's by now
         del self.watched[fd]
-        if fd in self._armed:
-            self._armed.discard(fd)
-            if self._lookout is not None:
-                with contextlib.suppress(OSError):
-                    self._lookout.unregister(fd)
+        if self._lookout is not None:
+            with contextlib.suppress(OSError):
+                self._lookout.unregister(fd)
 
     def look(self) -> None:
         """Reads now the requests that came in on idle connections since the loop last looked
         (one non-blocking poll): the loop would read them only after every read it already
         had in hand, a whole tick of every stream's tokens, milliseconds at 64 streams."""
         lookout = self._lookout
-        if lookout is None or self._looking:
+        if lookout is None:
             return
-        self._looking = True
-        try:
-            for fd, _ in lookout.poll(0):
-                conn = self.watched.pop(fd, None)
-                if conn is not None:
-                    conn.read_now()
-        finally:
-            self._looking = False
+        for fd, _ in lookout.poll(0):
+            conn = self.watched.pop(fd, None)
+            if conn is not None:
+                conn.read_now()
 
     def _send(self, ex: Exchange) -> None:
         while self._idle:
